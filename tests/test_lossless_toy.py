@@ -1,0 +1,108 @@
+"""Every decoder is lossless on the toy pair: the round loop of `targetrows.decode` is the same one
+real models run, so this checks the algorithm itself (trees, rules, verification, commits)."""
+
+import itertools
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from targetrows.decode import DECODERS, DecodeConfig, generate
+from targetrows.toy import ToyPair
+
+PROMPT = [1, 2]
+VOCAB = 6
+SAMPLES = 20_000
+
+
+def exact_first_three(pair):
+    """The target's own distribution of its first 3 sampled tokens, from its rows."""
+    probs = {}
+    for seq in itertools.product(range(VOCAB), repeat=3):
+        p = 1.0
+        for i, tok in enumerate(seq):
+            p *= pair.target_row(PROMPT + list(seq[:i]))[tok]
+        probs[seq] = p
+    return probs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("decoder", DECODERS)
+def test_sampling_matches_the_target(decoder):
+    pair = ToyPair(VOCAB, seed=3, closeness=0.7, scale=1.5)
+    config = dict(decoder=decoder, budget=5, temperature=1.0, max_new_tokens=3, top_k=3, depth=3)
+    counts = {}
+    for seed in range(SAMPLES):
+        out = generate(pair.target, pair.draft, PROMPT, DecodeConfig(**config, seed=seed)).tokens
+        counts[tuple(out)] = counts.get(tuple(out), 0) + 1
+    probs = exact_first_three(pair)
+    # chi-square over cells, pooling those expected below 5 into one
+    seqs = sorted(probs, key=probs.get, reverse=True)
+    expected = np.array([probs[s] * SAMPLES for s in seqs])
+    observed = np.array([counts.get(s, 0) for s in seqs])
+    big = expected >= 5
+    exp = np.append(expected[big], expected[~big].sum())
+    obs = np.append(observed[big], observed[~big].sum())
+    p_value = stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue
+    assert sum(counts.values()) == SAMPLES
+    assert p_value > 0.001, f"{decoder}: chi-square p = {p_value:.2g}"
+
+
+@pytest.mark.parametrize("decoder", DECODERS)
+@pytest.mark.parametrize("budget", [1, 8, 59])
+def test_greedy_equals_target_greedy(decoder, budget):
+    pair = ToyPair(32, seed=5, closeness=0.8)
+    context = [3, 1, 4, 1, 5]
+    greedy = []
+    for _ in range(40):  # the target alone, argmax by argmax
+        tok = int(np.argmax(pair.target_row(context + greedy)))
+        greedy.append(tok)
+    cfg = DecodeConfig(decoder, budget=budget, max_new_tokens=40, top_k=4, depth=4)
+    result = generate(pair.target, pair.draft, context, cfg)
+    assert result.tokens == greedy
+    assert sum(r.committed for r in result.rounds) == 40
+    if decoder != "ar":
+        assert max(r.nodes for r in result.rounds) <= budget
+
+
+def test_stop_tokens_end_decoding_exactly():
+    pair = ToyPair(16, seed=0, closeness=0.9)
+    free = generate(pair.target, pair.draft, [1, 2, 3], DecodeConfig("ar", max_new_tokens=30)).tokens
+    stop = free[7]
+    first = free.index(stop)
+    for decoder in DECODERS:
+        cfg = DecodeConfig(decoder, budget=16, max_new_tokens=30, top_k=4, depth=4,
+                           stop_ids=frozenset({stop}))
+        result = generate(pair.target, pair.draft, [1, 2, 3], cfg)
+        assert result.tokens == free[: first + 1], decoder
+        assert result.stop_reason == "stop"
+
+
+@pytest.mark.parametrize("max_new", [1, 2, 5, 17])
+def test_max_new_tokens_is_exact(max_new):
+    pair = ToyPair(16, seed=0, closeness=1.0)  # a perfect draft: rounds commit many tokens
+    for decoder in DECODERS:
+        cfg = DecodeConfig(decoder, budget=20, max_new_tokens=max_new, top_k=4, depth=5)
+        assert len(generate(pair.target, pair.draft, [1], cfg).tokens) == max_new
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(budget=0), "budget"),
+        (dict(temperature=-1.0), "temperature"),
+        (dict(decoder="medusa"), "unknown decoder 'medusa'"),
+        (dict(max_new_tokens=0), "max_new_tokens"),
+    ],
+)
+def test_bad_config(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        DecodeConfig(**kwargs)
+
+
+def test_empty_prompt_and_missing_draft():
+    pair = ToyPair(8)
+    with pytest.raises(ValueError, match="prompt is empty"):
+        generate(pair.target, pair.draft, [], DecodeConfig("ar"))
+    with pytest.raises(ValueError, match="needs a draft"):
+        generate(pair.target, None, [1], DecodeConfig("fts"))

@@ -1,0 +1,116 @@
+import itertools
+
+import numpy as np
+import pytest
+
+from targetrows import Tree, pool, select
+from targetrows.toy import ToyPair
+
+
+def _pool(seed=0, top_k=3, depth=3, vocab=12):
+    pair = ToyPair(vocab, seed, closeness=0.6)
+    cand, logq = pool.expand(pair.draft_row, [1, 2, 3], top_k, depth)
+    return pair, cand, logq
+
+
+def _ancestor_closed(tree, nodes):
+    s = set(nodes.tolist())
+    return 0 in s and all(int(tree.parents[i]) in s for i in s if i != 0)
+
+
+def test_pool_shape_and_order():
+    pair, cand, logq = _pool(top_k=10, depth=6, vocab=40)
+    assert len(cand) == 1 + pool.pool_size(10, 6) == 511
+    assert np.all(np.diff(cand.depth) >= 0)  # level by level
+    assert logq[0] == 0 and np.all(logq[1:] <= 0)
+    # level 1 = the draft's top_k at the root, best first
+    root_row = pair.draft_row([1, 2, 3])
+    assert cand.tokens[cand.children(0)].tolist() == np.argsort(-root_row, kind="stable")[:10].tolist()
+    # every level after the first: top_k frontier nodes, each with top_k children
+    for d in range(2, 7):
+        parents = set(cand.parents[cand.depth == d].tolist())
+        assert len(parents) == 10 and (cand.depth == d).sum() == 100
+        prev = np.flatnonzero(cand.depth == d - 1)
+        assert parents == set(prev[np.argsort(-logq[prev], kind="stable")[:10]].tolist())
+
+
+def test_draft_rank_equals_brute_force():
+    """Brute force: the ancestor-closed set of size B with the best (sum of logq, lowest indices)."""
+    for seed in range(6):
+        _, cand, logq = _pool(seed, top_k=2, depth=3, vocab=6)
+        nodes = range(1, len(cand))
+        for budget in (1, 2, 3, 5):
+            best = None
+            for combo in itertools.combinations(nodes, budget):
+                chosen = np.array((0,) + combo)
+                if not _ancestor_closed(cand, chosen):
+                    continue
+                key = (-logq[list(combo)].sum(), combo)
+                if best is None or key < best[0]:
+                    best = (key, chosen)
+            got = select.draft_rank(cand, logq, budget)
+            # same total score (the top-B set is unique up to ties)
+            assert logq[got].sum() == pytest.approx(logq[best[1]].sum())
+            assert sorted(logq[got[1:]])[::-1] == pytest.approx(sorted(logq[best[1][1:]])[::-1])
+
+
+@pytest.mark.parametrize("budget", [1, 2, 7, 30, 59, 1000])
+def test_every_rule_is_ancestor_closed_and_within_budget(budget):
+    pair, cand, logq = _pool(3, top_k=4, depth=4, vocab=20)
+    root_row = pair.target_row([1, 2, 3])
+    for chosen in (
+        select.draft_rank(cand, logq, budget),
+        select.target_rerank(cand, logq, budget, root_row),
+    ):
+        assert chosen[0] == 0 and np.all(np.diff(chosen) > 0)
+        assert len(chosen) - 1 == min(budget, len(cand) - 1)
+        assert _ancestor_closed(cand, chosen)
+    chosen = select.draft_rank(cand, logq, budget)
+    for tok in cand.tokens[cand.children(0)]:
+        kept = select.prune_to_first(cand, chosen, int(tok))
+        if len(kept):
+            assert cand.tokens[kept[0]] == tok and cand.depth[kept[0]] == 1
+            assert set(kept.tolist()) <= set(chosen.tolist())
+            tree = select.pruned_tree(cand, kept, int(tok))
+            assert len(tree) == len(kept) and tree.tokens[0] == tok
+
+
+def test_target_rerank_reorders_first_level():
+    # two first-level branches; the draft prefers token 1, the target token 2
+    cand = Tree([0, 1, 2, 3, 4], [-1, 0, 0, 1, 2])
+    logq = np.log([1, 0.9, 0.1, 0.9 * 0.5, 0.1 * 0.5])
+    assert select.draft_rank(cand, logq, 2).tolist() == [0, 1, 3]
+    root_row = np.array([0.0, 0.1, 0.9, 0.0, 0.0])
+    assert select.target_rerank(cand, logq, 2, root_row).tolist() == [0, 2, 4]
+
+
+def test_first_token_and_pruning():
+    assert select.first_token(np.array([0.1, 0.7, 0.2])) == 1
+    rng = np.random.default_rng(0)
+    draws = [select.first_token(np.array([0.1, 0.7, 0.2]), rng) for _ in range(4000)]
+    assert abs(np.mean(np.array(draws) == 1) - 0.7) < 0.03
+    cand = Tree([0, 1, 2, 3, 4], [-1, 0, 0, 1, 2])
+    chosen = np.array([0, 1, 2, 3])
+    assert select.prune_to_first(cand, chosen, 1).tolist() == [1, 3]
+    assert select.prune_to_first(cand, chosen, 2).tolist() == [2]
+    assert select.prune_to_first(cand, chosen, 9).tolist() == []
+    assert select.pruned_tree(cand, np.zeros(0, np.int64), 9) == Tree.root_only(9)
+
+
+@pytest.mark.parametrize("budget", [0, -1, 2.5, True])
+def test_bad_budget(budget):
+    _, cand, logq = _pool()
+    with pytest.raises(ValueError, match="budget"):
+        select.draft_rank(cand, logq, budget)
+
+
+def test_bad_inputs_name_themselves():
+    _, cand, logq = _pool()
+    with pytest.raises(ValueError, match="logq"):
+        select.draft_rank(cand, logq[:-1], 3)
+    with pytest.raises(ValueError, match="root_row"):
+        select.target_rerank(cand, logq, 3, np.full(12, np.nan))
+    with pytest.raises(ValueError, match="root_row"):
+        select.first_token(np.array([0.5, 0.6]))
+    with pytest.raises(ValueError, match="top_k"):
+        pool.expand(lambda c: np.ones(4) / 4, [1], 0, 2)

@@ -1,0 +1,69 @@
+import numpy as np
+import pytest
+
+from targetrows import Tree
+
+
+def test_derived_fields():
+    #        0
+    #      /   \
+    #     1(5)  2(6)
+    #     |
+    #     3(7)
+    t = Tree([9, 5, 6, 7], [-1, 0, 0, 1])
+    assert t.depth.tolist() == [0, 1, 1, 2]
+    assert t.children(0).tolist() == [1, 2]
+    assert t.path(3).tolist() == [1, 3]
+    assert t.path(0).tolist() == []
+    assert t.child_with_token(1, 7) == 3
+    assert t.child_with_token(2, 7) == -1
+    mask = t.ancestor_mask()
+    assert mask.tolist() == [
+        [True, False, False, False],
+        [True, True, False, False],
+        [True, False, True, False],
+        [True, True, False, True],
+    ]
+    assert t.budget == 3
+
+
+def test_subtree_and_reroot():
+    t = Tree([9, 5, 6, 7, 8], [-1, 0, 0, 1, 1])
+    s = t.subtree([0, 1, 4])
+    assert s.tokens.tolist() == [9, 5, 8] and s.parents.tolist() == [-1, 0, 1]
+    r, index_map = t.reroot(1)
+    assert r.tokens.tolist() == [5, 7, 8] and r.parents.tolist() == [-1, 0, 0]
+    assert index_map.tolist() == [1, 3, 4]
+    with pytest.raises(ValueError, match="ancestor-closed"):
+        t.subtree([0, 3])
+
+
+@pytest.mark.parametrize(
+    "tokens, parents, message",
+    [
+        ([1, 2], [-1], "differ in length"),
+        ([1, 2], [0, 0], "parents\\[0\\] must be -1"),
+        ([1, 2, 3], [-1, 0, 2], "node 2 has parent 2"),  # a self-loop
+        ([1, 2, 3], [-1, 2, 1], "node 1 has parent 2"),  # a cycle 1 -> 2 -> 1
+        ([1, 2, 3], [-1, 0, 5], "node 2 has parent 5"),
+        ([1, 4, 4], [-1, 0, 0], "node 2 repeats token 4 among the children of node 0"),
+        ([], [], "at least the root"),
+    ],
+)
+def test_malformed_trees_name_the_node(tokens, parents, message):
+    with pytest.raises(ValueError, match=message):
+        Tree(tokens, parents)
+
+
+def test_same_token_under_different_parents_is_fine():
+    Tree([1, 4, 5, 4], [-1, 0, 0, 2])
+
+
+def test_ancestor_mask_matches_paths():
+    rng = np.random.default_rng(0)
+    parents = [-1] + [int(rng.integers(0, i)) for i in range(1, 40)]
+    t = Tree(np.arange(40), parents)
+    mask = t.ancestor_mask()
+    for i in range(40):
+        expected = set(t.path(i).tolist()) | {0, i}
+        assert set(np.flatnonzero(mask[i]).tolist()) == expected
