@@ -47,9 +47,9 @@ class ToyModel:
             if self.target_seed is not None:
                 own = _gaussian(self.seed, key, self.vocab_size)
                 base = self.closeness * base + np.sqrt(1.0 - self.closeness**2) * own
-            self._memo[key] = self.scale * base
-            if len(self._memo) > 200_000:
+            if len(self._memo) >= 200_000:  # bound the memory: start afresh
                 self._memo.clear()
+            self._memo[key] = self.scale * base
         return self._memo[key]
 
     def row(self, context: Sequence[int], temperature: float = 1.0) -> np.ndarray:
