@@ -1,0 +1,120 @@
+"""`targetrows compare`: the five decoders on one prompt, side by side.
+
+    targetrows compare --target T --draft D --prompt "..." [--temperature 0] [--budget 59]
+
+Prints, per decoder: new tokens, tokens/s, speedup over `ar`, tokens committed per round,
+accepted draft tokens per round and mean non-root nodes verified. At temperature 0 every decoder
+must reproduce `ar`'s tokens exactly (lossless); the command says so, or fails if not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .decode import DECODERS, DecodeConfig, generate
+from .atomic import atomic_write_text
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from .loading import add_model_arguments
+
+    add_model_arguments(parser)
+    parser.add_argument("--prompt", required=True, help="the user message")
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--budget", type=int, default=59, help="non-root nodes per tree")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--top-k", type=int, default=10)
+    parser.add_argument("--depth", type=int, default=6)
+    parser.add_argument("--decoders", nargs="+", default=list(DECODERS), choices=DECODERS)
+    parser.add_argument("--json", dest="json_out", default=None,
+                        help="also write the results, with token ids and text, to this file")
+
+
+def compare(target, draft, tokenizer, prompt_ids, decoders, config: DecodeConfig, progress=True):
+    """{decoder: DecodeResult}, each decoder run once on the same prompt and seed."""
+    import dataclasses
+
+    from tqdm import tqdm
+
+    results = {}
+    # a short warm-up so the first decoder does not pay for lazy initialisation
+    generate(target, None, prompt_ids, dataclasses.replace(config, decoder="ar", max_new_tokens=2))
+    for name in tqdm(decoders, desc="decoders", file=sys.stderr, disable=not progress):
+        results[name] = generate(target, draft if name != "ar" else None, prompt_ids,
+                                 dataclasses.replace(config, decoder=name))
+    return results
+
+
+def table_rows(results) -> list[dict]:
+    base = results.get("ar")
+    rows = []
+    for name, res in results.items():
+        s = res.summary()
+        speed = s["tokens_per_s"]
+        rows.append({
+            "decoder": name,
+            "new_tokens": s["new_tokens"],
+            "tokens_per_s": speed,
+            "speedup": speed / base.summary()["tokens_per_s"] if base else float("nan"),
+            "tokens_per_round": s["mean_committed"],
+            "accepted_per_round": s["mean_accepted"],
+            "mean_nodes": s["mean_nodes"],
+        })
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    head = ("decoder", "new tokens", "tokens/s", "speedup", "tokens/round", "accepted/round",
+            "mean nodes")
+    lines = ["  ".join(f"{h:>14}" for h in head)]
+    for r in rows:
+        lines.append("  ".join([
+            f"{r['decoder']:>14}", f"{r['new_tokens']:>14d}", f"{r['tokens_per_s']:>14.1f}",
+            f"{r['speedup']:>13.2f}x", f"{r['tokens_per_round']:>14.2f}",
+            f"{r['accepted_per_round']:>14.2f}", f"{r['mean_nodes']:>14.1f}",
+        ]))
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from .loading import encode_prompt, load_from_args, stop_ids
+
+    if not args.prompt.strip():
+        raise ValueError("--prompt is empty: give the text of a user message")
+    if args.budget < 1:
+        raise ValueError(f"--budget must be >= 1, got {args.budget}")
+    if args.temperature < 0:
+        raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
+    if any(d != "ar" for d in args.decoders) and not args.draft:
+        raise ValueError("--draft is required for every decoder but ar")
+    target, draft, tokenizer = load_from_args(args)
+    config = DecodeConfig(
+        decoder="ar", budget=args.budget, temperature=args.temperature,
+        max_new_tokens=args.max_new_tokens, top_k=args.top_k, depth=args.depth, seed=args.seed,
+        stop_ids=frozenset(stop_ids(tokenizer, target)),
+    )
+    prompt_ids = encode_prompt(tokenizer, args.prompt)
+    results = compare(target, draft, tokenizer, prompt_ids, args.decoders, config)
+    rows = table_rows(results)
+    print(format_table(rows))
+    status = 0
+    if args.temperature == 0 and "ar" in results:
+        differ = [n for n, r in results.items() if r.tokens != results["ar"].tokens]
+        if differ:
+            print(f"LOSSLESS CHECK FAILED: {', '.join(differ)} differ from ar", file=sys.stderr)
+            status = 1
+        else:
+            print("temperature 0: every decoder reproduced ar's tokens exactly")
+    if args.json_out:
+        for row in rows:
+            res = results[row["decoder"]]
+            row["token_ids"] = res.tokens
+            row["text"] = tokenizer.decode(res.tokens, skip_special_tokens=True)
+            row["rounds"] = [r.__dict__ for r in res.rounds]
+        document = {"prompt": args.prompt, "temperature": args.temperature,
+                    "budget": args.budget, "seed": args.seed, "decoders": rows}
+        atomic_write_text(args.json_out, json.dumps(document, indent=1) + "\n")
+    return status
