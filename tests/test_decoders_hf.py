@@ -1,0 +1,188 @@
+"""The five decoders on tiny random-weight Hugging Face models (CPU): lossless, exact caches, CLI."""
+
+import copy
+import itertools
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from hf_tiny import ARCHS, save_tiny_pair, tiny_model, tiny_tokenizer  # noqa: E402
+from targetrows.decode import DECODERS, DecodeConfig, generate  # noqa: E402
+from targetrows.hf_model import HFModel  # noqa: E402
+
+PROMPTS = [[5, 17, 42], [200, 3], [7] * 9, [100, 101, 102, 103, 104, 105], [64]]
+
+
+def noisy_copy(model, scale, seed):
+    """A draft that agrees with the target often but not always: its weights plus noise."""
+    draft = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * scale)
+    return draft
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def pair(request):
+    target = tiny_model(request.param, seed=0, n_layers=2, dtype=torch.float64)
+    drafts = {
+        "random": tiny_model(request.param, seed=1, n_layers=1, dtype=torch.float64),
+        "noisy": noisy_copy(target, 0.01, seed=2),
+    }
+    return request.param, target, drafts
+
+
+def hf_greedy(model, prompt, n):
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n,
+                         do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+# (draft, prompts, budgets, top_k, depth): a random draft (other seed, fewer layers) on every
+# prompt, where most trees are rejected, and a noisy copy of the target on two prompts, where
+# deep paths are accepted and the caches are compacted after long accepted paths.
+IDENTITY_RUNS = [("random", PROMPTS, (1, 8, 59), 8, 2), ("noisy", PROMPTS[:2], (8, 59), 4, 5)]
+
+
+@pytest.mark.slow
+def test_greedy_identity_with_generate(pair):
+    """Every decoder reproduces `generate(do_sample=False)` token for token (5 prompts x 48)."""
+    arch, target_hf, drafts = pair
+    target = HFModel(target_hf, name="target")
+    accepted = []
+    for kind, prompts, budgets, top_k, depth in IDENTITY_RUNS:
+        draft = HFModel(drafts[kind], name="draft")
+        for prompt in prompts:
+            reference = hf_greedy(target_hf, prompt, 48)
+            ar = generate(target, None, prompt, DecodeConfig("ar", max_new_tokens=48))
+            assert ar.tokens == reference, (arch, "ar", prompt)
+            for decoder, budget in itertools.product(DECODERS[1:], budgets):
+                cfg = DecodeConfig(decoder, budget=budget, max_new_tokens=48, top_k=top_k,
+                                   depth=depth)
+                result = generate(target, draft, prompt, cfg)
+                assert result.tokens == reference, (arch, kind, decoder, budget, prompt)
+                if kind == "noisy":
+                    accepted.append(np.mean([r.accepted for r in result.rounds]))
+    # the noisy draft makes the trees matter: many draft tokens get accepted and committed
+    assert np.mean(accepted) > 0.5
+
+
+def test_caches_equal_a_fresh_prefill(pair):
+    arch, target_hf, drafts = pair
+    target, draft = HFModel(target_hf, name="target"), HFModel(drafts["noisy"], name="draft")
+    for decoder in ("draft_rank", "fts", "pearl", "rerank"):
+        cfg = DecodeConfig(decoder, budget=12, max_new_tokens=30, top_k=3, depth=4)
+        prompt = PROMPTS[0]
+        result = generate(target, draft, prompt, cfg)
+        committed = prompt + result.tokens
+        for model in (target, draft):
+            cached = model.cached_tokens
+            assert cached.tolist() == committed[: len(cached)]
+            assert len(cached) >= len(committed) - 2  # compacted in place, not re-prefilled
+            fresh = model.model(torch.tensor([cached.tolist()]), use_cache=True)
+            cache = model.kv_cache
+            assert cache.get_seq_length() == len(cached)
+            for layer, ref in zip(cache.layers, fresh.past_key_values.layers):
+                torch.testing.assert_close(layer.keys, ref.keys, rtol=1e-9, atol=1e-9)
+                torch.testing.assert_close(layer.values, ref.values, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.slow
+def test_sampling_is_lossless_small_vocab():
+    """Temperature 1: each decoder's first 3 tokens follow the target's own distribution."""
+    from scipy import stats
+
+    vocab, samples = 5, 1000
+    target_hf = tiny_model("qwen3", seed=3, n_layers=1, vocab_size=vocab, init_range=0.5,
+                           dtype=torch.float64, eos_token_id=None, pad_token_id=None)
+    draft_hf = noisy_copy(target_hf, 0.3, seed=4)
+    prompt = [1, 2]
+    with torch.no_grad():
+        exact = {}
+        for seq in itertools.product(range(vocab), repeat=3):
+            logits = target_hf(torch.tensor([prompt + list(seq[:2])])).logits[0, -3:]
+            probs = torch.softmax(logits, -1)
+            exact[seq] = float(probs[0, seq[0]] * probs[1, seq[1]] * probs[2, seq[2]])
+    seqs = sorted(exact, key=exact.get, reverse=True)
+    expected = np.array([exact[s] * samples for s in seqs])
+    big = expected >= 5
+    target, draft = HFModel(target_hf, name="target"), HFModel(draft_hf, name="draft")
+    for decoder in DECODERS:
+        counts = {}
+        for seed in range(samples):
+            cfg = DecodeConfig(decoder, budget=4, temperature=1.0, max_new_tokens=3, top_k=2,
+                               depth=2, seed=seed)
+            out = tuple(generate(target, draft, prompt, cfg).tokens)
+            counts[out] = counts.get(out, 0) + 1
+        observed = np.array([counts.get(s, 0) for s in seqs])
+        obs = np.append(observed[big], observed[~big].sum())
+        exp = np.append(expected[big], expected[~big].sum())
+        p = stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue
+        assert p > 0.001, f"{decoder}: chi-square p = {p:.2g}"
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "targetrows.cli", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def saved_pair(tmp_path_factory):
+    return save_tiny_pair(tmp_path_factory.mktemp("pair"), "llama")
+
+
+def test_compare_end_to_end(saved_pair, tmp_path):
+    target, draft = saved_pair
+    out = tmp_path / "compare.json"
+    proc = _cli("compare", "--target", target, "--draft", draft, "--prompt", "Tell me a story",
+                "--budget", "8", "--max-new-tokens", "24", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "every decoder reproduced ar's tokens exactly" in proc.stdout
+    for name in DECODERS:
+        assert name in proc.stdout
+    doc = json.loads(out.read_text())
+    rows = {r["decoder"]: r for r in doc["decoders"]}
+    assert set(rows) == set(DECODERS)
+    assert all(r["token_ids"] == rows["ar"]["token_ids"] for r in rows.values())
+    assert rows["ar"]["text"] == tiny_tokenizer().decode(rows["ar"]["token_ids"],
+                                                         skip_special_tokens=True)
+
+
+def test_help_lists_the_commands():
+    proc = _cli("--help")
+    assert proc.returncode == 0
+    for command in ("compare", "decode", "record", "score", "build-target", "distill"):
+        assert command in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--budget", "0"], "--budget must be >= 1"),
+        (["--temperature", "-1"], "--temperature must be >= 0"),
+        (["--prompt", "  "], "--prompt is empty"),
+    ],
+)
+def test_compare_bad_input(saved_pair, extra, message):
+    target, draft = saved_pair
+    args = ["compare", "--target", target, "--draft", draft, "--prompt", "hi", *extra]
+    proc = _cli(*args)
+    assert proc.returncode != 0 and message in proc.stderr
+
+
+def test_compare_unknown_model_and_vocab_mismatch(saved_pair, tmp_path):
+    from hf_tiny import save_tiny
+
+    target, _ = saved_pair
+    proc = _cli("compare", "--target", str(tmp_path / "nope"), "--draft", target, "--prompt", "hi")
+    assert proc.returncode != 0 and "nope" in proc.stderr
+    other = save_tiny(tmp_path / "other", "llama", tokenizer=tiny_tokenizer(("<extra>",)))
+    proc = _cli("compare", "--target", target, "--draft", other, "--prompt", "hi")
+    assert proc.returncode != 0 and "tokenizer" in proc.stderr.lower()
