@@ -1,0 +1,121 @@
+"""`targetrows decode`: prompts JSONL in, Spec-Bench answers out; resumable; bad input named."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+
+from hf_tiny import save_tiny_pair  # noqa: E402
+from targetrows.specbench import read_questions  # noqa: E402
+
+QUESTIONS = [
+    {"question_id": "q1", "category": "writing", "turns": ["Write a haiku.", "Now shorter."]},
+    {"question_id": 2, "category": "math", "turns": ["What is 2 + 2?"]},
+]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    return save_tiny_pair(tmp_path_factory.mktemp("pair"), "qwen2")
+
+
+@pytest.fixture
+def prompts(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+    return path
+
+
+def decode(pair, prompts, out, *extra):
+    target, draft = pair
+    return subprocess.run(
+        [sys.executable, "-m", "targetrows.cli", "decode", "--target", target, "--draft", draft,
+         "--prompts", str(prompts), "--out", str(out), "--max-new-tokens", "12", "--top-k", "4",
+         "--depth", "3", "--no-progress", *extra],
+        capture_output=True, text=True, timeout=300,
+    )
+
+
+def test_answers_are_spec_bench_records(pair, prompts, tmp_path):
+    out = tmp_path / "fts.jsonl"
+    proc = decode(pair, prompts, out, "--decoder", "fts", "--budgets", "8", "4")
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["question_id"], r["budget"]) for r in records] == [("q1", 8), (2, 8), ("q1", 4), (2, 4)]
+    for r in records:
+        choice = r["choices"][0]
+        turns = 2 if r["question_id"] == "q1" else 1
+        assert len(choice["turns"]) == len(choice["new_tokens"]) == turns
+        assert choice["decoding_steps"] == [len(t) for t in _split(r)]
+        assert sum(choice["accept_lengths"]) == sum(choice["new_tokens"])
+        assert [len(t) for t in r["token_ids"]] == choice["new_tokens"]
+        assert r["model_id"] and r["category"] and r["decoder"] == "fts"
+        assert max(r["rounds"]["nodes"]) <= r["budget"]
+    assert not (tmp_path / "fts.jsonl.partial").exists()
+    # ar's answers carry the same tokens: every decoder is lossless at temperature 0
+    ar = tmp_path / "ar.jsonl"
+    assert decode(pair, prompts, ar, "--decoder", "ar").returncode == 0
+    ar_tokens = {r["question_id"]: r["token_ids"] for r in map(json.loads, ar.read_text().splitlines())}
+    for r in records:
+        assert r["token_ids"][0] == ar_tokens[r["question_id"]][0]
+
+
+def _split(record):
+    """Rounds per turn, from the flat per-round statistics."""
+    counts, out, i = record["choices"][0]["decoding_steps"], [], 0
+    for n in counts:
+        out.append(record["rounds"]["committed"][i : i + n])
+        i += n
+    return out
+
+
+def test_resume_gives_identical_answers(pair, prompts, tmp_path):
+    full = tmp_path / "full.jsonl"
+    assert decode(pair, prompts, full, "--decoder", "rerank", "--budgets", "6",
+                  "--temperature", "1").returncode == 0
+    # an interrupted run: the first answer finished, the second torn mid-line
+    resumed = tmp_path / "resumed.jsonl"
+    first = full.read_text().splitlines()[0]
+    (tmp_path / "resumed.jsonl.partial").write_text(first + "\n" + first[: len(first) // 2])
+    assert decode(pair, prompts, resumed, "--decoder", "rerank", "--budgets", "6",
+                  "--temperature", "1").returncode == 0
+    strip = lambda text: [  # noqa: E731 - wall times differ between runs, tokens must not
+        (r["question_id"], r["token_ids"]) for r in map(json.loads, text.splitlines())
+    ]
+    assert strip(resumed.read_text()) == strip(full.read_text())
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ('{"question_id": 1, "turns": ["hi"]}\n{"question_id": 2, "turns": []}\n', ":2: 'turns'"),
+        ('{"question_id": 1, "turns": ["  "]}\n', ":1: turn 0 is empty"),
+        ("not json\n", ":1: not valid JSON"),
+        ('{"turns": ["hi"]}\n', "missing field 'question_id'"),
+        ('{"question_id": 1, "turns": ["a"]}\n{"question_id": 1, "turns": ["b"]}\n', "appears twice"),
+    ],
+)
+def test_bad_prompt_files_are_named(tmp_path, line, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(line)
+    with pytest.raises(ValueError, match=message):
+        read_questions(str(path))
+
+
+def test_bad_prompts_fail_before_writing(pair, tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text("not json\n")
+    out = tmp_path / "out.jsonl"
+    proc = decode(pair, path, out, "--decoder", "ar")
+    assert proc.returncode == 2 and "bad.jsonl:1" in proc.stderr
+    assert not out.exists() and not (tmp_path / "out.jsonl.partial").exists()
+
+
+def test_prompt_longer_than_the_context_window(pair, tmp_path):
+    path = tmp_path / "long.jsonl"
+    path.write_text(json.dumps({"question_id": "long", "turns": ["x" * 1100]}) + "\n")
+    proc = decode(pair, path, tmp_path / "o.jsonl", "--decoder", "ar")
+    assert proc.returncode == 2 and "'long'" in proc.stderr and "context window" in proc.stderr
