@@ -1,0 +1,302 @@
+"""`targetrows record`: decode each prompt with the target alone and log its rows along the way.
+
+At every stride-th position t of the target's own trajectory (greedy at temperature 0, sampled
+otherwise, seeded per prompt) the draft expands its candidate pool at the context c_t and one
+tree-attention pass of the target over the pool gives every edge probability and the root row
+(the same pass also yields the next trajectory token). With stride > 1 the pool at c_{t+1} is
+logged too, for `first_token`. The log format is described in `targetrows.rowlog`.
+
+Recording resumes per question: each finished question is written to ``OUT.parts/NNNNNN.npz``
+(temporary name, then rename); when all are there they are merged into OUT atomically and the
+parts folder is removed. Only a finished log carries the completion marker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from . import rowlog
+from .pool import expand_model
+from .specbench import read_questions
+from .tree import Tree
+
+
+@dataclass(frozen=True)
+class RecordConfig:
+    temperature: float = 0.0
+    top_k: int = 10
+    depth: int = 6
+    stride: int = 1
+    max_new_tokens: int = 128  # scored positions per turn (the trajectory runs depth further)
+    root_top: int = 32  # root-row entries kept besides the first-level pool tokens
+    seed: int = 0
+    stop_ids: frozenset[int] = field(default_factory=frozenset)
+
+    def __post_init__(self):
+        if not np.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        for name in ("top_k", "depth", "stride", "max_new_tokens", "root_top"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+def record_prompt(target, draft, prompt_ids: Sequence[int], config: RecordConfig,
+                  seed: int | None = None) -> dict:
+    """Record one prompt (any pair implementing `targetrows.model.Model`).
+
+    Returns a segment dict: prompt, trajectory, stopped, records (one dict per logged pool, see
+    `rowlog.from_segments`). `seed` (default ``config.seed``) seeds the target's sampling.
+    """
+    prompt = [int(t) for t in prompt_ids]
+    if not prompt:
+        raise ValueError("the prompt is empty: it needs at least one token")
+    seed = config.seed if seed is None else seed
+    target.reset(seed)
+    draft.reset(seed)
+    ctx = list(prompt)
+    prev_root = None  # the target's row at the previous context (for stale_rerank)
+    if len(ctx) >= 2:
+        prev_root = target.logits(ctx[:-1], Tree.root_only(ctx[-2]), [0])
+        target.commit(ctx[:-1])
+    n, stride = config.max_new_tokens, config.stride
+    trajectory, records, stopped = [], [], False
+    for t in range(n + config.depth):
+        scored = t % stride == 0 and t < n
+        if scored or (1 <= t <= n and (t - 1) % stride == 0):
+            rec, root = _pool_record(target, draft, ctx, prev_root, config)
+            records.append(dict(rec, position=t, scored=scored))
+        else:
+            root = target.logits(ctx, Tree.root_only(ctx[-1]), [0])
+        token = int(target.draw(root, config.temperature)[0])
+        trajectory.append(token)
+        ctx.append(token)
+        target.commit(ctx)
+        draft.commit(ctx)
+        prev_root = root
+        if token in config.stop_ids:
+            stopped = True
+            break
+    return dict(prompt=prompt, trajectory=trajectory, stopped=stopped, records=records)
+
+
+def _pool_record(target, draft, ctx: list[int], prev_root, config: RecordConfig):
+    """The pool at `ctx`, its edge probabilities and the sparse root row: one target pass."""
+    temperature = config.temperature
+    tree, logq = expand_model(draft, ctx, config.top_k, config.depth)
+    parents = tree.parents
+    heads = np.unique(parents[1:])  # nodes with children (0 first): the only rows needed
+    rows = target.logits(ctx, tree, heads)
+    # children's tokens as a [heads, width] matrix, so one gather reads every edge
+    row = np.searchsorted(heads, parents[1:])
+    counts = np.bincount(row, minlength=len(heads))
+    order = np.argsort(row, kind="stable")
+    col = np.empty(len(row), dtype=np.int64)
+    col[order] = np.arange(len(row)) - np.repeat(np.cumsum(counts) - counts, counts)
+    children = np.zeros((len(heads), counts.max()), dtype=np.int64)
+    children[row, col] = tree.tokens[1:]
+    edge_p = np.ones(len(tree))
+    edge_p[1:] = np.exp(target.logprobs(rows, children, temperature)[row, col])
+
+    root = rows[0:1]
+    first_tokens = tree.tokens[tree.children(0)]
+    top, _ = target.topk(root, config.root_top)
+    root_tokens = np.concatenate([top[0], first_tokens[~np.isin(first_tokens, top[0])]])
+    root_p = np.exp(target.logprobs(root, root_tokens[None], temperature)[0])
+    if prev_root is None:
+        stale_p = np.full(len(first_tokens), np.nan)
+    else:
+        stale_p = np.exp(target.logprobs(prev_root, first_tokens[None], temperature)[0])
+    rec = dict(tokens=tree.tokens, parents=parents, logq=logq, edge_p=edge_p, stale_p=stale_p,
+               root_tokens=root_tokens, root_p=root_p)
+    return rec, root
+
+
+# -- prompts ----------------------------------------------------------------------------------
+
+
+def read_prompts(path: str) -> list[dict]:
+    """Spec-Bench question records (question_id, category, turns); errors name file and line."""
+    return [asdict(q) for q in read_questions(path)]
+
+
+class ToyEncoder:
+    """Text -> toy token ids: UTF-8 bytes modulo the vocabulary; answers are kept as ids."""
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+
+    def encode(self, turns: list[str], answers: list[list[int]]) -> list[int]:
+        ids: list[int] = []
+        for i, turn in enumerate(turns):
+            ids += [b % self.vocab_size for b in turn.encode()]
+            if i < len(answers):
+                ids += answers[i]
+        return ids
+
+
+class ChatEncoder:
+    """Text -> ids through the tokenizer's chat template; earlier answers are decoded to text."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def encode(self, turns: list[str], answers: list[list[int]]) -> list[int]:
+        from .loading import encode_conversation
+
+        messages = []
+        for i, turn in enumerate(turns):
+            messages.append(("user", turn))
+            if i < len(answers):
+                text = self.tokenizer.decode(answers[i], skip_special_tokens=True)
+                messages.append(("assistant", text))
+        return encode_conversation(self.tokenizer, messages)
+
+
+def question_seed(seed: int, question: int, turn: int) -> int:
+    """Each turn's own seed, so a resumed recording draws exactly what a fresh one would."""
+    return int(np.random.SeedSequence([seed, question, turn]).generate_state(1)[0])
+
+
+def record_question(target, draft, encoder, item: dict, index: int,
+                    config: RecordConfig) -> list[dict]:
+    """Every turn of one question; a later turn's prompt holds the earlier turns' answers."""
+    segments, answers = [], []
+    for turn in range(len(item["turns"])):
+        ids = encoder.encode(item["turns"][: turn + 1], answers)
+        try:
+            seg = record_prompt(target, draft, ids, config, question_seed(config.seed, index, turn))
+        except ValueError as err:  # e.g. NaN logits: say which prompt
+            raise ValueError(f"question {item['question_id']!r} turn {turn}: {err}") from err
+        answer = seg["trajectory"][: config.max_new_tokens]
+        answers.append([t for t in answer if t not in config.stop_ids])
+        segments.append(dict(seg, question=item["question_id"], task=item["category"], turn=turn))
+    return segments
+
+
+def record_file(target, draft, encoder, prompts_path: str, out: str, config: RecordConfig,
+                names: tuple[str, str] = ("target", "draft"), quiet: bool = False) -> rowlog.RowLog:
+    """Record every question of `prompts_path` into the row log `out`, resuming from its parts."""
+    prompts = read_prompts(prompts_path)
+    with open(prompts_path, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    settings = json.loads(json.dumps(dict(
+        target=names[0], draft=names[1], prompts=prompts_path, prompts_sha256=digest,
+        n_questions=len(prompts), vocab_size=int(target.vocab_size),
+        **{k: v for k, v in asdict(config).items() if k != "stop_ids"},
+        stop_ids=sorted(int(t) for t in config.stop_ids),
+    )))
+    parts_dir = out + ".parts"
+    os.makedirs(parts_dir, exist_ok=True)
+    parts = []
+    for q, item in enumerate(prompts):
+        part = os.path.join(parts_dir, f"{q:06d}.npz")
+        parts.append(part)
+        if os.path.exists(part):
+            _check_part(part, settings, q)
+            continue
+        start = time.perf_counter()
+        segments = record_question(target, draft, encoder, item, q, config)
+        rowlog.write(part, rowlog.from_segments(dict(settings, complete=False, part=q), segments))
+        if not quiet:
+            n_pos = sum(int(sum(r["scored"] for r in s["records"])) for s in segments)
+            print(f"record: question {q + 1}/{len(prompts)} ({item['question_id']}): "
+                  f"{n_pos} positions in {time.perf_counter() - start:.1f} s", file=sys.stderr)
+    log = rowlog.concat([rowlog.read(p, require_complete=False) for p in parts],
+                        dict(settings, complete=True, part=None))
+    rowlog.write(out, log)
+    shutil.rmtree(parts_dir)
+    return log
+
+
+def _check_part(path: str, settings: dict, index: int) -> None:
+    try:
+        header = rowlog.read(path, require_complete=False).header
+    except ValueError as err:
+        raise ValueError(f"{err} (delete part file {path} and rerun: that question is "
+                         "recorded again)") from err
+    for key in rowlog.SETTINGS:
+        if header.get(key) != settings.get(key):
+            raise ValueError(
+                f"part file {path} was recorded with {key}={header.get(key)!r}, this run has "
+                f"{settings.get(key)!r}: delete the folder {os.path.dirname(path)} to start over"
+            )
+    if header.get("part") != index:
+        raise ValueError(f"part file {path} holds question {header.get('part')}, not {index}")
+
+
+# -- command line -----------------------------------------------------------------------------
+
+
+def toy_pair(target: str, draft: str | None):
+    """``--target toy[:VOCAB[:SEED]] --draft toy[:CLOSENESS]``: the NumPy toy pair."""
+    from .toy import ToyPair
+
+    try:
+        t = [int(x) for x in target.split(":")[1:]]
+        d = [float(x) for x in (draft or "toy").split(":")[1:]]
+        pair = ToyPair(vocab_size=(t + [32])[0], seed=(t[1:] + [0])[0],
+                       closeness=(d + [0.8])[0])
+    except ValueError as err:
+        raise ValueError(f"bad toy pair {target!r} / {draft!r}: {err} (use --target "
+                         "toy:VOCAB:SEED --draft toy:CLOSENESS)") from err
+    return pair.target, pair.draft, ToyEncoder(pair.vocab_size), frozenset()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    try:
+        from .loading import add_model_arguments
+    except ImportError:  # no torch: only the toy pair can record
+        parser.add_argument("--target", required=True, help="toy[:VOCAB[:SEED]] (torch missing)")
+        parser.add_argument("--draft", default=None, help="toy[:CLOSENESS]")
+    else:
+        add_model_arguments(parser)
+    parser.add_argument("--prompts", required=True, help="Spec-Bench question JSONL file")
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--top-k", type=int, default=10, help="pool: children per frontier node")
+    parser.add_argument("--depth", type=int, default=6, help="pool: levels")
+    parser.add_argument("--stride", type=int, default=1, help="log every S-th position")
+    parser.add_argument("--max-new-tokens", type=int, default=128,
+                        help="positions per turn (the trajectory runs --depth tokens further)")
+    parser.add_argument("--root-top", type=int, default=32, help="root-row entries kept")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", required=True, help="row log to write (.npz)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+
+
+def run(args: argparse.Namespace) -> int:
+    from .cli import UsageError
+
+    if os.path.exists(args.out) and not args.overwrite:
+        raise UsageError(f"row log {args.out} exists; pass --overwrite or choose another --out")
+    if args.draft is None and not args.target.startswith("toy"):
+        raise UsageError("record needs --draft (the model whose pools are logged)")
+    read_prompts(args.prompts)  # a bad prompts file fails before any model loads
+    if args.target.startswith("toy"):
+        target, draft, encoder, stops = toy_pair(args.target, args.draft)
+    else:
+        try:
+            from .loading import load_from_args, stop_ids
+        except ImportError as err:
+            raise UsageError(f"recording Hugging Face models needs torch and transformers "
+                             f"(pip install 'targetrows[decode]'): {err}") from err
+        target, draft, tokenizer = load_from_args(args)
+        encoder, stops = ChatEncoder(tokenizer), frozenset(stop_ids(tokenizer, target))
+    config = RecordConfig(
+        temperature=args.temperature, top_k=args.top_k, depth=args.depth, stride=args.stride,
+        max_new_tokens=args.max_new_tokens, root_top=args.root_top, seed=args.seed,
+        stop_ids=stops,
+    )
+    record_file(target, draft, encoder, args.prompts, args.out, config,
+                names=(args.target, args.draft or "toy"), quiet=args.quiet)
+    return 0
