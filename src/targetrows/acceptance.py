@@ -35,13 +35,14 @@ def expected_accepted_batch(
     parents: np.ndarray,
     edge_prob: np.ndarray,
     valid: np.ndarray | None = None,
-    chunk: int = 8192,
+    chunk: int = 2048,
 ) -> np.ndarray:
     """`expected_accepted` of m trees at once: ``parents`` and ``edge_prob`` are ``[m, n]``.
 
     Trees smaller than n are padded: padded nodes have ``valid`` False (or edge_prob 0) and any
     parent index below their own. The loop runs over the n node slots, each step vectorised over
-    a chunk of trees laid out node-major so every step reads contiguous memory.
+    a chunk of trees small enough for the cache, laid out node-major so each step reads
+    contiguous memory.
     """
     parents = np.asarray(parents)
     p = np.asarray(edge_prob, dtype=np.float64)
@@ -54,30 +55,37 @@ def expected_accepted_batch(
         valid = np.asarray(valid, dtype=bool)
         if valid.shape != p.shape:
             raise ValueError(f"valid must be {p.shape}, got {valid.shape}")
-        p = np.where(valid, p, 0.0)
-    if n > 1:
-        slot = np.arange(1, n)
-        if np.any((parents[:, 1:] < 0) | (parents[:, 1:] >= slot)):
-            bad = np.argwhere((parents[:, 1:] < 0) | (parents[:, 1:] >= slot))[0]
-            raise ValueError(
-                f"tree {bad[0]} node {bad[1] + 1} has parent {parents[bad[0], bad[1] + 1]}: "
-                "parents must satisfy 0 <= parents[i] < i"
-            )
-        if np.any(~np.isfinite(p)) or np.any(p < 0) or np.any(p > 1 + 1e-9):
-            raise ValueError("edge_prob must be probabilities in [0, 1] (found NaN, inf or out of range)")
+    index = np.arange(n)
     out = np.empty(m)
-    for start in range(0, m, chunk):
-        par = np.ascontiguousarray(parents[start : start + chunk].T, dtype=np.intp)
-        ep = np.ascontiguousarray(p[start : start + chunk].T)
-        c = ep.shape[1]
+    for start in range(0, m, chunk):  # checks run per chunk too, while it is in the cache
+        par = parents[start : start + chunk]
+        ep = p[start : start + chunk]
+        if valid is not None:
+            ep = np.where(valid[start : start + chunk], ep, 0.0)
+        _check_batch(par, ep, index, start)
+        c = len(par)
+        slot = par.T * c + np.arange(c)  # [n, c]: flat index of each node's parent in `reach`
+        ep = ep.T
         reach = np.empty((n, c))
         reach[0] = 1.0
         flat = reach.reshape(-1)
-        cols = np.arange(c)
         for i in range(1, n):
-            np.multiply(flat[par[i] * c + cols], ep[i], out=reach[i])
+            np.multiply(flat.take(slot[i]), ep[i], out=reach[i])
         out[start : start + c] = reach[1:].sum(axis=0)
     return out
+
+
+def _check_batch(par: np.ndarray, ep: np.ndarray, index: np.ndarray, start: int) -> None:
+    bad_parent = (par[:, 1:] < 0) | (par[:, 1:] >= index[1:])
+    if bad_parent.any():
+        t, i = np.argwhere(bad_parent)[0]
+        raise ValueError(
+            f"tree {start + t} node {i + 1} has parent {par[t, i + 1]}: "
+            "parents must satisfy 0 <= parents[i] < i"
+        )
+    q = ep[:, 1:]
+    if not (np.all(q >= 0) and np.all(q <= 1 + 1e-9)):  # NaN fails both comparisons
+        raise ValueError("edge_prob must be probabilities in [0, 1] (found NaN, inf or out of range)")
 
 
 def expected_accepted_greedy(tree: Tree, continuation: Sequence[int]) -> int:
