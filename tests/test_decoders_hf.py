@@ -165,7 +165,7 @@ def test_help_lists_the_commands():
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["--budget", "0"], "--budget must be >= 1"),
+        (["--budget", "0"], "budget must be >= 1"),
         (["--temperature", "-1"], "--temperature must be >= 0"),
         (["--prompt", "  "], "--prompt is empty"),
     ],

@@ -1,0 +1,311 @@
+"""`HFModel`: the Model interface over a Hugging Face causal LM, with a KV cache and tree attention.
+
+The cache always holds, in order: the KV entries of a *prefix* of the committed context, then the
+entries of the tree nodes fed in the current round (each tree node at most once, plus "dead"
+copies of nodes whose row was asked for again, which nobody attends to). One `logits` call is
+one forward pass: the uncached tail of the context as a chain, then the needed tree nodes, under
+a 4D additive float mask (a bool mask is silently wrong under eager attention). A node attends
+to the committed prefix, the tail, its fed ancestors and itself: never to other tree entries.
+`commit` keeps the prefix plus the fed nodes along the committed path, gathered in place, and
+never re-prefills.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+
+from .tree import Tree
+
+
+class HFModel:
+    """A Hugging Face causal LM seen as a source of rows (implements `targetrows.model.Model`).
+
+    `vocab_size` (default: the model's logit width) is the tokenizer's vocabulary: rows are cut
+    to it, so a target and a draft whose logit widths differ only by padding compare equal.
+    """
+
+    def __init__(self, model, vocab_size: int | None = None, name: str = "model"):
+        config = model.config
+        width = int(model.get_output_embeddings().weight.shape[0])
+        self.vocab_size = width if vocab_size is None else int(vocab_size)
+        if not 0 < self.vocab_size <= width:
+            raise ValueError(
+                f"{name}: vocab_size {self.vocab_size} must be in 1..{width} (the logit width)"
+            )
+        attn = getattr(config, "_attn_implementation", None)
+        if attn not in ("eager", "sdpa"):
+            raise ValueError(
+                f"{name}: attention implementation {attn!r} ignores custom 4D masks, so tree "
+                "attention would be wrong; load it with attn_implementation='sdpa' or 'eager'"
+            )
+        if getattr(config, "sliding_window", None) is not None or "sliding_attention" in (
+            getattr(config, "layer_types", None) or ()
+        ):
+            raise ValueError(
+                f"{name}: sliding-window attention is not supported (its cache drops entries "
+                "that tree attention needs); use a model with full attention in every layer"
+            )
+        self.model = model.eval()
+        self.name = name
+        self.dtype = model.dtype
+        self.device = model.get_output_embeddings().weight.device  # where rows come out
+        self.input_device = model.get_input_embeddings().weight.device
+        self._generator = torch.Generator(device=self.device)
+        self.reset(None)
+
+    # -- cache state ---------------------------------------------------------------------------
+    def reset(self, seed: int | None = None) -> None:
+        self._clear_cache()
+        if seed is None:
+            self._generator.seed()
+        else:
+            self._generator.manual_seed(int(seed))
+
+    def _clear_cache(self) -> None:
+        self._cache = DynamicCache(config=self.model.config)
+        self._prefix = np.zeros(0, dtype=np.int64)  # committed tokens whose KV is cached
+        self._tree: Tree | None = None  # the tree whose nodes follow the prefix in the cache
+        self._tree_ctx_len = 0  # length of the context that tree was fed under
+        self._slot = np.zeros(0, dtype=np.int64)  # cache index of each tree node, -1 if unfed
+        self._anc = np.zeros((0, 0), dtype=bool)
+
+    @property
+    def cached_tokens(self) -> np.ndarray:
+        """The committed tokens whose KV entries the cache holds (a copy)."""
+        return self._prefix.copy()
+
+    @property
+    def kv_cache(self) -> DynamicCache:
+        """The KV cache (read it, don't change it): prefix entries, then tree entries."""
+        return self._cache
+
+    def _cache_len(self) -> int:
+        return self._cache.get_seq_length()
+
+    def _crop(self, length: int) -> None:
+        """Keep only the first `length` cache entries."""
+        extra = self._cache_len() - length
+        if extra > 0:
+            self._cache.crop(-extra)
+
+    def _drop_tree(self) -> None:
+        self._crop(len(self._prefix))
+        self._tree = None
+        self._slot = np.zeros(0, dtype=np.int64)
+
+    def _keep_prefix(self, ctx: np.ndarray) -> None:
+        """Shrink the cached prefix to its longest common prefix with `ctx` (dropping the tree if
+        the prefix shrinks)."""
+        n = min(len(self._prefix), len(ctx))
+        diff = np.flatnonzero(self._prefix[:n] != ctx[:n])
+        common = int(diff[0]) if len(diff) else n
+        if common < len(self._prefix):
+            self._drop_tree()
+            self._prefix = self._prefix[:common].copy()
+            self._crop(common)
+
+    def _adopt_tree(self, tree: Tree, n_ctx: int) -> None:
+        """Make `tree` the current one: keep the fed entries when it extends the current tree
+        (same first nodes, same context; pool expansion builds a new Tree per level)."""
+        old = self._tree
+        extends = (
+            old is not None
+            and self._tree_ctx_len == n_ctx
+            and len(tree) >= len(old)
+            and (
+                tree is old
+                or (
+                    np.array_equal(tree.tokens[: len(old)], old.tokens)
+                    and np.array_equal(tree.parents[: len(old)], old.parents)
+                )
+            )
+        )
+        if not extends:
+            self._drop_tree()
+            self._slot = np.full(len(tree), -1, dtype=np.int64)
+            if len(self._prefix) == n_ctx:  # the root's KV is the last prefix entry
+                self._slot[0] = n_ctx - 1
+        elif len(tree) > len(old):
+            self._slot = np.concatenate([self._slot, np.full(len(tree) - len(old), -1, np.int64)])
+        if tree is not old:
+            grown = extends and len(self._anc) == len(old)
+            self._anc = (
+                _extend_ancestors(self._anc, tree.parents) if grown else tree.ancestor_mask()
+            )
+        self._tree, self._tree_ctx_len = tree, n_ctx
+
+    # -- rows ----------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def logits(self, context: Sequence[int], tree: Tree, nodes: Sequence[int]) -> torch.Tensor:
+        ctx = np.asarray(context, dtype=np.int64).reshape(-1)
+        nodes = np.asarray(nodes, dtype=np.int64).reshape(-1)
+        n_ctx = len(ctx)
+        if n_ctx == 0:
+            raise ValueError(f"{self.name}: the context is empty; the root needs one token")
+        if int(tree.tokens[0]) != int(ctx[-1]):
+            raise ValueError(
+                f"{self.name}: tree root token {int(tree.tokens[0])} is not the last context "
+                f"token {int(ctx[-1])}"
+            )
+        if len(nodes) and (nodes.min() < 0 or nodes.max() >= len(tree)):
+            raise ValueError(f"{self.name}: nodes {nodes.tolist()} outside a {len(tree)}-node tree")
+        if len(nodes) == 0:
+            return torch.empty((0, self.vocab_size), dtype=self.dtype, device=self.device)
+
+        self._keep_prefix(ctx)
+        self._adopt_tree(tree, n_ctx)
+        start = len(self._prefix)  # first cache index that is not committed prefix
+        tail = ctx[start : n_ctx - 1]  # uncached committed tokens before the root
+        base = self._cache_len()  # == start when there is a tail (the tree was just dropped)
+        slot = self._slot
+        fed = slot >= 0
+        new = np.flatnonzero(self._anc[nodes].any(axis=0) & ~fed)  # requested + unfed ancestors
+        again = np.unique(nodes[fed[nodes]])  # rows asked for again: fed once more, left dead
+        m, k = len(tail), len(new)
+        slot[new] = base + m + np.arange(k)
+        query = np.concatenate([new, again])
+        q = m + len(query)
+
+        # Mask over the cache entries from `start` on (everything before is committed prefix,
+        # which every query sees). Tail rows: causal. Tree rows: the tail and the canonical
+        # entries of the node and its ancestors (root entry < start when it is in the prefix).
+        width = base + q - start
+        region = np.zeros((q, width), dtype=bool)
+        region[:m, :m] = np.tril(np.ones((m, m), dtype=bool))
+        region[m:, :m] = True
+        in_region = slot >= start
+        region[m:, slot[in_region] - start] = self._anc[query][:, in_region]
+        mask = torch.zeros((1, 1, q, base + q), dtype=self.dtype, device=self.input_device)
+        blocked = torch.from_numpy(~region).to(self.input_device)
+        mask[0, 0, :, start:].masked_fill_(blocked, torch.finfo(self.dtype).min)
+
+        positions = np.concatenate([start + np.arange(m), n_ctx - 1 + tree.depth[query]])
+        ids = np.concatenate([tail, tree.tokens[query]])
+        row_of = np.full(len(tree), -1, dtype=np.int64)
+        row_of[query] = m + np.arange(len(query))
+        keep = row_of[nodes]
+        try:
+            out = self.model(
+                input_ids=torch.from_numpy(ids).to(self.input_device)[None],
+                position_ids=torch.from_numpy(positions).to(self.input_device)[None],
+                attention_mask=mask,
+                cache=self._cache,
+                use_cache=True,
+                logits_to_keep=torch.from_numpy(keep).to(self.device),  # the last layer's
+            )
+        except Exception:
+            self._clear_cache()  # a pass that failed midway leaves layers of uneven length
+            raise
+        if m:
+            self._prefix = ctx[: start + m].copy()
+        rows = out.logits[0, :, : self.vocab_size]
+        self._check_finite(rows, positions[keep])
+        return rows
+
+    def _check_finite(self, rows: torch.Tensor, positions: np.ndarray) -> None:
+        """One reduction and one sync per pass: a NaN/inf row names its sequence position."""
+        finite = torch.isfinite(rows).all(dim=-1)
+        if bool(finite.all()):
+            return
+        bad = np.flatnonzero(~finite.cpu().numpy())
+        raise ValueError(
+            f"{self.name}: the logits after sequence position(s) {positions[bad].tolist()} "
+            f"(0-based, prompt included) contain NaN or inf; the model overflows in {self.dtype}: "
+            "try --dtype float32"
+        )
+
+    # -- commit --------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def commit(self, context: Sequence[int]) -> None:
+        ctx = np.asarray(context, dtype=np.int64).reshape(-1)
+        self._keep_prefix(ctx)
+        tree, start = self._tree, len(self._prefix)
+        kept: list[int] = []  # cache indices of the fed tree nodes along ctx, in order
+        n_t = self._tree_ctx_len
+        if tree is not None and len(ctx) >= n_t and ctx[n_t - 1] == tree.tokens[0]:
+            node = 0
+            if self._slot[0] >= start:  # the root was fed as a tree node
+                kept.append(int(self._slot[0]))
+            for tok in ctx[n_t:].tolist():  # the accepted path: a few steps
+                node = tree.child_with_token(node, tok)
+                if node < 0 or self._slot[node] < 0:
+                    break
+                kept.append(int(self._slot[node]))
+        if kept:  # move the path's entries right after the prefix; everything after goes
+            idx = torch.tensor(kept, dtype=torch.long)
+            end = start + len(kept)
+            for layer in self._cache.layers:
+                for name in ("keys", "values"):
+                    entries = getattr(layer, name)
+                    picked = entries.index_select(-2, idx.to(entries.device))
+                    entries[..., start:end, :] = picked
+                    setattr(layer, name, entries[..., :end, :])
+            self._prefix = ctx[:end].copy()
+        self._drop_tree()
+
+    # -- reading rows --------------------------------------------------------------------------
+    @staticmethod
+    def _work(logits: torch.Tensor) -> torch.Tensor:
+        """Rows in at least float32 (bf16 rows lose too much in softmax)."""
+        if logits.dtype in (torch.float16, torch.bfloat16):
+            return logits.float()
+        return logits
+
+    @torch.inference_mode()
+    def draw(self, logits: torch.Tensor, temperature: float) -> np.ndarray:
+        if temperature == 0:
+            return logits.argmax(dim=-1).cpu().numpy()  # first maximum: ties to the lower id
+        if temperature < 0:
+            raise ValueError(f"{self.name}: temperature must be >= 0, got {temperature}")
+        probs = torch.softmax(self._work(logits) / temperature, dim=-1)
+        picks = torch.multinomial(probs, 1, generator=self._generator)
+        return picks[:, 0].cpu().numpy()
+
+    @torch.inference_mode()
+    def topk(self, logits: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
+        lp = torch.log_softmax(self._work(logits), dim=-1)
+        k = min(int(k), lp.shape[-1])
+        kth = torch.topk(lp, k, dim=-1).values[:, -1:]
+        # torch.topk orders ties arbitrarily: take everything above the k-th value, then the
+        # lowest ids among those equal to it, and order by value with ties to the lower id.
+        above = lp > kth
+        equal = lp == kth
+        short = k - above.sum(dim=-1, keepdim=True)
+        chosen = above | (equal & (equal.cumsum(dim=-1) <= short))
+        ids = chosen.nonzero()[:, 1].view(lp.shape[0], k)  # row-major: ascending ids
+        vals = lp.gather(-1, ids)
+        vals, order = torch.sort(vals, dim=-1, descending=True, stable=True)
+        return ids.gather(-1, order).cpu().numpy(), vals.double().cpu().numpy()
+
+    @torch.inference_mode()
+    def logprobs(self, logits: torch.Tensor, tokens: np.ndarray, temperature: float) -> np.ndarray:
+        tokens = np.atleast_2d(np.asarray(tokens, dtype=np.int64))
+        lp = torch.log_softmax(self._work(logits) / (temperature or 1.0), dim=-1)
+        index = torch.from_numpy(tokens).to(lp.device)
+        if index.shape[0] != lp.shape[0]:
+            index = index.expand(lp.shape[0], -1)
+        return lp.gather(-1, index).double().cpu().numpy()
+
+    @torch.inference_mode()
+    def probs(self, logits: torch.Tensor, temperature: float) -> np.ndarray:
+        if temperature == 0:
+            out = np.zeros(tuple(logits.shape), dtype=np.float64)
+            out[np.arange(out.shape[0]), logits.argmax(dim=-1).cpu().numpy()] = 1.0
+            return out
+        return torch.softmax(logits.double() / temperature, dim=-1).cpu().numpy()
+
+
+def _extend_ancestors(anc: np.ndarray, parents: np.ndarray) -> np.ndarray:
+    """The ancestor mask of a tree that extends the tree of `anc` (pool expansion adds one level
+    per call): only the new nodes' rows are computed."""
+    n_old, n = len(anc), len(parents)
+    out = np.zeros((n, n), dtype=bool)
+    out[:n_old, :n_old] = anc
+    for i in range(n_old, n):  # parents[i] < i: parents' rows are ready
+        out[i] = out[parents[i]]
+        out[i, i] = True
+    return out

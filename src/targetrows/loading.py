@@ -1,0 +1,340 @@
+"""Loading a target/draft pair of Hugging Face models and their tokenizer, and encoding prompts.
+
+Models come from a local folder or a hub id, as safetensors or GGUF; pickle weights (`.bin`,
+`.pt`) can run code when loaded, so they are refused unless the user allows them. The target
+and draft must share one tokenizer (same token -> id map): that is checked before any weights
+load, so a mismatch costs seconds, not a download.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import re
+from collections.abc import Sequence
+
+import torch
+
+from .hf_model import HFModel
+
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "float64": torch.float64,
+    "fp64": torch.float64,
+}
+# End-of-turn markers of common chat templates; generation stops at any of them.
+END_OF_TURN = (
+    "<|im_end|>",
+    "<|eot_id|>",
+    "<|end_of_text|>",
+    "<|endoftext|>",
+    "<end_of_turn>",
+    "<|end|>",
+    "</s>",
+)
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+_PICKLE_PATTERNS = ("*.bin", "*.pt", "*.pth", "*.ckpt")
+_PADDING = re.compile(r"^\[PAD\d+\]$")
+
+
+def resolve_device(device: str | None) -> str:
+    """None -> the first GPU if there is one, else the CPU; anything else as given."""
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return str(device)
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: str) -> torch.dtype:
+    """ "auto" -> bfloat16 on a GPU (or device "auto" with one), float32 on the CPU."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        on_gpu = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+        return torch.bfloat16 if on_gpu else torch.float32
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose auto or one of {sorted(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def _locate(path: str, allow_pickle: bool, gguf_file: str | None) -> tuple[str, str | None]:
+    """(folder or hub id, GGUF file name or None) for `path`, or ValueError naming it."""
+    if os.path.isfile(path):
+        if path.endswith(".gguf"):
+            return os.path.dirname(os.path.abspath(path)), os.path.basename(path)
+        raise ValueError(f"model path {path!r} is a file; give its folder, or a .gguf file")
+    if not os.path.isdir(path):
+        looks_local = path.startswith((".", "/", "~")) or path.count("/") > 1 or "\\" in path
+        if looks_local or not _HUB_ID.match(path):
+            raise ValueError(
+                f"model {path!r} is neither a local folder nor a Hugging Face hub id (owner/name)"
+            )
+        return path, gguf_file  # a hub id: from_pretrained checks the files
+    if gguf_file is not None:
+        if not os.path.isfile(os.path.join(path, gguf_file)):
+            raise ValueError(f"GGUF file {gguf_file!r} is not in model folder {path!r}")
+        return path, gguf_file
+    if glob.glob(os.path.join(path, "*.safetensors")):
+        return path, None
+    ggufs = sorted(os.path.basename(f) for f in glob.glob(os.path.join(path, "*.gguf")))
+    if len(ggufs) == 1:
+        return path, ggufs[0]
+    if len(ggufs) > 1:
+        raise ValueError(f"model folder {path!r} holds several GGUF files {ggufs}; name one")
+    pickles = [f for p in _PICKLE_PATTERNS for f in glob.glob(os.path.join(path, p))]
+    if pickles and not allow_pickle:
+        raise ValueError(
+            f"model folder {path!r} only has pickle weights ({os.path.basename(pickles[0])}), "
+            "which can run code when loaded; convert them to safetensors, or pass "
+            "--allow-pickle (allow_pickle=True) if you trust the source"
+        )
+    if not pickles:
+        raise ValueError(
+            f"model folder {path!r} has no weights (*.safetensors, *.gguf or pickle *.bin)"
+        )
+    return path, None
+
+
+def load_tokenizer(
+    path: str,
+    trust_remote_code: bool = False,
+    gguf_file: str | None = None,
+    allow_pickle: bool = False,
+):
+    """The tokenizer of model `path` (folder, hub id or .gguf file)."""
+    from transformers import AutoTokenizer
+
+    where, gguf = _locate(path, allow_pickle, gguf_file)
+    try:
+        return AutoTokenizer.from_pretrained(
+            where, trust_remote_code=trust_remote_code, gguf_file=gguf
+        )
+    except OSError as err:
+        raise ValueError(f"cannot load the tokenizer of model {path!r}: {err}") from err
+
+
+def load_model(
+    path: str,
+    device: str | None = "cpu",
+    dtype: str | torch.dtype = "auto",
+    trust_remote_code: bool = False,
+    allow_pickle: bool = False,
+    gguf_file: str | None = None,
+    tokenizer=None,
+):
+    """(HFModel, tokenizer) for the causal LM at `path` (local folder, hub id or .gguf file).
+
+    device: "cpu", "cuda", "cuda:1", ..., "auto" (spread over the GPUs with device_map="auto"),
+    or None (the first GPU if any, else the CPU). dtype: "auto" (bfloat16 on a GPU, float32 on
+    the CPU) or a name in `DTYPES`. Pass `tokenizer` to skip loading it again.
+    """
+    from transformers import AutoModelForCausalLM
+
+    device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, device)
+    where, gguf = _locate(path, allow_pickle, gguf_file)
+    if tokenizer is None:
+        tokenizer = load_tokenizer(path, trust_remote_code, gguf_file, allow_pickle)
+    kwargs = dict(
+        dtype=torch_dtype,
+        device_map="auto" if device == "auto" else device,
+        trust_remote_code=trust_remote_code,
+        gguf_file=gguf,
+        use_safetensors=None if (allow_pickle or gguf) else True,
+    )
+    load = AutoModelForCausalLM.from_pretrained
+    try:
+        try:
+            model = load(where, attn_implementation="sdpa", **kwargs)
+        except ValueError as err:  # custom code without SDPA support: eager takes 4D masks too
+            if "sdpa" not in str(err).lower():
+                raise
+            model = load(where, attn_implementation="eager", **kwargs)
+    except OSError as err:
+        hint = "" if allow_pickle else " (pickle .bin weights need --allow-pickle)"
+        raise ValueError(f"cannot load model {path!r}: {err}{hint}") from err
+    width = int(model.get_output_embeddings().weight.shape[0])
+    return HFModel(model, vocab_size=min(len(tokenizer), width), name=path), tokenizer
+
+
+def tokenizer_difference(a, b) -> str | None:
+    """None when tokenizers `a` and `b` map the same tokens to the same ids, else the first
+    difference in words. Ids past the smaller vocabulary may only hold llama.cpp's padding
+    placeholders (``[PAD151665]``...): a GGUF lists them, the Hugging Face tokenizer does not."""
+    va, vb = a.get_vocab(), b.get_vocab()
+    if va == vb:
+        return None
+    size = min(len(va), len(vb))
+    for vocab, other in ((va, vb), (vb, va)):
+        extra = [t for t, i in vocab.items() if i >= size and not _PADDING.match(t)]
+        if extra:
+            token = min(extra, key=vocab.get)
+            return (
+                f"{len(va)} vs {len(vb)} tokens; token {token!r} (id {vocab[token]}) is in one only"
+            )
+        mismatch = [t for t, i in vocab.items() if i < size and other.get(t) != i]
+        if mismatch:
+            token = min(mismatch, key=vocab.get)
+            return f"token {token!r} has id {va.get(token)} vs {vb.get(token)}"
+    return None
+
+
+def load_pair(
+    target: str,
+    draft: str | None,
+    target_device: str | None = None,
+    draft_device: str | None = None,
+    dtype: str | torch.dtype = "auto",
+    trust_remote_code: bool = False,
+    allow_pickle: bool = False,
+) -> tuple[HFModel, HFModel | None, object]:
+    """(target, draft, tokenizer). The draft goes on `draft_device` (default: the target's
+    device); ``draft=None`` gives no draft (autoregressive decoding). Rows of both models are
+    cut to one vocabulary size."""
+    target_device = resolve_device(target_device)
+    draft_device = target_device if draft_device is None else draft_device
+    tokenizer = load_tokenizer(target, trust_remote_code, allow_pickle=allow_pickle)
+    vocab = len(tokenizer)
+    if draft is not None:
+        draft_tokenizer = load_tokenizer(draft, trust_remote_code, allow_pickle=allow_pickle)
+        vocab = min(vocab, len(draft_tokenizer))
+        difference = tokenizer_difference(tokenizer, draft_tokenizer)
+        if difference:
+            raise ValueError(
+                f"target {target!r} and draft {draft!r} have different tokenizers ({difference}); "
+                "speculative decoding needs a draft that shares the target's tokenizer"
+            )
+    options = dict(
+        dtype=dtype,
+        trust_remote_code=trust_remote_code,
+        allow_pickle=allow_pickle,
+        tokenizer=tokenizer,
+    )
+    target_model, _ = load_model(target, target_device, **options)
+    if draft is None:
+        return target_model, None, tokenizer
+    draft_model, _ = load_model(draft, draft_device, **options)
+    # the shared vocabulary: padding (logit widths, GGUF placeholders) is cut from both
+    vocab = min(vocab, target_model.vocab_size, draft_model.vocab_size)
+    target_model.vocab_size = draft_model.vocab_size = vocab
+    return target_model, draft_model, tokenizer
+
+
+def add_model_arguments(parser: argparse.ArgumentParser, draft: bool = True) -> None:
+    """--target --draft --target-device --draft-device --dtype --trust-remote-code
+    --allow-pickle (no draft options when ``draft=False``)."""
+    parser.add_argument(
+        "--target",
+        required=True,
+        help="target model: local folder, .gguf file or Hugging Face hub id",
+    )
+    if draft:
+        parser.add_argument(
+            "--draft",
+            default=None,
+            help="draft model with the target's tokenizer (folder, .gguf, hub id)",
+        )
+    parser.add_argument(
+        "--target-device",
+        default=None,
+        help="cpu, cuda, cuda:N or auto (spread over GPUs); default: cuda if available, else cpu",
+    )
+    if draft:
+        parser.add_argument(
+            "--draft-device", default=None, help="device of the draft; default: the target's"
+        )
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", *DTYPES],
+        help="weights dtype; auto: bfloat16 on GPU, float32 on CPU",
+    )
+    parser.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="run model code shipped with the checkpoint (only if you trust it)",
+    )
+    parser.add_argument(
+        "--allow-pickle",
+        action="store_true",
+        help="allow pickle .bin weights, which can run code when loaded",
+    )
+
+
+def load_from_args(args: argparse.Namespace) -> tuple[HFModel, HFModel | None, object]:
+    """`load_pair` with the options `add_model_arguments` added."""
+    return load_pair(
+        args.target,
+        getattr(args, "draft", None),
+        args.target_device,
+        getattr(args, "draft_device", None),
+        args.dtype,
+        args.trust_remote_code,
+        args.allow_pickle,
+    )
+
+
+def _messages(turns) -> list[dict]:
+    if isinstance(turns, str):
+        turns = [turns]
+    messages = []
+    for i, turn in enumerate(turns):
+        if isinstance(turn, str):
+            messages.append({"role": "user", "content": turn})
+        elif isinstance(turn, dict) and {"role", "content"} <= turn.keys():
+            messages.append({"role": turn["role"], "content": turn["content"]})
+        elif isinstance(turn, Sequence) and len(turn) == 2:
+            messages.append({"role": str(turn[0]), "content": str(turn[1])})
+        else:
+            raise ValueError(f"turn {i} ({turn!r}) is not a string, (role, text) or message dict")
+    if not messages:
+        raise ValueError("the prompt has no turns")
+    return messages
+
+
+def encode_conversation(tokenizer, conversation, add_generation_prompt: bool = True) -> list[int]:
+    """Token ids of a conversation so far (list of (role, text) or {"role", "content"}), ready
+    for the assistant's next reply: the chat template when the tokenizer has one, otherwise the
+    texts joined by blank lines (with the tokenizer's BOS, if any)."""
+    messages = _messages(conversation)
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])  # BOS is in the text
+    text = "\n\n".join(m["content"] for m in messages)
+    return list(tokenizer(text)["input_ids"])
+
+
+def encode_prompt(tokenizer, turns) -> list[int]:
+    """Token ids of a prompt: a string (one user message) or a list of user messages (each a
+    string) or of (role, text) pairs. For MT-bench's second turn, pass the conversation with the
+    first answer in it (`encode_conversation`)."""
+    return encode_conversation(tokenizer, turns)
+
+
+def stop_ids(tokenizer, model=None) -> set[int]:
+    """Token ids that end generation: the tokenizer's EOS, the model's (config and generation
+    config, which may list several) and the chat template's end-of-turn tokens."""
+    ids: set[int] = set()
+
+    def add(value):
+        if value is None:
+            return
+        for v in value if isinstance(value, (list, tuple, set)) else [value]:
+            if v is not None and int(v) >= 0:
+                ids.add(int(v))
+
+    add(tokenizer.eos_token_id)
+    hf = getattr(model, "model", model)  # an HFModel or a transformers model
+    if hf is not None:
+        add(getattr(getattr(hf, "generation_config", None), "eos_token_id", None))
+        add(getattr(getattr(hf, "config", None), "eos_token_id", None))
+    vocab = tokenizer.get_vocab()
+    add([vocab[t] for t in END_OF_TURN if t in vocab])
+    return ids
