@@ -26,6 +26,25 @@ class UsageError(Exception):
     """Bad user input: the message names it; the CLI prints it and exits with status 2."""
 
 
+OUT_OF_MEMORY_HINT = (
+    "the accelerator ran out of memory: lower the nodes verified per pass (decode: --budgets, "
+    "--top-k, --depth; record: --top-k, --depth), use a smaller --dtype (bfloat16), put the "
+    "draft on another device (--draft-device), or spread the target over several GPUs with a "
+    "device map (--target-device auto). Finished prompts are kept: rerun the same command to "
+    "resume"
+)
+
+
+def _out_of_memory_errors() -> tuple[type[BaseException], ...]:
+    """torch's out-of-memory exception types, when torch is loaded (only then can one occur)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return ()
+    found = {getattr(torch, "OutOfMemoryError", None),
+             getattr(getattr(torch, "cuda", None), "OutOfMemoryError", None)}
+    return tuple(t for t in found if t is not None)
+
+
 def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="targetrows",
@@ -49,6 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, ValueError, FileNotFoundError) as err:
         print(f"targetrows {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except _out_of_memory_errors() as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        print(f"targetrows {args.command}: error: {OUT_OF_MEMORY_HINT} ({first})",
+              file=sys.stderr)
+        return 3
     except KeyboardInterrupt:
         print(f"targetrows {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -51,6 +51,10 @@ class HFModel:
             )
         self.model = model.eval()
         self.name = name
+        # prompts are checked against these before decoding (`specbench.check_prompt`): an id
+        # past the embedding table is an IndexError on the CPU and a device assert on a GPU
+        self.context_window = getattr(config, "max_position_embeddings", None)
+        self.n_embeddings = int(model.get_input_embeddings().weight.shape[0])
         self.dtype = model.dtype
         self.device = model.get_output_embeddings().weight.device  # where rows come out
         self.input_device = model.get_input_embeddings().weight.device

@@ -116,6 +116,10 @@ def load_tokenizer(
         )
     except OSError as err:
         raise ValueError(f"cannot load the tokenizer of model {path!r}: {err}") from err
+    except ValueError as err:
+        if "trust_remote_code" in str(err):
+            raise _remote_code_refused(path) from err
+        raise
 
 
 def load_model(
@@ -158,8 +162,20 @@ def load_model(
     except OSError as err:
         hint = "" if allow_pickle else " (pickle .bin weights need --allow-pickle)"
         raise ValueError(f"cannot load model {path!r}: {err}{hint}") from err
+    except ValueError as err:
+        if "trust_remote_code" in str(err):
+            raise _remote_code_refused(path) from err
+        raise
     width = int(model.get_output_embeddings().weight.shape[0])
     return HFModel(model, vocab_size=min(len(tokenizer), width), name=path), tokenizer
+
+
+def _remote_code_refused(path: str) -> ValueError:
+    """transformers' refusal to run a checkpoint's own code, said in terms of our option."""
+    return ValueError(
+        f"model {path!r} ships its own Python code, which would run on loading; it is refused "
+        "unless you pass --trust-remote-code (trust_remote_code=True): read the code first"
+    )
 
 
 def tokenizer_difference(a, b) -> str | None:

@@ -27,7 +27,7 @@ import numpy as np
 
 from . import rowlog
 from .pool import expand_model
-from .specbench import read_questions
+from .specbench import check_prompt, read_questions
 from .tree import Tree
 
 
@@ -173,6 +173,7 @@ def record_question(target, draft, encoder, item: dict, index: int,
     segments, answers = [], []
     for turn in range(len(item["turns"])):
         ids = encoder.encode(item["turns"][: turn + 1], answers)
+        check_turn(target, draft, item, turn, ids, config)
         try:
             seg = record_prompt(target, draft, ids, config, question_seed(config.seed, index, turn))
         except ValueError as err:  # e.g. NaN logits: say which prompt
@@ -181,6 +182,13 @@ def record_question(target, draft, encoder, item: dict, index: int,
         answers.append([t for t in answer if t not in config.stop_ids])
         segments.append(dict(seg, question=item["question_id"], task=item["category"], turn=turn))
     return segments
+
+
+def check_turn(target, draft, item: dict, turn: int, ids, config: RecordConfig) -> None:
+    """The trajectory runs max_new_tokens + depth tokens and pools reach depth further."""
+    check_prompt(item["question_id"], turn, ids, (target, draft),
+                 config.max_new_tokens + config.depth,
+                 "shorten the prompt or lower --max-new-tokens / --depth")
 
 
 def record_file(target, draft, encoder, prompts_path: str, out: str, config: RecordConfig,
@@ -195,8 +203,9 @@ def record_file(target, draft, encoder, prompts_path: str, out: str, config: Rec
         **{k: v for k, v in asdict(config).items() if k != "stop_ids"},
         stop_ids=sorted(int(t) for t in config.stop_ids),
     )))
-    parts_dir = out + ".parts"
-    os.makedirs(parts_dir, exist_ok=True)
+    for item in prompts:  # first turns too long for the models fail before anything is written
+        check_turn(target, draft, item, 0, encoder.encode(item["turns"][:1], []), config)
+    parts_dir = out + ".parts"  # made with the first part: a failed start leaves nothing
     parts = []
     for q, item in enumerate(prompts):
         part = os.path.join(parts_dir, f"{q:06d}.npz")
@@ -206,6 +215,7 @@ def record_file(target, draft, encoder, prompts_path: str, out: str, config: Rec
             continue
         start = time.perf_counter()
         segments = record_question(target, draft, encoder, item, q, config)
+        os.makedirs(parts_dir, exist_ok=True)
         rowlog.write(part, rowlog.from_segments(dict(settings, complete=False, part=q), segments))
         if not quiet:
             n_pos = sum(int(sum(r["scored"] for r in s["records"])) for s in segments)

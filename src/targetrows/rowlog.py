@@ -1,8 +1,9 @@
 """Row logs: the target's rows recorded once on its own trajectory, read back with NumPy alone.
 
 Format ``targetrows-rowlog``, version 1. A log is one uncompressed ``.npz`` file (a zip of
-``.npy`` arrays, written by ``numpy.savez``; every member carries a CRC-32 that is checked on
-read). Nothing in it needs pickle. ``header`` is a uint8 array of UTF-8 JSON:
+``.npy`` arrays, laid out as ``numpy.savez`` does but with fixed member time stamps, so the same
+rows give the same bytes; every member carries a CRC-32 that is checked on read). Nothing in it
+needs pickle. ``header`` is a uint8 array of UTF-8 JSON:
 
     format "targetrows-rowlog", version 1, complete (true only for a finished log; per-prompt
     part files written while recording say false and name their ``part``), target, draft,
@@ -226,7 +227,7 @@ def write(path: str | os.PathLike, log: RowLog) -> None:
     tmp = os.path.join(folder, f".{name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
     try:
         with open(tmp, "xb") as f:  # default permissions (mkstemp's are owner-only)
-            np.savez(f, **arrays)
+            savez(f, arrays)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -234,6 +235,16 @@ def write(path: str | os.PathLike, log: RowLog) -> None:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+
+
+def savez(file, arrays: dict[str, np.ndarray]) -> None:
+    """`numpy.savez` (uncompressed, no pickle) with a fixed time stamp on every member, so the
+    same arrays always give the same bytes (savez stamps the current time)."""
+    with zipfile.ZipFile(file, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
+        for name, value in arrays.items():
+            info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+            with z.open(info, "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, np.asanyarray(value), allow_pickle=False)
 
 
 def read(path: str | os.PathLike, require_complete: bool = True) -> RowLog:

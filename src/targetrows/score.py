@@ -290,9 +290,9 @@ def write_table(table: dict[str, np.ndarray], path: str) -> None:
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
         if path.endswith(".npz"):
-            with open(tmp, "wb") as f:
-                np.savez(f, **{k: v.astype(str) if v.dtype == object else v
-                               for k, v in table.items()})
+            with open(tmp, "wb") as f:  # fixed time stamps: the same table, the same bytes
+                rowlog.savez(f, {k: v.astype(str) if v.dtype == object else v
+                                 for k, v in table.items()})
         else:
             with open(tmp, "w", newline="", encoding="utf-8") as f:
                 writer = csv.writer(f, lineterminator="\n")

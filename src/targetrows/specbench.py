@@ -60,6 +60,29 @@ def read_questions(path: str) -> list[Question]:
     return questions
 
 
+def check_prompt(question_id, turn: int, ids, models, extra: int, shorten: str) -> None:
+    """ValueError naming the question when the prompt `ids` plus `extra` further positions do
+    not fit a model's context window, or holds a token id the model cannot embed (a tokenizer
+    that does not belong to the model). Models without these attributes (the toy) pass."""
+    where = f"question {question_id!r} turn {turn}"
+    for model in models:
+        if model is None:
+            continue
+        name = getattr(model, "name", "model")
+        embeddings = getattr(model, "n_embeddings", None)
+        if embeddings is not None and ids and max(ids) >= embeddings:
+            raise ValueError(
+                f"{where}: token id {max(ids)} is past the {embeddings} embeddings of {name}: "
+                "its tokenizer does not match the model; use the model's own tokenizer files"
+            )
+        window = getattr(model, "context_window", None)
+        if window is not None and len(ids) + extra > window:
+            raise ValueError(
+                f"{where}: {len(ids)} prompt tokens + {extra} further positions exceed the "
+                f"context window of {name} ({window}); {shorten}"
+            )
+
+
 def answer_record(
     question: Question,
     model_id: str,
