@@ -13,8 +13,9 @@ import argparse
 import json
 import sys
 
-from .decode import DECODERS, DecodeConfig, generate
 from .atomic import atomic_write_text
+from .costmodel import auto_budget, budget_arg
+from .decode import DECODERS, DecodeConfig, generate
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,7 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
     parser.add_argument("--prompt", required=True, help="the user message")
     parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--budget", type=int, default=59, help="non-root nodes per tree")
+    parser.add_argument("--budget", type=budget_arg, default=59,
+                        help="non-root nodes per tree, or auto (best predicted tokens/s here)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--top-k", type=int, default=10)
@@ -84,19 +86,29 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.prompt.strip():
         raise ValueError("--prompt is empty: give the text of a user message")
-    if args.budget < 1:
+    if args.budget != "auto" and args.budget < 1:
         raise ValueError(f"--budget must be >= 1, got {args.budget}")
     if args.temperature < 0:
         raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
     if any(d != "ar" for d in args.decoders) and not args.draft:
         raise ValueError("--draft is required for every decoder but ar")
     target, draft, tokenizer = load_from_args(args)
+    prompt_ids = encode_prompt(tokenizer, args.prompt)
+    budget = args.budget
+    if budget == "auto":  # picked for fts (else the first tree decoder) on this prompt
+        tree_decoders = [d for d in args.decoders if d != "ar"]
+        budget = 1
+        if tree_decoders:
+            choice = auto_budget(target, draft, prompt_ids,
+                                 "fts" if "fts" in tree_decoders else tree_decoders[0],
+                                 args.temperature, args.top_k, args.depth)
+            budget = choice.budget
+            print(choice.describe(), file=sys.stderr)
     config = DecodeConfig(
-        decoder="ar", budget=args.budget, temperature=args.temperature,
+        decoder="ar", budget=budget, temperature=args.temperature,
         max_new_tokens=args.max_new_tokens, top_k=args.top_k, depth=args.depth, seed=args.seed,
         stop_ids=frozenset(stop_ids(tokenizer, target)),
     )
-    prompt_ids = encode_prompt(tokenizer, args.prompt)
     results = compare(target, draft, tokenizer, prompt_ids, args.decoders, config)
     rows = table_rows(results)
     print(format_table(rows))
@@ -115,6 +127,6 @@ def run(args: argparse.Namespace) -> int:
             row["text"] = tokenizer.decode(res.tokens, skip_special_tokens=True)
             row["rounds"] = [r.__dict__ for r in res.rounds]
         document = {"prompt": args.prompt, "temperature": args.temperature,
-                    "budget": args.budget, "seed": args.seed, "decoders": rows}
+                    "budget": budget, "seed": args.seed, "decoders": rows}
         atomic_write_text(args.json_out, json.dumps(document, indent=1) + "\n")
     return status

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import os
 import sys
 import zlib
 
+from .costmodel import auto_budget, budget_arg
 from .decode import DECODERS, DecodeConfig, generate
-from .specbench import Question, answer_record, read_questions, write_jsonl_atomic
+from .specbench import Question, answer_record, check_prompt, read_questions, write_jsonl_atomic
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,8 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
     parser.add_argument("--prompts", required=True, help="prompts JSONL (Spec-Bench question format)")
     parser.add_argument("--decoder", required=True, choices=DECODERS)
-    parser.add_argument("--budgets", type=int, nargs="+", default=[59],
-                        help="non-root nodes per tree, one condition each (ignored by ar)")
+    parser.add_argument("--budgets", type=budget_arg, nargs="+", default=[59],
+                        help="non-root nodes per tree, one condition each (ignored by ar); "
+                             "auto: the best predicted tokens/s on this machine")
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
@@ -43,29 +46,32 @@ def derive_seed(seed: int, question_id, turn: int, budget: int) -> int:
     return zlib.crc32(f"{seed}:{question_id}:{turn}:{budget}".encode())
 
 
-def context_limit(model) -> int | None:
-    config = getattr(getattr(model, "model", None), "config", None)
-    return getattr(config, "max_position_embeddings", None)
+def positions_needed(config: DecodeConfig) -> int:
+    """Positions past the prompt a turn may reach: its new tokens, and for a tree decoder the
+    last round's t0 and tree (verified before the answer is cut to max_new_tokens)."""
+    return config.max_new_tokens + (0 if config.decoder == "ar" else config.depth + 1)
 
 
-def decode_question(target, draft, tokenizer, question: Question, config: DecodeConfig,
-                    limit: int | None):
-    """(answer texts, DecodeResults) for every turn of one question."""
+def check_question(target, draft, question: Question, turn: int, ids, config: DecodeConfig):
+    check_prompt(question.question_id, turn, ids, (target, draft), positions_needed(config),
+                 "shorten the prompt or lower --max-new-tokens")
+
+
+def decode_question(target, draft, tokenizer, question: Question, config: DecodeConfig):
+    """(answer texts, DecodeResults) for every turn of one question; errors name the question."""
     from .loading import encode_conversation
 
     conversation, texts, results = [], [], []
     for turn, user in enumerate(question.turns):
         conversation.append(("user", user))
         ids = encode_conversation(tokenizer, conversation)
-        if limit is not None and len(ids) + config.max_new_tokens > limit:
-            raise ValueError(
-                f"question {question.question_id!r} turn {turn}: {len(ids)} prompt tokens + "
-                f"{config.max_new_tokens} new tokens exceed the model's context window ({limit}); "
-                "shorten the prompt or lower --max-new-tokens"
-            )
+        check_question(target, draft, question, turn, ids, config)
         seed = derive_seed(config.seed, question.question_id, turn, config.budget)
         turn_config = dataclasses.replace(config, seed=seed)
-        result = generate(target, draft, ids, turn_config)
+        try:
+            result = generate(target, draft, ids, turn_config)
+        except ValueError as err:  # e.g. NaN logits, which name the position: add the prompt
+            raise ValueError(f"question {question.question_id!r} turn {turn}: {err}") from err
         text = tokenizer.decode(result.tokens, skip_special_tokens=True)
         conversation.append(("assistant", text))
         texts.append(text)
@@ -91,39 +97,58 @@ def _load_partial(path: str, keys: set) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .loading import load_from_args, stop_ids
+    from .loading import encode_conversation, load_from_args, stop_ids
 
     questions = read_questions(args.prompts)  # a bad file fails before any model loads
-    budgets = [0] if args.decoder == "ar" else sorted(set(args.budgets), reverse=True)
+    budgets = [0] if args.decoder == "ar" else list(dict.fromkeys(args.budgets))
     for b in budgets:
-        if args.decoder != "ar" and b < 1:
+        if args.decoder != "ar" and b != "auto" and b < 1:
             raise ValueError(f"--budgets must be >= 1, got {b}")
     if args.temperature < 0:
         raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
     if args.decoder != "ar" and not args.draft:
         raise ValueError(f"decoder {args.decoder} needs --draft")
     target, draft, tokenizer = load_from_args(args)
+    if args.decoder == "ar":
+        draft = None
+    shape = DecodeConfig(decoder=args.decoder, max_new_tokens=args.max_new_tokens,
+                         top_k=args.top_k, depth=args.depth)
+    for q in questions:  # first turns too long for the models fail before anything is written
+        ids = encode_conversation(tokenizer, [("user", q.turns[0])])
+        check_question(target, draft, q, 0, ids, shape)
+    if "auto" in budgets:  # timed and calibrated on the first question's first turn
+        first = encode_conversation(tokenizer, [("user", questions[0].turns[0])])
+        choice = auto_budget(target, draft, first, args.decoder, args.temperature, args.top_k,
+                             args.depth)
+        print(choice.describe(), file=sys.stderr)
+        budgets = [choice.budget if b == "auto" else b for b in budgets]
+    budgets = sorted(set(budgets), reverse=True)
     stops = frozenset(stop_ids(tokenizer, target))
     model_id = args.model_id or os.path.basename(os.path.normpath(args.target))
-    fingerprint = f"{model_id}|{args.draft}|{args.temperature}|{args.max_new_tokens}|{args.seed}|" \
-                  f"{args.top_k}|{args.depth}"
+    # answers in OUT.partial are reused only under the same settings and the same prompts file
+    with open(args.prompts, "rb") as f:
+        prompts_digest = hashlib.sha256(f.read()).hexdigest()[:16]
+    fingerprint = f"{model_id}|{args.draft}|{args.decoder}|{args.temperature}|" \
+                  f"{args.max_new_tokens}|{args.seed}|{args.top_k}|{args.depth}|{args.dtype}|" \
+                  f"{prompts_digest}"
     keys = {(str(q.question_id), b, fingerprint) for q in questions for b in budgets}
     partial = args.out + ".partial"
     done = _load_partial(partial, keys)
-    with open(partial, "w", encoding="utf-8") as f:  # rewrite what survived, then append
-        for record in done.values():
-            f.write(json.dumps(record) + "\n")
+    # keep what survived (atomically: a kill now must not lose it), then append; a run that
+    # fails before its first answer leaves no file behind
+    if done:
+        write_jsonl_atomic(partial, done.values())
+    elif os.path.exists(partial):
+        os.unlink(partial)
     todo = [(b, q) for b in budgets for q in questions if (str(q.question_id), b, fingerprint) not in done]
     bar = _progress(len(todo), args.progress, f"{args.decoder} {model_id}")
-    limit = context_limit(target)
     for budget, question in todo:
         config = DecodeConfig(
             decoder=args.decoder, budget=max(budget, 1), temperature=args.temperature,
             max_new_tokens=args.max_new_tokens, top_k=args.top_k, depth=args.depth,
             seed=args.seed, stop_ids=stops,
         )
-        texts, results = decode_question(target, draft if args.decoder != "ar" else None,
-                                         tokenizer, question, config, limit)
+        texts, results = decode_question(target, draft, tokenizer, question, config)
         condition = {"decoder": args.decoder, "budget": budget, "temperature": args.temperature,
                      "seed": args.seed, "fingerprint": fingerprint}
         record = answer_record(question, model_id, condition, texts, results)
@@ -136,7 +161,8 @@ def run(args: argparse.Namespace) -> int:
     bar.close()
     ordered = [done[(str(q.question_id), b, fingerprint)] for b in budgets for q in questions]
     write_jsonl_atomic(args.out, ordered)
-    os.unlink(partial)
+    if os.path.exists(partial):
+        os.unlink(partial)
     return 0
 
 

@@ -1,0 +1,382 @@
+"""`targetrows bench`: our decoders against Hugging Face generation, on one pair, prompt set and
+machine, in one process.
+
+    targetrows bench --target T --draft D --prompts config/prompts/mt_bench.jsonl --num-prompts 4
+        [--temperature 0 1] [--budget auto|59] [--max-new-tokens 64] [--out-dir benchmarks/results]
+
+For each prompt (interleaved, so that machine drift hits every method alike; the order of the
+methods rotates from prompt to prompt) and temperature it runs `generate()` of the target (greedy
+at temperature 0, pure sampling otherwise), assisted generation
+(`generate(assistant_model=draft)`) and each of our decoders. The tables report tokens/s (median
+over prompts, min-max), ratios to both Hugging Face baselines, acceptance, the time split per
+round and measured / bound from `targetrows.costmodel`. Results: a tidy CSV (one row per prompt,
+temperature and method) and a Markdown report, both written atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import costmodel
+from .decode import DECODERS, DecodeConfig, generate
+from .hf_baselines import HF_METHODS, assistant_for, hf_generate
+
+PER_ROUND = (
+    "committed",
+    "accepted",
+    "nodes",
+    "target_passes",
+    "draft_passes",
+    "t_draft",
+    "t_root",
+    "t_drafting",
+    "t_verify",
+    "t_bookkeeping",
+    "t_round",
+)
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    question_id: str
+    category: str
+    ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    decoders: tuple[str, ...] = DECODERS
+    temperatures: tuple[float, ...] = (0.0,)
+    budget: int | str = "auto"  # an int for every decoder, or "auto": costmodel.auto_budget each
+    max_new_tokens: int = 64
+    top_k: int = 10
+    depth: int = 6
+    guesses: int = 2
+    seed: int = 0
+    hf: bool = True  # run the Hugging Face baselines
+    repeats: int = 3  # timings per pass size for the cost model
+    stop_ids: frozenset[int] = frozenset()
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if any(t < 0 for t in self.temperatures) or not self.temperatures:
+            raise ValueError(f"temperatures must be >= 0, got {self.temperatures}")
+        if self.budget != "auto" and (
+            isinstance(self.budget, bool) or not isinstance(self.budget, int) or self.budget < 1
+        ):
+            raise ValueError(f"--budget must be >= 1 or auto, got {self.budget!r}")
+        unknown = set(self.decoders) - set(DECODERS)
+        if unknown:
+            raise ValueError(
+                f"unknown decoders {sorted(unknown)}: choose from {', '.join(DECODERS)}"
+            )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from .loading import add_model_arguments
+
+    add_model_arguments(parser)
+    src = parser.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompts", help="prompts JSONL (Spec-Bench question format; first turns)")
+    src.add_argument("--prompt", action="append", help="a user message (repeat for several)")
+    parser.add_argument("--num-prompts", type=int, default=None, help="the first N of --prompts")
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        nargs="+",
+        default=[0.0],
+        help="one condition each (0: greedy; > 0: pure sampling)",
+    )
+    parser.add_argument(
+        "--budget",
+        type=costmodel.budget_arg,
+        default="auto",
+        help="non-root nodes per tree, or auto (picked per decoder from timings)",
+    )
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--top-k", type=int, default=10)
+    parser.add_argument("--depth", type=int, default=6)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--decoders", nargs="+", default=list(DECODERS), choices=DECODERS)
+    parser.add_argument(
+        "--no-hf", dest="hf", action="store_false", help="skip the Hugging Face baselines"
+    )
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--out-dir", default="benchmarks/results")
+    parser.add_argument("--name", default=None, help="file stem (default: bench_<date-time>)")
+    parser.add_argument("--note", default="", help="a line for the report's header")
+
+
+# -- the run -----------------------------------------------------------------------------------
+
+
+def _synchronize(model) -> None:
+    device = getattr(model, "device", None)
+    if getattr(device, "type", None) == "cuda":
+        import torch
+
+        torch.cuda.synchronize(device)
+
+
+def pick_budgets(target, draft, prompt: BenchPrompt, settings: BenchSettings, parts):
+    """{(decoder, temperature): budget} and the auto choices made (for the report)."""
+    budgets, choices = {}, {}
+    for name in settings.decoders:
+        for temp in settings.temperatures:
+            if name == "ar" or settings.budget != "auto":
+                budgets[name, temp] = 1 if name == "ar" else int(settings.budget)
+                continue
+            choice = costmodel.auto_budget(
+                target,
+                draft,
+                prompt.ids,
+                name,
+                temp,
+                settings.top_k,
+                settings.depth,
+                settings.guesses,
+                parts=parts,
+            )
+            budgets[name, temp], choices[name, temp] = choice.budget, choice
+    return budgets, choices
+
+
+def measure(target, draft, prompts: Sequence[BenchPrompt], settings: BenchSettings):
+    """Part times at a context as long as a prompt plus half the new tokens."""
+    ids = list(prompts[0].ids)
+    want = len(ids) + settings.max_new_tokens // 2
+    ctx = (ids * (want // len(ids) + 1))[:want]
+    candidates = costmodel.DEFAULT_BUDGETS if settings.budget == "auto" else (int(settings.budget),)
+    cap = costmodel.pool_size(settings.top_k, settings.depth)
+    uses_draft = draft is not None and any(d != "ar" for d in settings.decoders)
+    sizes = costmodel.target_sizes_for([min(b, cap) for b in candidates]) if uses_draft else [1]
+    widths = {1, settings.guesses, settings.top_k, settings.guesses * settings.top_k}
+    return costmodel.measure_parts(
+        target, draft if uses_draft else None, ctx, sizes, sorted(widths), settings.repeats
+    )
+
+
+def run_method(
+    method: str,
+    target,
+    draft,
+    assistant,
+    prompt: BenchPrompt,
+    temperature: float,
+    budget: int,
+    settings: BenchSettings,
+    seed: int,
+    max_new_tokens: int | None = None,
+):
+    """(new tokens, wall seconds, DecodeResult or None) of one method on one prompt."""
+    n = max_new_tokens or settings.max_new_tokens
+    start = time.perf_counter()
+    if method in HF_METHODS:
+        tokens = hf_generate(
+            target.model,
+            prompt.ids,
+            temperature,
+            n,
+            settings.stop_ids,
+            seed,
+            target.vocab_size,
+            assistant if method == "hf_assisted" else None,
+        )
+        result = None
+    else:
+        config = DecodeConfig(
+            method,
+            budget=budget,
+            temperature=temperature,
+            max_new_tokens=n,
+            top_k=settings.top_k,
+            depth=settings.depth,
+            guesses=settings.guesses,
+            seed=seed,
+            stop_ids=settings.stop_ids,
+        )
+        result = generate(target, draft if method != "ar" else None, prompt.ids, config)
+        tokens = result.tokens
+    _synchronize(target.model)
+    return tokens, time.perf_counter() - start, result
+
+
+def run_bench(
+    target, draft, prompts: Sequence[BenchPrompt], settings: BenchSettings, progress=None
+) -> tuple[list[dict], dict]:
+    """Every method on every prompt and temperature. Returns (tidy rows, context) where the
+    context holds the part times, the budgets and the auto choices for the report."""
+    if not prompts:
+        raise ValueError("no prompts to benchmark")
+    if draft is None and any(d != "ar" for d in settings.decoders):
+        raise ValueError("every decoder but ar needs a draft model (--draft)")
+    methods = [
+        m for m in HF_METHODS if settings.hf and (m == "hf_generate" or draft is not None)
+    ] + list(settings.decoders)
+    assistant = (
+        assistant_for(target.model, draft.model, target.vocab_size)
+        if settings.hf and draft is not None
+        else None
+    )
+    parts = measure(target, draft, prompts, settings)
+    budgets, choices = pick_budgets(target, draft, prompts[0], settings, parts)
+    for method in methods:  # warm-up: lazy initialisation is nobody's cost
+        run_method(
+            method,
+            target,
+            draft,
+            assistant,
+            prompts[0],
+            settings.temperatures[0],
+            budgets.get((method, settings.temperatures[0]), 1),
+            settings,
+            settings.seed,
+            4,
+        )
+    rows, results = [], []
+    for i, prompt in enumerate(prompts):
+        for temp in settings.temperatures:
+            order = methods[i % len(methods) :] + methods[: i % len(methods)]
+            done = {}
+            for method in order:
+                budget = budgets.get((method, temp), 0)
+                tokens, wall, result = run_method(
+                    method,
+                    target,
+                    draft,
+                    assistant,
+                    prompt,
+                    temp,
+                    budget,
+                    settings,
+                    settings.seed + i,
+                )
+                done[method] = tokens
+                rows.append(_row(method, prompt, temp, budget, tokens, wall, result))
+                results.append(result)
+                if progress is not None:
+                    progress(rows[-1])
+            if temp == 0 and "hf_generate" in done:
+                for row in rows[-len(order) :]:
+                    row["same_as_hf_generate"] = done[row["method"]] == done["hf_generate"]
+    # part times before and after the runs, averaged: drift of a shared machine shows in both
+    parts = costmodel.mean_parts(parts, measure(target, draft, prompts, settings))
+    for row, result in zip(rows, results, strict=True):
+        if result is not None and result.rounds:
+            b = costmodel.bound(
+                row["method"],
+                parts,
+                result.rounds,
+                settings.top_k,
+                settings.depth,
+                settings.guesses,
+            )
+            row.update(
+                overlap=b.overlap,
+                bound_tokens_per_s=b.tokens_per_s,
+                bound_speedup=b.speedup,
+                measured_over_bound=row["tokens_per_s"] / b.tokens_per_s,
+            )
+    context = {"parts": parts, "budgets": budgets, "choices": choices, "methods": methods}
+    return rows, context
+
+
+def _row(method, prompt, temperature, budget, tokens, wall, result) -> dict:
+    row = {
+        "method": method,
+        "temperature": temperature,
+        "budget": budget if method not in HF_METHODS + ("ar",) else "",
+        "question_id": prompt.question_id,
+        "category": prompt.category,
+        "prompt_tokens": len(prompt.ids),
+        "new_tokens": len(tokens),
+        "wall_time": wall,
+        "tokens_per_s": len(tokens) / wall if wall > 0 else 0.0,
+        "same_as_hf_generate": "",
+    }
+    if result is None or not result.rounds:
+        return row
+    rounds = result.rounds
+    row["rounds"] = len(rounds)
+    for key in PER_ROUND:
+        row[f"mean_{key}"] = float(np.mean([getattr(r, key) for r in rounds]))
+    return row
+
+
+# -- the command -------------------------------------------------------------------------------
+
+
+def read_prompts(args, tokenizer) -> list[BenchPrompt]:
+    from .loading import encode_prompt
+    from .specbench import read_questions
+
+    if args.prompts:
+        questions = read_questions(args.prompts)
+        if args.num_prompts is not None:
+            if args.num_prompts < 1:
+                raise ValueError(f"--num-prompts must be >= 1, got {args.num_prompts}")
+            questions = questions[: args.num_prompts]
+        items = [(str(q.question_id), q.category, q.turns[0]) for q in questions]
+    else:
+        items = [(f"prompt-{i}", "", text) for i, text in enumerate(args.prompt)]
+    for qid, _, text in items:
+        if not text.strip():
+            raise ValueError(f"prompt {qid} is empty: give the text of a user message")
+    return [
+        BenchPrompt(qid, cat, tuple(encode_prompt(tokenizer, text))) for qid, cat, text in items
+    ]
+
+
+def run(args: argparse.Namespace) -> int:
+    import sys
+
+    import transformers
+
+    from . import bench_report
+    from .loading import load_from_args, stop_ids
+
+    # assisted generation warns, every call, about its own internal generation config
+    transformers.logging.set_verbosity_error()
+    if args.threads is not None:
+        import torch
+
+        if args.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    settings = BenchSettings(
+        decoders=tuple(args.decoders),
+        temperatures=tuple(args.temperature),
+        budget=args.budget,
+        max_new_tokens=args.max_new_tokens,
+        top_k=args.top_k,
+        depth=args.depth,
+        seed=args.seed,
+        hf=args.hf,
+    )
+    if args.draft is None and any(d != "ar" for d in settings.decoders):
+        raise ValueError("--draft is required for every decoder but ar (or pass --decoders ar)")
+    target, draft, tokenizer = load_from_args(args)
+    prompts = read_prompts(args, tokenizer)
+    settings = dataclasses.replace(settings, stop_ids=frozenset(stop_ids(tokenizer, target)))
+
+    def progress(row):
+        print(
+            f"{row['question_id']:>12} T={row['temperature']:g} {row['method']:>12}: "
+            f"{row['new_tokens']:4d} tokens {row['tokens_per_s']:8.1f} tokens/s",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    rows, context = run_bench(target, draft, prompts, settings, progress)
+    header = bench_report.header(args, settings, target, draft, len(prompts))
+    paths = bench_report.write(args.out_dir, args.name, rows, context, header, settings)
+    print(bench_report.summary_markdown(bench_report.summarize(rows, settings), settings))
+    print(f"wrote {paths[0]} and {paths[1]}")
+    return 0

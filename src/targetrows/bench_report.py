@@ -1,0 +1,296 @@
+"""The report of `targetrows bench`: a tidy CSV (one row per prompt, temperature and method) and a
+Markdown file with the machine, versions and command, the summary table per temperature, the
+cost model's part times, the budgets picked and the issue's goals, each marked met or not."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import platform
+import sys
+import time
+from collections import defaultdict
+
+import numpy as np
+
+from .atomic import atomic_write_text
+
+MIN_AR_VS_HF = 0.95  # our ar against HF generate()
+MIN_BEST_VS_ASSISTED = 1.3  # best decoder against HF assisted generation, temperature 0
+MIN_OF_BOUND = 0.9  # measured speed against the zero-overhead bound
+MAX_BOOKKEEPING = 0.05  # share of a round
+PER_ROUND_MS = ("t_draft", "t_root", "t_verify")
+
+
+def header(args, settings, target, draft, n_prompts: int) -> dict:
+    """Machine, versions, models, settings and command line, for the report's head."""
+    import torch
+    import transformers
+
+    machine = (
+        f"{platform.platform()}, {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}"
+    )
+    if torch.cuda.is_available():
+        machine += ", " + ", ".join(
+            torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())
+        )
+    out = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    if args is not None:
+        prog = os.path.basename(sys.argv[0])
+        prog = (
+            "targetrows" if prog in ("cli.py", "__main__.py") else prog
+        )  # python -m targetrows.cli
+        out["command"] = " ".join([prog] + sys.argv[1:])
+    out.update(
+        {
+            "machine": machine,
+            "versions": f"python {platform.python_version()}, torch {torch.__version__}, "
+            f"transformers {transformers.__version__}, numpy {np.__version__}",
+            "target": f"{target.name} ({target.dtype}, {target.device}, vocab {target.vocab_size})",
+            "draft": f"{draft.name} ({draft.dtype}, {draft.device})"
+            if draft is not None
+            else "none",
+            "settings": f"{n_prompts} prompts, temperatures {list(settings.temperatures)}, budget "
+            f"{settings.budget}, max_new_tokens {settings.max_new_tokens}, top_k "
+            f"{settings.top_k}, depth {settings.depth}, seed {settings.seed}",
+        }
+    )
+    note = getattr(args, "note", "")
+    if note:
+        out["note"] = note
+    return out
+
+
+def _pooled(rows, key):
+    """Per-round mean over all rounds of these runs (each run weighted by its rounds)."""
+    n = sum(r["rounds"] for r in rows)
+    return sum(r[f"mean_{key}"] * r["rounds"] for r in rows) / n if n else float("nan")
+
+
+def summarize(rows: list[dict], settings) -> list[dict]:
+    """One summary per (temperature, method), in the order the methods first appear."""
+    by_key = defaultdict(list)
+    for r in rows:
+        by_key[r["temperature"], r["method"]].append(r)
+    speed = {(r["temperature"], r["method"], r["question_id"]): r["tokens_per_s"] for r in rows}
+    out = []
+    for (temp, method), group in by_key.items():
+        tps = np.array([r["tokens_per_s"] for r in group])
+        s = {
+            "temperature": temp,
+            "method": method,
+            "budget": group[0]["budget"],
+            "prompts": len(group),
+            "tps_median": float(np.median(tps)),
+            "tps_min": float(tps.min()),
+            "tps_max": float(tps.max()),
+        }
+        for base in ("hf_generate", "hf_assisted"):
+            ratios = [
+                r["tokens_per_s"] / speed[temp, base, r["question_id"]]
+                for r in group
+                if speed.get((temp, base, r["question_id"]), 0) > 0
+            ]
+            s[f"vs_{base}"] = float(np.median(ratios)) if ratios else float("nan")
+        same = [r["same_as_hf_generate"] for r in group if r["same_as_hf_generate"] != ""]
+        s["same_as_hf"] = f"{sum(same)}/{len(same)}" if same else ""
+        timed = [r for r in group if r.get("rounds")]
+        if timed:
+            for key in (
+                "committed",
+                "accepted",
+                "nodes",
+                "t_draft",
+                "t_root",
+                "t_verify",
+                "t_bookkeeping",
+                "t_round",
+            ):
+                s[key] = _pooled(timed, key)
+            s["bookkeeping_share"] = (
+                s["t_bookkeeping"] / s["t_round"] if s["t_round"] else float("nan")
+            )
+            s["overlap"] = float(np.median([r["overlap"] for r in timed]))
+            s["bound_tps"] = float(np.median([r["bound_tokens_per_s"] for r in timed]))
+            s["bound_speedup"] = float(np.median([r["bound_speedup"] for r in timed]))
+            s["of_bound"] = float(np.median([r["measured_over_bound"] for r in timed]))
+        out.append(s)
+    return out
+
+
+def _f(value, fmt="{:.2f}"):
+    if value is None or value == "" or (isinstance(value, float) and np.isnan(value)):
+        return "-"
+    return fmt.format(value)
+
+
+def summary_markdown(summary: list[dict], settings) -> str:
+    head = (
+        "method",
+        "budget",
+        "tokens/s median [min-max]",
+        "x HF generate",
+        "x HF assisted",
+        "tokens/round",
+        "accepted/round",
+        "nodes/round",
+        "draft ms",
+        "root ms",
+        "verify ms",
+        "bookkeeping ms (share)",
+        "bound tokens/s",
+        "bound speedup",
+        "measured/bound",
+        "= HF greedy",
+    )
+    parts = []
+    for temp in settings.temperatures:
+        lines = [
+            f"### Temperature {temp:g}",
+            "",
+            "| " + " | ".join(head) + " |",
+            "|" + "---|" * len(head),
+        ]
+        for s in (s for s in summary if s["temperature"] == temp):
+            ms = {k: _f(s[k] * 1e3 if k in s else None, "{:.1f}") for k in PER_ROUND_MS}
+            book = (
+                "-"
+                if "t_bookkeeping" not in s
+                else f"{s['t_bookkeeping'] * 1e3:.1f} ({s['bookkeeping_share']:.1%})"
+            )
+            lines.append(
+                "| "
+                + " | ".join(
+                    [
+                        s["method"],
+                        str(s["budget"]) or "-",
+                        f"{s['tps_median']:.1f} [{s['tps_min']:.1f}-{s['tps_max']:.1f}]",
+                        _f(s["vs_hf_generate"]),
+                        _f(s["vs_hf_assisted"]),
+                        _f(s.get("committed")),
+                        _f(s.get("accepted")),
+                        _f(s.get("nodes"), "{:.1f}"),
+                        ms["t_draft"],
+                        ms["t_root"],
+                        ms["t_verify"],
+                        book,
+                        _f(s.get("bound_tps"), "{:.1f}"),
+                        _f(s.get("bound_speedup")),
+                        _f(s.get("of_bound"), "{:.0%}"),
+                        s["same_as_hf"] or "-",
+                    ]
+                )
+                + " |"
+            )
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
+
+
+def goals(summary: list[dict], settings) -> list[tuple[str, str, bool | None]]:
+    """(goal, what was measured, met? None when it could not be measured)."""
+    out = []
+    ours = [s for s in summary if not s["method"].startswith("hf_")]
+    for temp in settings.temperatures:
+        at = {s["method"]: s for s in summary if s["temperature"] == temp}
+        if "ar" in at:
+            v = at["ar"]["vs_hf_generate"]
+            out.append(
+                (
+                    f"ar >= {MIN_AR_VS_HF}x HF generate (T={temp:g})",
+                    _f(v) + "x",
+                    None if np.isnan(v) else v >= MIN_AR_VS_HF,
+                )
+            )
+        spec = [s for s in at.values() if s["method"] not in ("ar", "hf_generate", "hf_assisted")]
+        if spec:
+            best = max(
+                spec,
+                key=lambda s: -np.inf if np.isnan(s["vs_hf_assisted"]) else s["vs_hf_assisted"],
+            )
+            need = MIN_BEST_VS_ASSISTED if temp == 0 else 1.0
+            v = best["vs_hf_assisted"]
+            out.append(
+                (
+                    f"best decoder >= {need}x HF assisted (T={temp:g})",
+                    f"{best['method']} {_f(v)}x",
+                    None if np.isnan(v) else v >= need,
+                )
+            )
+    for s in ours:
+        if "of_bound" in s:
+            out.append(
+                (
+                    f"{s['method']} measured >= {MIN_OF_BOUND:.0%} of bound "
+                    f"(T={s['temperature']:g})",
+                    _f(s["of_bound"], "{:.0%}"),
+                    s["of_bound"] >= MIN_OF_BOUND,
+                )
+            )
+        if "bookkeeping_share" in s:
+            out.append(
+                (
+                    f"{s['method']} bookkeeping < {MAX_BOOKKEEPING:.0%} of a round "
+                    f"(T={s['temperature']:g})",
+                    _f(s["bookkeeping_share"], "{:.1%}"),
+                    s["bookkeeping_share"] < MAX_BOOKKEEPING,
+                )
+            )
+    return out
+
+
+def markdown(head: dict, summary: list[dict], context: dict, settings) -> str:
+    lines = ["# targetrows bench", ""]
+    lines += [f"- {k}: `{v}`" if k == "command" else f"- {k}: {v}" for k, v in head.items()]
+    lines += ["", summary_markdown(summary, settings), ""]
+    lines += [
+        "Ratios are medians of per-prompt ratios (methods interleaved prompt by prompt). "
+        "tokens/round counts every committed token (t0 included); accepted/round counts "
+        "accepted draft tokens; time split: per-round means. Bound: zero-overhead speed from "
+        "the part times below with the run's acceptance and achieved overlap.",
+        "",
+    ]
+    parts = context["parts"]
+    lines += [
+        f"## Part times (median seconds per pass, {parts.context_len} cached context tokens)",
+        "",
+        "| new tokens | " + " | ".join(map(str, parts.target.sizes)) + " |",
+        "|" + "---|" * (len(parts.target.sizes) + 1),
+        "| target ms | " + " | ".join(f"{t * 1e3:.1f}" for t in parts.target.seconds) + " |",
+    ]
+    if parts.draft is not None:
+        lines += [
+            "",
+            "| draft pass width | " + " | ".join(map(str, parts.draft.sizes)) + " |",
+            "|" + "---|" * (len(parts.draft.sizes) + 1),
+            "| draft ms | " + " | ".join(f"{t * 1e3:.1f}" for t in parts.draft.seconds) + " |",
+        ]
+    if context["choices"]:
+        lines += ["", "## Budgets picked by `--budget auto`", ""]
+        for (decoder, temp), choice in context["choices"].items():
+            lines.append(f"- {decoder}, T={temp:g}: {choice.describe()}")
+    lines += ["", "## Goals", ""]
+    for goal, value, met in goals(summary, settings):
+        mark = "not measured" if met is None else ("met" if met else "NOT met")
+        lines.append(f"- {goal}: {value} -> {mark}")
+    return "\n".join(lines) + "\n"
+
+
+def csv_text(rows: list[dict]) -> str:
+    fields = list(dict.fromkeys(k for r in rows for k in r))
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=fields, restval="", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue()
+
+
+def write(
+    out_dir: str, name: str | None, rows: list[dict], context: dict, head: dict, settings
+) -> tuple[str, str]:
+    """Write NAME.csv and NAME.md under out_dir (atomically); return their paths."""
+    name = name or time.strftime("bench_%Y%m%d-%H%M%S")
+    csv_path, md_path = (os.path.join(out_dir, f"{name}.{ext}") for ext in ("csv", "md"))
+    atomic_write_text(csv_path, csv_text(rows))
+    atomic_write_text(md_path, markdown(head, summarize(rows, settings), context, settings))
+    return csv_path, md_path

@@ -1,0 +1,331 @@
+"""The cost model: what the parts of a round cost on this machine, the speed each decoder could
+reach with zero overhead, and the budget that maximises predicted tokens/s.
+
+Parts (timed by `targetrows.parttimes`): a target pass over q new tokens (q = 1 is an
+autoregressive step or a root pass; a verify pass feeds the tree's nodes, plus its root when
+that is not cached yet) and a draft pass over w nodes (pool expansion runs one per level). A
+round's zero-overhead time is its drafting (the draft passes, with the root pass alongside them
+as far as the run achieved overlap) plus its verify pass; selection, the verification walk and
+cache compaction count as zero. With a run's own acceptance (tokens committed, nodes verified,
+draft passes per round) that gives the bound each decoder's measured speed is compared with.
+
+`auto_budget` predicts tokens/s for each candidate budget: part times from a short timing of the
+verify pass against tree size on the machine at hand (on CPU a big tree costs much more than on a
+GPU), and acceptance from a few rounds along the target's own greedy path, where one target pass
+over the largest candidate tree scores every smaller draft-ranked tree at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import select
+from .acceptance import reach_probability
+from .parttimes import (
+    PartTimes,
+    PassCurve,
+    isotonic,
+    mean_parts,
+    measure_parts,
+    target_sizes_for,
+    time_passes,
+)
+from .pool import expand_model, pool_size
+from .tree import Tree
+from .verify import walk
+
+# the part times are measured in `parttimes`; they are part of this module's interface
+__all__ = [
+    "DEFAULT_BUDGETS",
+    "Bound",
+    "BudgetChoice",
+    "PartTimes",
+    "PassCurve",
+    "acceptance_curve",
+    "auto_budget",
+    "best_budget",
+    "bound",
+    "budget_arg",
+    "draft_pass_widths",
+    "isotonic",
+    "mean_parts",
+    "measure_parts",
+    "overlap_achieved",
+    "pool_size",
+    "predicted_tokens_per_s",
+    "round_seconds",
+    "target_sizes_for",
+    "time_passes",
+]
+
+DEFAULT_BUDGETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+
+
+class BudgetError(ValueError, argparse.ArgumentTypeError):
+    """A bad budget: a ValueError for callers, and argparse prints its message as it is."""
+
+
+def budget_arg(value: str) -> int | str:
+    """argparse type for --budget: an integer, or "auto" (picked by `auto_budget`). The range
+    (>= 1) is each command's check, so that its message names its own option."""
+    if value == "auto":
+        return "auto"
+    try:
+        return int(value)
+    except ValueError:
+        raise BudgetError(f"budget {value!r} is neither a positive integer nor 'auto'") from None
+
+
+# -- the zero-overhead round -------------------------------------------------------------------
+
+
+def draft_pass_widths(decoder: str, top_k: int, depth: int, guesses: int = 2) -> list[int]:
+    """New tokens per draft pass of one round's pool expansion (design.md's candidate pool):
+    the root, then the top_k frontier nodes of each level. `fts` pre-expands under `guesses`
+    first tokens: the root, the guesses, then guesses * top_k frontier nodes per level."""
+    if decoder == "ar":
+        return []
+    if decoder == "fts":
+        return [1, guesses] + [guesses * top_k] * (depth - 1)
+    return [1] + [top_k] * (depth - 1)
+
+
+def round_seconds(
+    decoder: str,
+    parts: PartTimes,
+    nodes,
+    draft_passes,
+    overlap: float,
+    top_k: int,
+    depth: int,
+    guesses: int = 2,
+) -> np.ndarray:
+    """Zero-overhead seconds of rounds that verified `nodes` non-root nodes with `draft_passes`
+    draft passes each (arrays, one entry per round). `overlap` in [0, 1] is the share of the
+    shorter of drafting and the root pass hidden behind the other (0 on one device)."""
+    nodes = np.asarray(nodes, dtype=np.float64)
+    if decoder == "ar":
+        return np.full(nodes.shape, parts.target(1))
+    if parts.draft is None:
+        raise ValueError(f"decoder {decoder!r} needs draft pass times")
+    widths = draft_pass_widths(decoder, top_k, depth, guesses)
+    drafting = float(sum(parts.draft(w) for w in widths))
+    if decoder == "draft_rank":  # no root pass: the verify pass feeds the root too
+        return drafting + parts.target(nodes + 1)
+    root = parts.target(1)
+    before = drafting + root - overlap * min(drafting, root)
+    if decoder == "fts":  # t0 missed the guesses: a pool expansion under it, after the root pass
+        misses = np.maximum(np.asarray(draft_passes, float) - len(widths), 0.0) / depth
+        before = before + misses * sum(
+            parts.draft(w) for w in draft_pass_widths("pearl", top_k, depth)
+        )
+    # rerank: the root row is known, the verify pass feeds the nodes; fts/pearl: t0 + nodes
+    verify = parts.target(nodes) if decoder == "rerank" else parts.target(nodes + 1)
+    return before + verify
+
+
+def overlap_achieved(rounds) -> float:
+    """Share of min(draft, root pass) that ran alongside the other, over a run's rounds."""
+    hidden = sum(r.t_draft + r.t_root - r.t_drafting for r in rounds)
+    possible = sum(min(r.t_draft, r.t_root) for r in rounds)
+    return float(np.clip(hidden / possible, 0.0, 1.0)) if possible > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Bound:
+    tokens_per_s: float  # zero-overhead speed with the run's acceptance and overlap
+    speedup: float  # over a zero-overhead autoregressive step (1 / target pass of 1 token)
+    overlap: float
+    round_seconds: float  # mean zero-overhead round
+
+
+def bound(
+    decoder: str, parts: PartTimes, rounds, top_k: int, depth: int, guesses: int = 2
+) -> Bound:
+    """The speed `decoder` could reach with zero overhead, given its run's `rounds`
+    (RoundStats: committed, nodes, draft_passes and the part times that show the overlap)."""
+    if not rounds:
+        raise ValueError("bound needs at least one round")
+    overlap = overlap_achieved(rounds)
+    seconds = round_seconds(
+        decoder,
+        parts,
+        [r.nodes for r in rounds],
+        [r.draft_passes for r in rounds],
+        overlap,
+        top_k,
+        depth,
+        guesses,
+    )
+    tps = sum(r.committed for r in rounds) / float(np.sum(seconds))
+    return Bound(tps, tps * parts.target(1), overlap, float(np.mean(seconds)))
+
+
+# -- picking the budget ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BudgetChoice:
+    budget: int
+    budgets: tuple[int, ...]
+    tokens_per_s: tuple[float, ...]  # predicted, per candidate budget
+    committed: tuple[float, ...]  # predicted tokens per round
+    nodes: tuple[float, ...]  # predicted non-root nodes verified per round
+    parts: PartTimes
+
+    def describe(self) -> str:
+        curve = ", ".join(
+            f"{b}: {t:.1f}" for b, t in zip(self.budgets, self.tokens_per_s, strict=True)
+        )
+        return f"budget auto -> {self.budget} (predicted tokens/s by budget: {curve})"
+
+
+def predicted_tokens_per_s(
+    decoder: str,
+    committed,
+    nodes,
+    parts: PartTimes,
+    overlap: float,
+    top_k: int,
+    depth: int,
+    guesses: int = 2,
+) -> np.ndarray:
+    """Tokens per zero-overhead second at each candidate budget, from the tokens committed and
+    nodes verified per round predicted there (fts is assumed to guess t0)."""
+    passes = len(draft_pass_widths(decoder, top_k, depth, guesses))
+    seconds = round_seconds(
+        decoder, parts, nodes, np.full(np.shape(nodes), passes), overlap, top_k, depth, guesses
+    )
+    return np.asarray(committed, dtype=np.float64) / seconds
+
+
+def best_budget(budgets: Sequence[int], tokens_per_s: Sequence[float]) -> int:
+    """The budget with the highest predicted tokens/s (ties: the smallest budget)."""
+    budgets, tps = np.asarray(budgets), np.asarray(tokens_per_s, dtype=np.float64)
+    if len(budgets) == 0 or budgets.shape != tps.shape:
+        raise ValueError(f"need one predicted speed per budget, got {len(tps)} for {len(budgets)}")
+    order = np.argsort(budgets, kind="stable")
+    return int(budgets[order][int(np.argmax(tps[order]))])
+
+
+def acceptance_curve(
+    target,
+    draft,
+    prompt_ids: Sequence[int],
+    budgets: Sequence[int],
+    decoder: str,
+    temperature: float,
+    top_k: int,
+    depth: int,
+    contexts: int = 3,
+    seed: int = 0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens committed per round, nodes verified per round) predicted at each budget.
+
+    At each of `contexts` contexts along the target's greedy path (a draft_rank round of the
+    largest budget moves to the next), one target pass scores the largest draft-ranked tree;
+    a smaller budget's tree is its top nodes by draft log-prob, so a cumulative sum of reach
+    probabilities gives every budget's expected accepted nodes. rerank is predicted as
+    draft_rank (a lower bound); fts as draft_rank under t0, plus t0; pearl prunes the tree to
+    t0's branch, whose probability is the first-level edge's.
+    """
+    budgets = np.asarray(budgets, dtype=np.int64)
+    ctx = [int(t) for t in prompt_ids]
+    target.reset(seed)
+    draft.reset(seed)
+    committed, nodes = np.zeros(len(budgets)), np.zeros(len(budgets))
+    for _ in range(contexts):
+        cand, logq = expand_model(draft, ctx, top_k, depth)
+        chosen = select.draft_rank(cand, logq, int(budgets.max()))
+        tree, tlogq = cand.subtree(chosen), logq[chosen]
+        logits = target.logits(ctx, tree, np.arange(len(tree)))
+        draws = target.draw(logits, 0.0)
+        edge = _edge_probs(target, logits, tree, draws, temperature)
+        rank = np.argsort(-tlogq[1:], kind="stable") + 1  # draft_rank order: ancestors first
+        take = np.minimum(budgets, len(tree) - 1)  # a pool smaller than the budget
+        expected = np.concatenate([[0.0], np.cumsum(reach_probability(tree, edge)[rank])])[take]
+        if decoder == "pearl":
+            first = select.first_level_ancestor(tree)[rank]
+            is_first = tree.depth[rank] == 1
+            p_first = np.concatenate([[0.0], np.cumsum(np.where(is_first, edge[rank], 0.0))])
+            under = np.concatenate([[0.0], np.cumsum(np.where(is_first, 0.0, edge[first]))])
+            committed += 2 + expected - p_first[take]
+            nodes += under[take]
+        else:
+            committed += expected + (2 if decoder == "fts" else 1)
+            nodes += take
+        path, bonus = walk(tree, draws)
+        ctx = ctx + tree.tokens[path].tolist() + [int(bonus)]
+        target.commit(ctx)
+        draft.commit(ctx)
+    target.reset(seed)
+    draft.reset(seed)
+    return committed / contexts, nodes / contexts
+
+
+def _edge_probs(target, logits, tree: Tree, draws: np.ndarray, temperature: float) -> np.ndarray:
+    """The target's probability of each node's token at its parent (1 at the root)."""
+    edge = np.ones(len(tree))
+    if len(tree) == 1:
+        return edge
+    parents = tree.parents[1:]
+    if temperature == 0:
+        edge[1:] = draws[parents] == tree.tokens[1:]
+    else:
+        rows = logits[parents.tolist()]
+        tokens = tree.tokens[1:, None].copy()  # Tree arrays are read-only; torch wants writable
+        edge[1:] = np.exp(target.logprobs(rows, tokens, temperature)[:, 0])
+    return edge
+
+
+def auto_budget(
+    target,
+    draft,
+    prompt_ids: Sequence[int],
+    decoder: str = "fts",
+    temperature: float = 0.0,
+    top_k: int = 10,
+    depth: int = 6,
+    guesses: int = 2,
+    budgets: Sequence[int] = DEFAULT_BUDGETS,
+    contexts: int = 3,
+    repeats: int = 3,
+    overlap: float | None = None,
+    parts: PartTimes | None = None,
+) -> BudgetChoice:
+    """The budget that maximises predicted tokens/s for `decoder` on this pair and machine.
+
+    Times target passes against tree size and the draft's passes at the prompt (unless `parts`
+    is given), predicts acceptance per budget (`acceptance_curve`), and takes the best.
+    `overlap` defaults to full overlap when target and draft sit on different devices, none
+    otherwise (the round loop's schedule).
+    """
+    if decoder == "ar":
+        raise ValueError("decoder ar verifies no tree: it has no budget to pick")
+    if draft is None:
+        raise ValueError(f"auto budget for {decoder!r} needs a draft model")
+    if len(prompt_ids) == 0:
+        raise ValueError("auto budget needs a non-empty prompt to time and calibrate on")
+    cap = pool_size(top_k, depth)
+    budgets = sorted({int(b) for b in budgets if 1 <= int(b) <= cap}) or [cap]
+    if overlap is None:
+        overlap = 1.0 if target.device != draft.device else 0.0
+    if parts is None:
+        widths = draft_pass_widths(decoder, top_k, depth, guesses) + [1, top_k]
+        parts = measure_parts(target, draft, prompt_ids, target_sizes_for(budgets), widths, repeats)
+    committed, nodes = acceptance_curve(
+        target, draft, prompt_ids, budgets, decoder, temperature, top_k, depth, contexts
+    )
+    tps = predicted_tokens_per_s(decoder, committed, nodes, parts, overlap, top_k, depth, guesses)
+    return BudgetChoice(
+        best_budget(budgets, tps),
+        tuple(budgets),
+        tuple(map(float, tps)),
+        tuple(map(float, committed)),
+        tuple(map(float, nodes)),
+        parts,
+    )

@@ -1,0 +1,80 @@
+"""The baselines `targetrows bench` times our decoders against: the target's own Hugging Face
+`generate()` (greedy, or pure sampling) and assisted generation with the draft as assistant,
+set up to do the same work as our decoders (same stop tokens, same vocabulary)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+
+HF_METHODS = ("hf_generate", "hf_assisted")
+
+
+def assistant_for(target_hf, draft_hf, vocab_size: int):
+    """The draft as transformers' assisted generation wants it: the target's logit width.
+
+    transformers switches to universal assisted decoding (text re-tokenised every round) when
+    the config vocab sizes differ, although target and draft share one tokenizer and differ only
+    by padding rows. A copy of the draft with its embedding and head resized to the target's
+    width, where the rows beyond the shared vocabulary carry a -1e4 bias (never proposed), keeps
+    the plain assisted path; the draft itself is left untouched.
+    """
+    import torch
+
+    width = int(target_hf.get_output_embeddings().weight.shape[0])
+    if (
+        int(draft_hf.get_output_embeddings().weight.shape[0]) == width
+        and draft_hf.config.get_text_config().vocab_size
+        == target_hf.config.get_text_config().vocab_size
+    ):
+        return draft_hf
+    assistant = copy.deepcopy(draft_hf)
+    assistant.config.tie_word_embeddings = False
+    assistant.resize_token_embeddings(width, mean_resizing=False)
+    old = assistant.get_output_embeddings()
+    head = torch.nn.Linear(
+        old.in_features, width, bias=True, dtype=old.weight.dtype, device=old.weight.device
+    )
+    with torch.no_grad():
+        head.weight.copy_(old.weight)
+        head.bias.zero_()
+        head.bias[vocab_size:] = -1e4
+    assistant.set_output_embeddings(head)
+    assistant.config.get_text_config().vocab_size = width
+    return assistant.eval()
+
+
+def hf_generate(
+    model,
+    prompt_ids: Sequence[int],
+    temperature: float,
+    max_new_tokens: int,
+    stop_ids,
+    seed: int,
+    vocab_size: int,
+    assistant=None,
+) -> list[int]:
+    """New tokens of the target's own `generate()` (assisted with `assistant`): greedy at
+    temperature 0, else pure sampling (no top-k / top-p), stopping where our decoders stop."""
+    import torch
+
+    ids = torch.tensor([list(prompt_ids)], device=model.get_input_embeddings().weight.device)
+    width = int(model.get_output_embeddings().weight.shape[0])
+    stops = sorted(stop_ids)
+    kwargs = dict(
+        max_new_tokens=max_new_tokens,
+        do_sample=temperature > 0,
+        eos_token_id=stops or None,
+        pad_token_id=stops[0] if stops else 0,
+        attention_mask=torch.ones_like(ids),
+    )
+    if temperature > 0:
+        kwargs.update(temperature=temperature, top_k=0, top_p=1.0)
+    if width > vocab_size:  # random weights can pick padding rows, which our rows leave out
+        kwargs["suppress_tokens"] = list(range(vocab_size, width))
+    if assistant is not None:
+        kwargs["assistant_model"] = assistant
+    torch.manual_seed(seed)
+    with torch.inference_mode():
+        out = model.generate(ids, **kwargs)
+    return out[0, ids.shape[1] :].tolist()

@@ -1,0 +1,161 @@
+"""What the passes of a round cost on this machine: a forward pass of the target or the draft
+timed against the number of new tokens it feeds, on top of a cached context.
+
+`targetrows.costmodel` turns these part times into round times, the zero-overhead bound of each
+decoder and the budget that fits the hardware.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .tree import Tree
+
+
+@dataclass(frozen=True)
+class PassCurve:
+    """Seconds of one forward pass against the number of new tokens it feeds: linear between
+    the measured sizes, extended along the last segment's slope beyond them, 0 for 0 tokens."""
+
+    sizes: tuple[int, ...]
+    seconds: tuple[float, ...]
+
+    def __post_init__(self):
+        sizes = np.asarray(self.sizes)
+        if len(sizes) == 0 or len(sizes) != len(self.seconds):
+            raise ValueError(
+                f"a pass curve needs one time per size, got {self.sizes} / {self.seconds}"
+            )
+        if np.any(np.diff(sizes) <= 0) or sizes[0] < 1:
+            raise ValueError(f"pass sizes must be increasing and >= 1, got {self.sizes}")
+
+    def __call__(self, n):
+        n = np.asarray(n, dtype=np.float64)
+        x, y = np.asarray(self.sizes, float), np.asarray(self.seconds, float)
+        out = np.interp(n, x, y)
+        if len(x) > 1:
+            slope = (y[-1] - y[-2]) / (x[-1] - x[-2])
+            out = np.where(n > x[-1], y[-1] + slope * (n - x[-1]), out)
+        out = np.where(n <= 0, 0.0, out)
+        return float(out) if out.ndim == 0 else out
+
+
+@dataclass(frozen=True)
+class PartTimes:
+    target: PassCurve  # target pass over q new tokens
+    draft: PassCurve | None  # draft pass over w new tokens
+    context_len: int  # committed tokens in the cache when they were timed
+
+
+# -- timing ------------------------------------------------------------------------------------
+
+
+def time_passes(
+    model, context: Sequence[int], sizes: Sequence[int], repeats: int = 3, seed: int = 0
+) -> PassCurve:
+    """Median seconds of a pass feeding n tree nodes on top of a cached `context`, per size n,
+    made non-decreasing in n (`isotonic`).
+
+    The whole context is cached first, so a pass feeds exactly the n nodes; after each pass the
+    model drops them again (commit of the same context), so every pass starts from one cache.
+    """
+    ctx = [int(t) for t in context]
+    sizes = sorted({int(n) for n in sizes})
+    if not ctx or not sizes or sizes[0] < 1:
+        raise ValueError(f"time_passes needs a non-empty context and sizes >= 1, got {sizes}")
+    rng = np.random.default_rng(seed)
+    model.reset(seed)
+    model.logits(ctx, Tree.root_only(ctx[-1]), [0])
+    model.commit(ctx)
+    trees = {n: _random_tree(rng, ctx[-1], n, model.vocab_size) for n in sizes}
+    _timed_pass(model, ctx, trees[sizes[-1]])  # warm-up: allocator and kernels at full size
+    seconds = []
+    for n in sizes:
+        seconds.append(
+            float(np.median([_timed_pass(model, ctx, trees[n]) for _ in range(repeats)]))
+        )
+    model.reset(seed)
+    return PassCurve(tuple(sizes), tuple(isotonic(seconds)))
+
+
+def isotonic(values: Sequence[float]) -> list[float]:
+    """The non-decreasing sequence closest to `values` in least squares (pool adjacent
+    violators): a pass over more tokens never costs less, so a dip is timing noise, and left in
+    it would make a bigger tree look free."""
+    blocks: list[list[float]] = []  # [mean, weight]
+    for v in values:
+        blocks.append([float(v), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m2, w2), (m1, w1) = blocks.pop(), blocks.pop()
+            blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2])
+    return [m for m, w in blocks for _ in range(int(w))]
+
+
+def _timed_pass(model, ctx: list[int], tree: Tree) -> float:
+    t = time.perf_counter()
+    model.logits(ctx, tree, np.arange(1, len(tree)))
+    _synchronize(model)
+    elapsed = time.perf_counter() - t
+    model.commit(ctx)  # drops the tree's entries
+    return elapsed
+
+
+def _synchronize(model) -> None:
+    device = getattr(model, "device", None)
+    if getattr(device, "type", None) == "cuda":
+        import torch
+
+        torch.cuda.synchronize(device)
+
+
+def _random_tree(rng: np.random.Generator, root: int, n: int, vocab: int) -> Tree:
+    """A random tree of n non-root nodes (distinct tokens, so siblings never collide)."""
+    parents = np.array([-1] + [int(rng.integers(i)) for i in range(1, n + 1)])
+    if n < vocab:
+        tokens = rng.choice(vocab, size=n, replace=False)
+    else:  # more nodes than tokens: a chain has no siblings at all
+        tokens, parents = rng.integers(vocab, size=n), np.arange(-1, n)
+    return Tree(np.concatenate([[root], tokens]), parents)
+
+
+def measure_parts(
+    target,
+    draft,
+    context: Sequence[int],
+    target_sizes: Sequence[int],
+    draft_sizes: Sequence[int] = (),
+    repeats: int = 3,
+) -> PartTimes:
+    """Time target passes (and draft passes, with a draft) at `context`."""
+    tcurve = time_passes(target, context, target_sizes, repeats)
+    dcurve = (
+        time_passes(draft, context, draft_sizes, repeats)
+        if draft is not None and draft_sizes
+        else None
+    )
+    return PartTimes(tcurve, dcurve, len(context))
+
+
+def mean_parts(a: PartTimes, b: PartTimes) -> PartTimes:
+    """Two timings of the same sizes averaged (say, before and after a benchmark)."""
+
+    def mean(x: PassCurve | None, y: PassCurve | None) -> PassCurve | None:
+        if x is None or y is None:
+            return x or y
+        if x.sizes != y.sizes:
+            raise ValueError(f"cannot average pass curves over sizes {x.sizes} and {y.sizes}")
+        return PassCurve(x.sizes, tuple(isotonic((np.add(x.seconds, y.seconds) / 2).tolist())))
+
+    return PartTimes(mean(a.target, b.target), mean(a.draft, b.draft), a.context_len)
+
+
+def target_sizes_for(budgets: Sequence[int]) -> list[int]:
+    """Pass sizes to time for trees of up to max(budgets) nodes: powers of two and the budgets
+    (with and without the root)."""
+    top = max(budgets) + 1
+    grid = {1, 2} | {2**i for i in range(1, 12) if 2**i <= top}
+    return sorted(grid | {b for b in budgets} | {b + 1 for b in budgets})

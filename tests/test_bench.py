@@ -1,0 +1,253 @@
+"""`targetrows bench` on tiny random models (CPU): end to end, its files, the assisted-generation
+draft, the report's summary and goals, bad input."""
+
+import csv
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from hf_tiny import DRAFT_VOCAB, TARGET_VOCAB, TOKENIZER_SIZE, save_tiny_pair, tiny_model  # noqa: E402
+
+from targetrows import bench, bench_report  # noqa: E402
+from targetrows.cli import main  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    return save_tiny_pair(tmp_path_factory.mktemp("bench"), "qwen2")
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("prompts") / "q.jsonl"
+    lines = [
+        {"question_id": 1, "category": "a", "turns": ["Count to five."]},
+        {"question_id": 2, "category": "b", "turns": ["Name a color.", "Another?"]},
+        {"question_id": 3, "category": "b", "turns": ["Not used."]},
+    ]
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return str(path)
+
+
+def test_bench_end_to_end(pair, prompts_file, tmp_path):
+    target, draft = pair
+    out = tmp_path / "results"
+    code = main(
+        [
+            "bench",
+            "--target",
+            target,
+            "--draft",
+            draft,
+            "--prompts",
+            prompts_file,
+            "--num-prompts",
+            "2",
+            "--temperature",
+            "0",
+            "1",
+            "--budget",
+            "6",
+            "--max-new-tokens",
+            "8",
+            "--top-k",
+            "3",
+            "--depth",
+            "3",
+            "--out-dir",
+            str(out),
+            "--name",
+            "run",
+        ]
+    )
+    assert code == 0
+    rows = list(csv.DictReader(open(out / "run.csv")))
+    methods = ["hf_generate", "hf_assisted", "ar", "draft_rank", "rerank", "fts", "pearl"]
+    assert len(rows) == 2 * 2 * len(methods)
+    assert {r["method"] for r in rows} == set(methods)
+    assert {r["question_id"] for r in rows} == {"1", "2"}
+    for r in rows:
+        assert float(r["tokens_per_s"]) > 0 and 0 < int(r["new_tokens"]) <= 8
+        if r["method"] not in bench.HF_METHODS:
+            assert float(r["bound_tokens_per_s"]) > 0 and int(r["rounds"]) >= 1
+            assert float(r["mean_t_round"]) >= float(r["mean_t_verify"])
+        if r["method"] in ("draft_rank", "rerank", "fts", "pearl"):
+            assert r["budget"] == "6"
+    # Greedy: every method reproduces HF generate (padding rows suppressed, draft resized)
+    greedy = [r for r in rows if float(r["temperature"]) == 0]
+    assert all(r["same_as_hf_generate"] == "True" for r in greedy)
+    report = (out / "run.md").read_text()
+    for needle in (
+        "# targetrows bench",
+        "### Temperature 0",
+        "### Temperature 1",
+        "| fts | 6 |",
+        "## Part times",
+        "## Goals",
+        "machine:",
+        "versions:",
+        "command:",
+    ):
+        assert needle in report
+
+
+def test_bench_auto_budget(pair, prompts_file, tmp_path):
+    target, draft = pair
+    code = main(
+        [
+            "bench",
+            "--target",
+            target,
+            "--draft",
+            draft,
+            "--prompt",
+            "Hi there",
+            "--decoders",
+            "ar",
+            "fts",
+            "--no-hf",
+            "--budget",
+            "auto",
+            "--max-new-tokens",
+            "6",
+            "--top-k",
+            "3",
+            "--depth",
+            "2",
+            "--out-dir",
+            str(tmp_path),
+            "--name",
+            "auto",
+        ]
+    )
+    assert code == 0
+    rows = list(csv.DictReader(open(tmp_path / "auto.csv")))
+    assert [r["method"] for r in rows] == ["ar", "fts"]
+    budget = int(rows[1]["budget"])
+    assert 1 <= budget <= 3 + 3 * 3  # within the candidate pool
+    assert f"fts, T=0: budget auto -> {budget}" in (tmp_path / "auto.md").read_text()
+
+
+def test_assistant_gets_the_target_width():
+    target = tiny_model("llama", seed=0, vocab_size=TARGET_VOCAB)
+    draft = tiny_model("llama", seed=1, n_layers=1, vocab_size=DRAFT_VOCAB)
+    assistant = bench.assistant_for(target, draft, TOKENIZER_SIZE)
+    assert assistant is not draft
+    assert assistant.config.vocab_size == TARGET_VOCAB
+    assert draft.get_output_embeddings().weight.shape[0] == DRAFT_VOCAB  # the draft is untouched
+    ids = torch.tensor([[5, 17, 42]])
+    with torch.no_grad():
+        mine, theirs = assistant(ids).logits[0], draft(ids).logits[0]
+    torch.testing.assert_close(mine[:, :TOKENIZER_SIZE], theirs[:, :TOKENIZER_SIZE])
+    assert bool((mine[:, TOKENIZER_SIZE:] < -1e3).all())  # padding rows are never proposed
+    same = tiny_model("llama", seed=1, n_layers=1, vocab_size=TARGET_VOCAB)
+    assert bench.assistant_for(target, same, TOKENIZER_SIZE) is same
+
+
+def _rows():
+    """Two prompts: HF generate at 10 and 20 tokens/s, ours slightly slower and faster."""
+    out = []
+    for qid, hf, assisted, ar, fts, share in (
+        ("1", 10.0, 8.0, 9.6, 12.0, 0.02),
+        ("2", 20.0, 16.0, 19.8, 26.0, 0.04),
+    ):
+        for method, tps in (
+            ("hf_generate", hf),
+            ("hf_assisted", assisted),
+            ("ar", ar),
+            ("fts", fts),
+        ):
+            row = {
+                "method": method,
+                "temperature": 0.0,
+                "question_id": qid,
+                "budget": "",
+                "tokens_per_s": tps,
+                "same_as_hf_generate": True,
+            }
+            if method in ("ar", "fts"):
+                row.update(
+                    rounds=10,
+                    mean_committed=2.0,
+                    mean_accepted=0.5,
+                    mean_nodes=4.0,
+                    mean_t_draft=0.01,
+                    mean_t_root=0.0,
+                    mean_t_verify=0.02,
+                    mean_t_bookkeeping=share * 0.05,
+                    mean_t_round=0.05,
+                    overlap=0.0,
+                    bound_tokens_per_s=tps / 0.95,
+                    bound_speedup=1.2,
+                    measured_over_bound=0.95 if method == "ar" else 0.8,
+                )
+            out.append(row)
+    return out
+
+
+def test_summary_and_goals_by_hand():
+    settings = bench.BenchSettings(decoders=("ar", "fts"), budget=4)
+    summary = {s["method"]: s for s in bench_report.summarize(_rows(), settings)}
+    assert summary["ar"]["vs_hf_generate"] == pytest.approx(np.median([0.96, 0.99]))
+    assert summary["fts"]["vs_hf_assisted"] == pytest.approx(np.median([1.5, 1.625]))
+    assert summary["fts"]["tps_min"] == 12.0 and summary["fts"]["tps_max"] == 26.0
+    assert summary["fts"]["bookkeeping_share"] == pytest.approx(0.03)
+    assert summary["ar"]["same_as_hf"] == "2/2"
+    met = {goal: ok for goal, _, ok in bench_report.goals(list(summary.values()), settings)}
+    assert met["ar >= 0.95x HF generate (T=0)"] is True
+    assert met["best decoder >= 1.3x HF assisted (T=0)"] is True
+    assert met["ar measured >= 90% of bound (T=0)"] is True
+    assert met["fts measured >= 90% of bound (T=0)"] is False
+    assert met["fts bookkeeping < 5% of a round (T=0)"] is True
+    table = bench_report.summary_markdown(list(summary.values()), settings)
+    assert "| fts |" in table and "1.56" in table  # the median ratio to HF assisted
+
+
+def test_unreadable_budget_is_a_usage_error(pair, capsys):
+    target, draft = pair
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--target", target, "--draft", draft, "--prompt", "hi", "--budget", "x"])
+    assert exit_info.value.code == 2
+    assert "budget 'x' is neither a positive integer nor 'auto'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--prompt", "hi", "--budget", "0"], "--budget must be >= 1 or auto, got 0"),
+        (["--prompt", " "], "empty"),
+        (["--prompt", "hi", "--temperature", "-1"], "temperatures must be >= 0"),
+        (["--prompt", "hi", "--decoders", "fts", "--no-draft"], "--draft is required"),
+    ],
+)
+def test_bad_input_exits_non_zero(pair, extra, message, capsys):
+    target, draft = pair
+    argv = ["bench", "--target", target, "--out-dir", "/nonexistent/x"]
+    if "--no-draft" in extra:
+        extra = [x for x in extra if x != "--no-draft"]
+    else:
+        argv += ["--draft", draft]
+    assert main(argv + extra) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_gpu_check_smoke(tmp_path):
+    """The GPU script's stages, tiny and on CPU: identity passes, timing tables get written."""
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "gpu_check.py")
+    spec = importlib.util.spec_from_file_location("gpu_check", path)
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    assert gpu_check.main(["--smoke", "--out-dir", str(tmp_path), "--name", "smoke"]) == 0
+    report = (tmp_path / "smoke.md").read_text()
+    assert "mismatches with HF greedy generate: 0 -> PASS" in report
+    assert "## Timing, T=0" in report and "## Timing, T=1" in report and "FAILED" not in report
+    rows = list(csv.DictReader(open(tmp_path / "smoke.csv")))
+    assert {float(r["temperature"]) for r in rows} == {0.0, 1.0}
+    assert {r["method"] for r in rows} >= {"hf_generate", "hf_assisted", "fts", "pearl"}

@@ -1,0 +1,155 @@
+"""The cost model: pass curves, the zero-overhead bound on hand-computed part times, the budget
+picked from a predicted-throughput curve, and acceptance predictions that match real rounds."""
+
+import numpy as np
+import pytest
+
+from targetrows import costmodel as cm
+from targetrows.decode import DecodeConfig, RoundStats, generate
+from targetrows.toy import ToyPair
+
+# target pass: 9 ms + 1 ms per new token; draft pass: 2 ms + 0.1 ms per new token
+TARGET = cm.PassCurve((1, 9, 17), (0.010, 0.018, 0.026))
+DRAFT = cm.PassCurve((1, 41), (0.0021, 0.0061))
+PARTS = cm.PartTimes(TARGET, DRAFT, context_len=100)
+
+
+def test_pass_curve_interpolates_extends_and_is_zero_for_nothing():
+    assert TARGET(5) == pytest.approx(0.014)
+    assert TARGET(33) == pytest.approx(0.042)  # beyond 17: the last segment's slope
+    assert TARGET(0) == 0.0
+    np.testing.assert_allclose(TARGET(np.array([1, 9])), [0.010, 0.018])
+    with pytest.raises(ValueError):
+        cm.PassCurve((4, 2), (0.1, 0.2))
+
+
+def test_isotonic_pools_a_dip():
+    assert cm.isotonic([1, 3, 2, 4, 0.5, 6]) == pytest.approx([1, 2.375, 2.375, 2.375, 2.375, 6])
+    assert cm.isotonic([1, 2, 3]) == [1, 2, 3]
+
+
+def test_round_seconds_by_hand():
+    # draft_rank, top_k 4, depth 3: draft passes of 1, 4, 4 tokens = 2.1 + 2.4 + 2.4 ms;
+    # verify feeds root + 8 nodes = 18 ms
+    got = cm.round_seconds("draft_rank", PARTS, [8], [3], 0.0, 4, 3)
+    assert got[0] == pytest.approx(0.0069 + 0.018)
+    # rerank on one device: drafting 6.9 ms then a 10 ms root pass; verify feeds 8 nodes, 17 ms
+    assert cm.round_seconds("rerank", PARTS, [8], [3], 0.0, 4, 3)[0] == pytest.approx(0.0339)
+    # ... with half the shorter part hidden: 6.9 + 10 - 3.45
+    assert cm.round_seconds("rerank", PARTS, [8], [3], 0.5, 4, 3)[0] == pytest.approx(0.03045)
+    # fts, 2 guesses: passes of 1, 2, 8, 8 tokens = 2.1 + 2.2 + 2.8 + 2.8 = 9.9 ms; a missed
+    # guess (7 passes = 4 + one expansion of 3) adds 6.9 ms; verify feeds t0 + 8 nodes
+    fts = cm.round_seconds("fts", PARTS, [8, 8], [4, 7], 0.0, 4, 3, guesses=2)
+    np.testing.assert_allclose(fts, [0.0099 + 0.010 + 0.018, 0.0099 + 0.010 + 0.0069 + 0.018])
+    assert cm.round_seconds("ar", PARTS, [0, 0], [0, 0], 0.0, 4, 3) == pytest.approx([0.01, 0.01])
+
+
+def test_bound_by_hand():
+    rounds = [
+        RoundStats(
+            committed=4, nodes=8, draft_passes=3, t_draft=0.01, t_root=0.02, t_drafting=0.025
+        ),
+        RoundStats(
+            committed=2, nodes=16, draft_passes=3, t_draft=0.01, t_root=0.02, t_drafting=0.025
+        ),
+    ]
+    assert cm.overlap_achieved(rounds) == pytest.approx(0.5)  # 5 ms of 10 hidden
+    b = cm.bound("pearl", PARTS, rounds, 4, 3)
+    before = 0.0069 + 0.010 - 0.5 * 0.0069
+    seconds = [before + 0.018, before + 0.026]  # verify: t0 + 8 and t0 + 16 nodes
+    assert b.overlap == pytest.approx(0.5)
+    assert b.tokens_per_s == pytest.approx(6 / sum(seconds))
+    assert b.speedup == pytest.approx(6 / sum(seconds) * 0.010)
+    assert b.round_seconds == pytest.approx(np.mean(seconds))
+    ar = cm.bound("ar", PARTS, [RoundStats(committed=1)] * 3, 4, 3)
+    assert ar.tokens_per_s == pytest.approx(100.0) and ar.speedup == pytest.approx(1.0)
+
+
+def test_best_budget_maximises_a_synthetic_curve():
+    budgets = [1, 2, 4, 8, 16, 32, 64]
+    committed = np.array([1.6, 2.0, 2.5, 3.0, 3.4, 3.6, 3.7])  # diminishing returns
+    nodes = np.array(budgets, dtype=float)
+    tps = cm.predicted_tokens_per_s("draft_rank", committed, nodes, PARTS, 0.0, 4, 3)
+    by_hand = committed / (0.0069 + 0.009 + 0.001 * (nodes + 1))
+    np.testing.assert_allclose(tps, by_hand)
+    # by hand: 1.6/.0179=89.4, 2/.0189=105.8, 2.5/.0209=119.6, 3/.0249=120.5, 3.4/.0329=103.3
+    assert cm.best_budget(budgets, tps) == 8
+    assert cm.best_budget([8, 2, 4], [5.0, 5.0, 4.0]) == 2  # ties: the smallest budget
+    with pytest.raises(ValueError):
+        cm.best_budget([1, 2], [1.0])
+
+
+def test_auto_budget_follows_the_verify_cost():
+    pair = ToyPair(vocab_size=24, seed=3, closeness=0.9)
+    budgets = (1, 2, 4, 8, 16, 32)
+    prompt = [1, 2, 3]
+    flat = cm.PartTimes(cm.PassCurve((1,), (0.01,)), DRAFT, 3)  # a tree costs what a token does
+    steep = cm.PartTimes(cm.PassCurve((1, 100), (0.01, 1.0)), DRAFT, 3)
+    free = cm.auto_budget(
+        pair.target, pair.draft, prompt, "draft_rank", 0.0, 4, 3, budgets=budgets, parts=flat
+    )
+    committed = np.array(free.committed)
+    assert np.all(np.diff(committed) >= 0)
+    assert free.budget == budgets[int(np.argmax(committed))]  # the most accepted tokens
+    dear = cm.auto_budget(
+        pair.target, pair.draft, prompt, "draft_rank", 0.0, 4, 3, budgets=budgets, parts=steep
+    )
+    assert dear.budget < free.budget
+    assert "budget auto ->" in dear.describe()
+    with pytest.raises(ValueError, match="ar"):
+        cm.auto_budget(pair.target, pair.draft, prompt, "ar")
+
+
+@pytest.mark.parametrize("decoder", ["draft_rank", "pearl"])
+@pytest.mark.parametrize("budget", [1, 5, 20])
+def test_acceptance_prediction_matches_the_first_round(decoder, budget):
+    """At temperature 0 with one context, the prediction is exactly the first real round."""
+    pair = ToyPair(vocab_size=24, seed=5, closeness=0.9)
+    prompt = [4, 7, 1]
+    committed, nodes = cm.acceptance_curve(
+        pair.target, pair.draft, prompt, [budget], decoder, 0.0, 4, 3, contexts=1
+    )
+    result = generate(
+        pair.target,
+        pair.draft,
+        prompt,
+        DecodeConfig(decoder, budget=budget, max_new_tokens=50, top_k=4, depth=3),
+    )
+    assert committed[0] == result.rounds[0].committed
+    assert nodes[0] == result.rounds[0].nodes
+
+
+def test_acceptance_at_temperature_one_is_a_probability_sum():
+    pair = ToyPair(vocab_size=24, seed=5, closeness=0.9)
+    committed, nodes = cm.acceptance_curve(
+        pair.target, pair.draft, [4, 7, 1], [1, 4, 16, 36], "draft_rank", 1.0, 4, 3
+    )
+    assert np.all(committed >= 1) and np.all(np.diff(committed) >= 0)
+    assert committed[-1] < 1 + 3  # at most one accepted node per level
+    np.testing.assert_array_equal(nodes, [1, 4, 16, 36])
+
+
+def test_time_passes_on_the_toy_pair():
+    pair = ToyPair(vocab_size=24, seed=0)
+    curve = cm.time_passes(pair.target, [1, 2, 3], [8, 1, 4], repeats=2)
+    assert curve.sizes == (1, 4, 8)
+    assert all(t >= 0 for t in curve.seconds) and list(curve.seconds) == sorted(curve.seconds)
+
+
+def test_budget_arg():
+    assert cm.budget_arg("auto") == "auto"
+    assert cm.budget_arg("8") == 8
+    assert cm.budget_arg("0") == 0  # the range is the command's check (its option's name)
+    for bad in ("x", "2.5", ""):
+        with pytest.raises(ValueError):
+            cm.budget_arg(bad)
+
+
+def test_mean_parts_averages_two_timings():
+    later = cm.PartTimes(cm.PassCurve((1, 9, 17), (0.012, 0.016, 0.030)), None, 100)
+    both = cm.mean_parts(PARTS, later)
+    # 0.011, 0.017, 0.028 (already non-decreasing); the draft curve of the one timing that has it
+    assert both.target.seconds == pytest.approx((0.011, 0.017, 0.028))
+    assert both.draft is DRAFT
+    with pytest.raises(ValueError, match="sizes"):
+        cm.mean_parts(PARTS, cm.PartTimes(cm.PassCurve((1, 2), (0.1, 0.2)), None, 1))
