@@ -1,0 +1,146 @@
+"""distill on tiny random-weight models: the cut, the teacher data, the loss, the whole command."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from hf_tiny import reference_logits, save_tiny, tiny_model, tiny_tokenizer  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+
+from targetrows import chat_prompts, cli, distill  # noqa: E402
+from targetrows.loading import encode_prompt  # noqa: E402
+
+SMALL = dict(prompts=24, heldout=4, max_new_tokens=8, gen_batch=8, steps=12, batch_size=4,
+             warmup=2, top_k=8, n_random=64, compile=False)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_the_draft_is_the_targets_first_layers(tied):
+    target = tiny_model(n_layers=4, tie_word_embeddings=tied)
+    draft = distill.make_draft(target, 2)
+    assert draft.config.num_hidden_layers == 2 and target.config.num_hidden_layers == 4
+    ids = torch.tensor([[5, 17, 99, 3, 42, 7]])
+    with torch.no_grad():
+        states = target(input_ids=ids, output_hidden_states=True).hidden_states
+        want = target.model.norm(states[2])  # after layer 1, through the final norm
+        got = draft.model(input_ids=ids).last_hidden_state
+    assert torch.allclose(got, want, atol=1e-5)
+    assert not draft.get_input_embeddings().weight.requires_grad
+    assert not draft.get_output_embeddings().weight.requires_grad
+    trainable = {n for n, p in draft.named_parameters() if p.requires_grad}
+    assert "model.norm.weight" in trainable and any(".layers.1." in n for n in trainable)
+    assert (draft.get_output_embeddings().weight is draft.get_input_embeddings().weight) == tied
+    with pytest.raises(ValueError, match="--layers 4"):
+        distill.make_draft(target, 4)
+
+
+def test_batched_replies_are_each_prompts_own_greedy_reply():
+    target = tiny_model(n_layers=2)
+    tok = tiny_tokenizer()
+    prompts = [encode_prompt(tok, p) for p in ["hi", "a much longer prompt here", "mid size"]]
+    out = distill.generate_batch(target, prompts, 10, stop=set(), top_k=5)
+    for prompt, (reply, hidden, top) in zip(prompts, out, strict=True):
+        seq = prompt + reply.tolist()
+        logits = reference_logits(target, seq)[len(prompt) - 1 : -1]
+        assert len(reply) == 10
+        assert torch.equal(logits.argmax(-1), reply)  # greedy, unaffected by left padding
+        assert torch.equal(top[:, 0].long(), reply)
+        head = target.get_output_embeddings().weight
+        assert torch.allclose(hidden.float() @ head.T, logits, atol=0.05)  # fp16 hidden state
+    # a stop token ends a reply (kept as its last token) and the others go on
+    first = out[0][0].tolist()
+    stop = first[3]
+    again = distill.generate_batch(target, prompts, 10, stop={stop}, top_k=5)
+    assert again[0][0].tolist() == first[: first.index(stop) + 1]
+    for (old, _, _), (new, _, _) in zip(out[1:], again[1:], strict=True):
+        cut = old.tolist().index(stop) + 1 if stop in old.tolist() else 10
+        assert new.tolist() == old.tolist()[:cut]
+
+
+def test_subset_kl_is_the_full_kl_when_the_subset_is_everything():
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(50, 8, generator=gen)
+    h_t, h_s = torch.randn(6, 8, generator=gen), torch.randn(6, 8, generator=gen)
+    top = (h_t @ weight.T).topk(5).indices
+    everything = torch.arange(50)  # every top token is also "random": each must count once
+    got = distill.subset_kl(h_s, h_t, weight, top, everything)
+    log_t, log_s = (h_t @ weight.T).log_softmax(-1), (h_s @ weight.T).log_softmax(-1)
+    want = (log_t.exp() * (log_t - log_s)).sum(-1).mean()
+    assert torch.allclose(got, want, atol=1e-5)
+    assert distill.subset_kl(h_t, h_t, weight, top, torch.tensor([1, 7, 30])) < 1e-6
+
+
+def test_distill_builds_a_reproducible_draft(tmp_path, capsys):
+    target = save_tiny(tmp_path / "target", n_layers=4)
+    config = distill.DistillConfig(**SMALL)
+    first = distill.distill(target, tmp_path / "models" / "draft", config)
+    weights = load_file(tmp_path / "models" / "draft" / "model.safetensors")
+    assert {p.name for p in (tmp_path / "models").iterdir()} == {"draft"}  # no temp folders
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    draft = AutoModelForCausalLM.from_pretrained(tmp_path / "models" / "draft")
+    assert draft.config.num_hidden_layers == 2
+    assert len(AutoTokenizer.from_pretrained(tmp_path / "models" / "draft")) == len(
+        tiny_tokenizer())
+    report = json.loads((tmp_path / "models" / "draft" / "distill_report.json").read_text())
+    assert report["heldout_top1_agreement"] == first["heldout_top1_agreement"]
+    assert report["train_prompts"] == 24 and report["heldout_positions"] == 4 * 8
+    assert report["steps_done"] == 12 and report["loss_last"] < report["loss_first"]
+    assert 0 < report["forward_cost"]["decode_step_ratio"]
+
+    # same seed, same draft; the CLI refuses to overwrite without --force
+    argv = ["distill", "--target", target, "--out", str(tmp_path / "models" / "draft")]
+    for key, value in SMALL.items():
+        if key != "compile":
+            argv += [f"--{key.replace('_', '-')}", str(value)]
+    argv.append("--no-compile")
+    assert cli.main(argv) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert cli.main([*argv, "--force"]) == 0
+    again = load_file(tmp_path / "models" / "draft" / "model.safetensors")
+    assert weights.keys() == again.keys()
+    assert all(torch.equal(weights[k], again[k]) for k in weights)
+
+
+def test_training_moves_the_draft_towards_the_target(tmp_path):
+    target = tiny_model(n_layers=4)
+    tok = tiny_tokenizer()
+    prompts = [encode_prompt(tok, p) for p in chat_prompts.training_prompts(16)]
+    config = distill.DistillConfig(**{**SMALL, "steps": 30, "lr": 5e-3})
+    data = distill.teacher_data(target, prompts, config, stop=set(), desc="test")
+    draft = distill.make_draft(target, 1)
+    before, n = distill.top1_agreement(draft, data)
+    losses = distill.train(draft, data, config, vocab=len(tok))
+    after, _ = distill.top1_agreement(draft, data)
+    assert n == 16 * 8 and len(losses) == 30
+    assert sum(losses[-5:]) < sum(losses[:5]) and after > before
+
+
+def test_prompt_sets_are_distinct_and_disjoint():
+    train = chat_prompts.training_prompts(5000, seed=3)
+    assert len(set(train)) == 5000
+    assert chat_prompts.training_prompts(100, seed=3) == train[:100]
+    assert not set(chat_prompts.HELDOUT_PROMPTS) & chat_prompts.all_training_prompts(seed=3)
+    assert len(set(chat_prompts.HELDOUT_PROMPTS)) == len(chat_prompts.HELDOUT_PROMPTS)
+    with pytest.raises(ValueError, match="lower --prompts"):
+        chat_prompts.training_prompts(10**6)
+
+
+@pytest.mark.slow
+def test_compiled_training_matches_eager(tmp_path):
+    target = tiny_model(n_layers=3)
+    tok = tiny_tokenizer()
+    prompts = [encode_prompt(tok, p) for p in chat_prompts.training_prompts(8)]
+    config = distill.DistillConfig(**{**SMALL, "steps": 4})
+    data = distill.teacher_data(target, prompts, config, stop=set(), desc="test")
+    eager = distill.train(distill.make_draft(target, 2), data, config, vocab=len(tok))
+    compiled = distill.train(distill.make_draft(target, 2), data,
+                             distill.DistillConfig(**{**SMALL, "steps": 4, "compile": True}),
+                             vocab=len(tok))
+    assert compiled == pytest.approx(eager, rel=1e-3)
