@@ -1,0 +1,307 @@
+"""The Snakemake pipeline: lint, the paper's plan, config validation, the job helpers, and the
+whole default DAG end to end on tiny random-weight models (tests/pipeline_config/)."""
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = REPO / "workflow" / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+SNAKEMAKE = shutil.which("snakemake", path=os.path.dirname(sys.executable)) or shutil.which(
+    "snakemake")
+pytestmark = pytest.mark.skipif(SNAKEMAKE is None, reason="snakemake is not installed "
+                                "(pip install -e .[pipeline])")
+
+
+def snakemake(*args, cwd, timeout=600, check=False, env=None):
+    """Run snakemake on the repository's Snakefile in working directory `cwd`; offline, and with
+    any attempt to reach the network through a proxy failing at once."""
+    full_env = dict(os.environ, PATH=f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}",
+                    HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+                    HTTP_PROXY="http://127.0.0.1:9", HTTPS_PROXY="http://127.0.0.1:9")
+    full_env.update(env or {})
+    proc = subprocess.run([SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--directory", str(cwd),
+                           *args], capture_output=True, text=True, timeout=timeout, env=full_env)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-5000:]}\n"
+                             f"{proc.stderr[-5000:]}")
+    return proc
+
+
+def job_counts(output: str) -> dict[str, int]:
+    """The 'Job stats' table of a (dry) run."""
+    block = output.split("Job stats:", 1)[1]
+    return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", block, re.M)}
+
+
+def default_config() -> dict:
+    return yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+
+
+# -- the workflow as a whole --------------------------------------------------------------------
+
+
+def test_lint_reports_nothing(tmp_path):
+    proc = snakemake("--lint", "--configfile", str(REPO / "config" / "config.yaml"),
+                     cwd=tmp_path, check=True)
+    out = proc.stdout + proc.stderr
+    assert "Congratulations, your workflow is in a good condition!" in out
+    assert "Lints for" not in out
+
+
+def test_paper_config_plans_420_decode_jobs_offline(tmp_path):
+    proc = snakemake("-n", "--configfile", str(REPO / "config" / "paper.yaml"), cwd=tmp_path,
+                     check=True)
+    counts = job_counts(proc.stdout)
+    assert counts["decode"] == 6 * 7 * 2 * 5
+    assert counts["record_rows"] == counts["score"] == 6 * 7 * 2
+    assert counts["download_model"] == 9  # six targets, three distinct drafts
+    assert counts["prepare_prompts"] == 7
+    assert counts["tables"] == counts["figures"] == 1
+
+
+def test_default_config_plans_the_embedded_pair(tmp_path):
+    proc = snakemake("-n", "--configfile", str(REPO / "config" / "config.yaml"), cwd=tmp_path,
+                     check=True)
+    counts = job_counts(proc.stdout)
+    assert counts["build_target"] == counts["distill_draft"] == 1
+    assert "download_model" not in counts
+    assert counts["decode"] == 7 * 2 * 5
+
+
+def _mutate(cfg, path, value):
+    *parents, last = path
+    for key in parents:
+        cfg = cfg[key]
+    cfg[last] = value
+
+
+@pytest.mark.parametrize("path, value, expected", [
+    (("decode", "decoders"), ["ar", "beam"],
+     r"config key decode\.decoders\[1\]: 'beam' is not one of"),
+    (("tasks",), ["gsm8k", "trivia"], r"config key tasks\[1\]: 'trivia' is not one of"),
+    (("pairs",), [{"target": "missing-model", "draft": "smollm2-135m-draft"}],
+     r"config key pairs\[0\]\.target: model 'missing-model' is not defined"),
+    (("models", "smollm2-135m-draft", "source"), "ftp",
+     r"config key models\.smollm2-135m-draft\.source: 'ftp' is not one of"),
+    (("decode", "budgets"), [0], r"config key decode\.budgets\[0\]: 0 is less than the minimum"),
+    (("score", "budgets"), [2, 0], r"config key score\.budgets\[1\]: 0 is less than the minimum"),
+    (("decode", "fts_budgets"), [0],
+     r"config key decode\.fts_budgets\[0\]: 0 is less than the minimum"),
+    (("pairs",), [{"target": "../escape", "draft": "smollm2-135m-draft"}],
+     r"config key pairs\[0\]\.target: '\.\./escape' does not match"),
+])
+def test_bad_config_fails_before_any_job_naming_the_key(tmp_path, path, value, expected):
+    cfg = default_config()
+    _mutate(cfg, path, value)
+    config = tmp_path / "bad.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    proc = snakemake("-n", "--configfile", str(config), cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert re.search(expected, out), out[-3000:]
+    assert "Job stats" not in out
+
+
+# -- job helpers --------------------------------------------------------------------------------
+
+
+def test_gpu_claims_are_exclusive_and_all_or_nothing(tmp_path):
+    from gpu_lock import claim
+
+    with claim(2, str(tmp_path), gpus=["0", "1", "2"]) as first:
+        assert first == ["0", "1"]
+        with claim(1, str(tmp_path), gpus=["0", "1", "2"]) as second:
+            assert second == ["2"]
+            with pytest.raises(TimeoutError, match="free GPU"):
+                with claim(1, str(tmp_path), gpus=["0", "1", "2"], poll_s=0.05, timeout_s=0.2):
+                    pass
+        # GPU 2 is free again, but a job wanting two must not take it alone and wait
+        with pytest.raises(TimeoutError):
+            with claim(2, str(tmp_path), gpus=["0", "1", "2"], poll_s=0.05, timeout_s=0.2):
+                pass
+    with claim(2, str(tmp_path), gpus=["0", "1", "2"]) as again:
+        assert again == ["0", "1"]  # released on exit
+
+
+def test_gpu_claim_without_gpus_runs_on_cpu(tmp_path):
+    from gpu_lock import claim, device_env, visible_gpus
+
+    with claim(2, str(tmp_path), gpus=[]) as ids:
+        assert ids == []
+    env, target, draft = device_env([], {})
+    assert (target, draft, env["CUDA_VISIBLE_DEVICES"]) == ("cpu", "cpu", "")
+    env, target, draft = device_env(["3", "5"], {})
+    assert (target, draft, env["CUDA_VISIBLE_DEVICES"]) == ("cuda:0", "cuda:1", "3,5")
+    assert device_env(["4"], {})[1:] == ("cuda:0", "cuda:0")
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "2,3"}) == ["2", "3"]
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "-1"}) == []
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == []
+
+
+def test_slurm_jobs_lock_in_their_own_folder(tmp_path):
+    from gpu_lock import lock_folder
+
+    assert lock_folder(str(tmp_path), {}) == str(tmp_path)
+    assert lock_folder(str(tmp_path), {"SLURM_JOB_ID": "42"}) == str(tmp_path / "slurm-42")
+
+
+def _answer(budget, nodes):
+    return {"question_id": 1, "budget": budget, "rounds": {"nodes": nodes}}
+
+
+def test_fts_budget_matched_to_pearls_mean_tree_size(tmp_path):
+    from decode import resolve_budgets
+
+    files = []
+    for i, records in enumerate([[_answer(59, [40, 44]), _answer(8, [5])],
+                                 [_answer(59, [42, 45, 41])]]):
+        files.append(tmp_path / f"pearl{i}.jsonl")
+        files[-1].write_text("".join(json.dumps(r) + "\n" for r in records))
+    paths = [str(f) for f in files]
+    assert resolve_budgets(["matched", 8], [59, 8], paths) == [42, 8]  # 212 / 5 = 42.4
+    assert resolve_budgets([30, "matched"], [59, 8], paths) == [30, 5]
+    with pytest.raises(ValueError, match="no pearl rounds at budget 16"):
+        resolve_budgets(["matched"], [16], paths)
+
+
+def test_bundled_prompts_are_spec_bench_questions():
+    from prepare_prompts import SOURCES, bundled
+
+    ids = set()
+    for task in SOURCES:
+        records = bundled(str(REPO / "config" / "prompts" / f"{task}.jsonl"), task, 80)
+        assert len(records) >= 3, task
+        assert all(r["category"] == task for r in records)
+        assert all(len(r["turns"]) == (2 if task == "mt_bench" else 1) for r in records)
+        ids |= {r["question_id"] for r in records}
+        assert bundled(str(REPO / "config" / "prompts" / f"{task}.jsonl"), task, 2) == records[:2]
+    assert len(ids) == sum(1 for t in SOURCES
+                           for _ in open(REPO / "config" / "prompts" / f"{t}.jsonl"))
+    schema = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
+    assert schema["properties"]["tasks"]["items"]["enum"] == list(SOURCES)
+
+
+def test_prompt_records_are_checked(tmp_path):
+    from prepare_prompts import check_record, sample_rows
+
+    with pytest.raises(ValueError, match="two turns"):
+        check_record({"question_id": 1, "category": "mt_bench", "turns": ["one"]}, "x", "mt_bench")
+    with pytest.raises(ValueError, match="missing field"):
+        check_record({"question_id": 1, "turns": ["a"]}, "x", "gsm8k")
+    assert sample_rows(5, 80, 0) == [0, 1, 2, 3, 4]
+    rows = sample_rows(1000, 10, 0)
+    assert rows == sorted(rows) and len(set(rows)) == 10 and rows == sample_rows(1000, 10, 0)
+
+
+def test_hub_errors_are_classified():
+    pytest.importorskip("huggingface_hub")
+    from download_model import explain, is_transient
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    assert is_transient(ConnectionError("reset"))
+    assert is_transient(TimeoutError())
+    assert is_transient(LocalEntryNotFoundError("hub unreachable"))
+    assert not is_transient(ValueError("bad repo id"))
+    msg = explain(ConnectionError("x"), "meta-llama/Llama-3.1-8B-Instruct", gated=True)
+    assert "Llama-3.1-8B-Instruct" in msg
+
+
+# -- end to end ---------------------------------------------------------------------------------
+
+NEEDED = ["torch", "transformers", "pandas", "seaborn", "targetrows.decode_prompts",
+          "targetrows.record", "targetrows.score", "targetrows.distill", "targetrows.stats"]
+
+
+def _missing() -> list[str]:
+    missing = []
+    for name in NEEDED:
+        try:
+            if importlib.util.find_spec(name) is None:
+                missing.append(name)
+        except ModuleNotFoundError:
+            missing.append(name)
+    return missing
+
+
+def _tiny_workdir(tmp_path: Path) -> Path:
+    sys.path.insert(0, str(REPO / "tests"))
+    from hf_tiny import save_tiny
+
+    work = tmp_path / "run"
+    save_tiny(work / "models" / "tiny-llama", "llama", seed=0, n_layers=2)
+    return work
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(bool(_missing()), reason=f"pipeline commands not available yet: {_missing()}")
+def test_default_dag_end_to_end_on_tiny_models_survives_an_interrupt(tmp_path):
+    work = _tiny_workdir(tmp_path)
+    config = str(REPO / "tests" / "pipeline_config" / "config.yaml")
+    cfg = yaml.safe_load(Path(config).read_text())
+    args = ["--cores", "2", "--configfile", config, "--rerun-incomplete"]
+
+    # interrupt the run as Ctrl-C would once decoding is under way, then start it again
+    env = dict(os.environ, PATH=f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}",
+               HF_HUB_OFFLINE="1")
+    proc = subprocess.Popen([SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--directory", str(work),
+                             *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=env, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and time.monotonic() < deadline:
+        if len(list((work / "results" / "decode").rglob("*.jsonl"))) >= 2:
+            os.killpg(proc.pid, signal.SIGINT)
+            break
+        time.sleep(0.2)
+    assert proc.wait(timeout=120) != 0, "the run finished before it could be interrupted"
+    snakemake(*args, cwd=work, check=True)
+
+    tables = ["expected_accepted", "relative_gains", "equal_size", "online", "online_gain",
+              "consistency"]
+    for name in tables:
+        for ext in ("csv", "md", "tex"):
+            assert (work / "results" / "tables" / f"{name}.{ext}").stat().st_size > 0
+    for name in ["expected_accepted", "accepted_vs_tree_size", "relative_gains", "online"]:
+        for ext in ("png", "pdf"):
+            assert (work / "results" / "figures" / f"{name}.{ext}").stat().st_size > 1000
+    assert not [p for p in (work / "results").rglob("*") if p.name.endswith((".tmp", ".partial"))]
+
+    # every decoder ran every prompt at each of its budget conditions
+    n_prompts, n_cond = cfg["prompts"]["n"], len(cfg["decode"]["budgets"])
+    for answers in (work / "results" / "decode").rglob("*.jsonl"):
+        lines = answers.read_text().splitlines()
+        expected = n_prompts * (1 if answers.stem == "ar" else n_cond)
+        assert len(lines) == expected or (answers.stem == "fts" and len(lines) == n_prompts)
+    log = (work / "results" / "logs" / "decode" / "tiny-llama" / "gsm8k" / "T0" / "fts.log")
+    assert "pearl's mean tree sizes" in log.read_text()
+
+    import pandas as pd
+
+    acc = pd.read_csv(work / "results" / "tables" / "expected_accepted.csv")
+    assert set(acc["rule"]) == {"draft_rank", "target_rerank", "stale_rerank", "first_token",
+                                "pearl"}
+    assert len(acc) == 5 * len(cfg["score"]["budgets"]) * len(cfg["temperatures"])
+    online = pd.read_csv(work / "results" / "tables" / "online.csv")
+    assert set(online["decoder"]) == set(cfg["decode"]["decoders"])
+    assert (online.loc[online["decoder"] == "ar", "speedup"] == 1).all()
+    gains = pd.read_csv(work / "results" / "tables" / "relative_gains.csv")
+    assert {"first_token", "target_rerank"} <= set(gains["rule"])
+    finite = gains.dropna(subset=["lo", "hi"])  # NaN where the baseline accepted nothing
+    assert len(finite) and (finite["lo"] <= finite["hi"]).all()
+
+    # a finished run has nothing left to do, and its report builds
+    again = snakemake(*args, "-n", cwd=work, check=True)
+    assert "Nothing to be done" in again.stdout + again.stderr
+    snakemake("--configfile", config, "--report", str(work / "report.zip"), cwd=work, check=True)
+    assert (work / "report.zip").stat().st_size > 10_000

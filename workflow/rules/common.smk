@@ -1,0 +1,210 @@
+# Helpers shared by the rules: config validation, paths, and the lists of files `all` asks for.
+import re
+from pathlib import Path
+
+from snakemake.exceptions import WorkflowError
+from snakemake.utils import validate
+
+
+def config_key(path):
+    """['decode', 'budgets', 0] -> 'decode.budgets[0]'"""
+    key = ""
+    for part in path:
+        key += f"[{part}]" if isinstance(part, int) else f".{part}" if key else str(part)
+    return key or "(top level)"
+
+
+def validate_config(cfg):
+    """Schema validation (defaults filled in) with an error that names the config key."""
+    from jsonschema.exceptions import ValidationError, best_match
+
+    try:
+        validate(cfg, schema="../schemas/config.schema.yaml")
+    except WorkflowError as err:
+        cause = err.__context__  # snakemake raises its error while handling jsonschema's
+        if not isinstance(cause, ValidationError):
+            raise
+        if cause.context:  # oneOf/anyOf: report the alternative that came closest
+            cause = best_match(cause.context)
+        raise WorkflowError(
+            f"config key {config_key(cause.absolute_path)}: {cause.message} "
+            "(see config/README.md)"
+        ) from None
+
+
+validate_config(config)
+
+# The repository root (the Snakefile's folder): bundled prompts are found from here, so the
+# pipeline also runs with --directory somewhere else.
+REPO = Path(workflow.basedir)
+ENV = "../envs/targetrows.yaml"
+OVERLAPPED = ("rerank", "fts", "pearl")  # root pass on the target's GPU while the draft drafts
+TARGETS = [pair["target"] for pair in config["pairs"]]
+DRAFT_OF = {pair["target"]: pair["draft"] for pair in config["pairs"]}
+
+
+def fmt_temperature(t):
+    """0 -> '0', 1.0 -> '1', 0.7 -> '0.7': the temperature as it appears in paths."""
+    return f"{float(t):g}"
+
+
+TEMPERATURES = [fmt_temperature(t) for t in config["temperatures"]]
+
+
+def check_config(cfg):
+    """Cross-references the schema cannot express; each error names the config key to fix."""
+    models = cfg["models"]
+    seen = set()
+    for i, pair in enumerate(cfg["pairs"]):
+        for role in ("target", "draft"):
+            if pair[role] not in models:
+                raise WorkflowError(
+                    f"config key pairs[{i}].{role}: model {pair[role]!r} is not defined under "
+                    f"'models'; add it there (source: hub, embedded, distill or local) or fix "
+                    f"the name (defined: {', '.join(sorted(models))})"
+                )
+        if pair["target"] in seen:
+            raise WorkflowError(
+                f"config key pairs[{i}].target: {pair['target']!r} appears in two pairs; "
+                "each target names its results folder, so give it one draft"
+            )
+        seen.add(pair["target"])
+    for name, spec in models.items():
+        if spec["source"] == "distill" and spec["target"] not in models:
+            raise WorkflowError(
+                f"config key models.{name}.target: model {spec['target']!r} is not defined "
+                "under 'models'"
+            )
+        if spec["source"] == "distill" and models[spec["target"]]["source"] == "distill":
+            raise WorkflowError(
+                f"config key models.{name}.target: distill from a target model, not from "
+                f"another distilled draft ({spec['target']!r})"
+            )
+    dec = cfg["decode"]
+    fts = dec.get("fts_budgets")
+    if fts is not None and len(fts) != len(dec["budgets"]):
+        raise WorkflowError(
+            f"config key decode.fts_budgets: has {len(fts)} entries but decode.budgets has "
+            f"{len(dec['budgets'])}; give fts one condition per budget condition"
+        )
+    if fts is not None and "matched" in fts and "pearl" not in dec["decoders"]:
+        raise WorkflowError(
+            "config key decode.fts_budgets: 'matched' needs pearl's tree sizes; add pearl to "
+            "decode.decoders or give fts numeric budgets"
+        )
+    pool = cfg["pool"]["top_k"] + (cfg["pool"]["depth"] - 1) * cfg["pool"]["top_k"] ** 2
+    for key, budgets in (("decode.budgets", dec["budgets"]), ("score.budgets", cfg["score"]["budgets"])):
+        if max(budgets) > pool:
+            raise WorkflowError(
+                f"config key {key}: budget {max(budgets)} exceeds the candidate pool of {pool} "
+                "nodes (pool.top_k + (pool.depth - 1) * pool.top_k^2); lower it or grow the pool"
+            )
+
+
+check_config(config)
+
+
+def alternation(names):
+    """A regex matching exactly these names (one that matches nothing when there are none)."""
+    return "|".join(re.escape(n) for n in sorted(names)) or "(?!x)x"
+
+
+def models_from(source):
+    return [n for n, spec in config["models"].items() if spec["source"] == source]
+
+
+# Wildcards only ever take configured values, so no name can reach outside results/ or
+# resources/ (the schema also restricts names to [A-Za-z0-9._-] without '..').
+wildcard_constraints:
+    model=alternation(config["models"]),
+    target=alternation(TARGETS),
+    task=alternation(config["tasks"]),
+    temperature=alternation(TEMPERATURES),
+    decoder=alternation(config["decode"]["decoders"]),
+
+
+def model_dir(name):
+    """The folder a model loads from: its configured path when local, else under resources/."""
+    spec = config["models"][name]
+    return spec["path"] if spec["source"] == "local" else f"resources/models/{name}"
+
+
+def prompts_file(task):
+    return f"resources/prompts/{task}.jsonl"
+
+
+def pair_inputs(wildcards):
+    """Target, draft and prompts of one target x task job."""
+    return {
+        "target": model_dir(wildcards.target),
+        "draft": model_dir(DRAFT_OF[wildcards.target]),
+        "prompts": prompts_file(wildcards.task),
+    }
+
+
+def decode_budgets(decoder):
+    """The budget conditions a decoder runs (ar verifies no tree: one condition)."""
+    if decoder == "ar":
+        return [1]
+    if decoder == "fts":
+        return config["decode"].get("fts_budgets") or config["decode"]["budgets"]
+    return config["decode"]["budgets"]
+
+
+def decode_inputs(wildcards):
+    inputs = pair_inputs(wildcards)
+    if wildcards.decoder == "fts" and "matched" in decode_budgets("fts"):
+        # a matched cap waits for pearl's runs on every task at this target and temperature
+        inputs["pearl"] = expand(
+            "results/decode/{target}/{task}/T{temperature}/pearl.jsonl",
+            target=wildcards.target,
+            task=config["tasks"],
+            temperature=wildcards.temperature,
+        )
+    return inputs
+
+
+def gpus_for(decoder):
+    """Two GPUs for the decoders whose root pass overlaps drafting, one otherwise (Snakemake
+    scales the request down to --resources gpu=, e.g. 1 on a one-GPU machine)."""
+    return 2 if decoder in OVERLAPPED else 1
+
+
+def gpu_lock_dir():
+    return config.get("gpu_lock_dir") or ""
+
+
+def decode_outputs():
+    return expand(
+        "results/decode/{target}/{task}/T{temperature}/{decoder}.jsonl",
+        target=TARGETS,
+        task=config["tasks"],
+        temperature=TEMPERATURES,
+        decoder=config["decode"]["decoders"],
+    )
+
+
+def score_outputs():
+    return expand(
+        "results/scores/{target}/{task}/T{temperature}.csv",
+        target=TARGETS,
+        task=config["tasks"],
+        temperature=TEMPERATURES,
+    )
+
+
+TABLES = [
+    "expected_accepted",
+    "relative_gains",
+    "equal_size",
+    "online",
+    "online_gain",
+    "consistency",
+]
+FIGURES = ["expected_accepted", "accepted_vs_tree_size", "relative_gains", "online"]
+
+
+def final_outputs():
+    return expand("results/tables/{name}.{ext}", name=TABLES, ext=["csv", "md", "tex"]) + expand(
+        "results/figures/{name}.{ext}", name=FIGURES, ext=["png", "pdf"]
+    )

@@ -1,0 +1,30 @@
+# Online decoding: one job per target x task x temperature x decoder. The job runs the decoder's
+# budget conditions one after another (the models load once) and claims its GPUs itself.
+
+
+rule decode:
+    input:
+        unpack(decode_inputs),
+    output:
+        "results/decode/{target}/{task}/T{temperature}/{decoder}.jsonl",
+    log:
+        "results/logs/decode/{target}/{task}/T{temperature}/{decoder}.log",
+    benchmark:
+        "results/benchmarks/decode/{target}/{task}/T{temperature}/{decoder}.tsv"
+    params:
+        budgets=lambda w: decode_budgets(w.decoder),
+        base_budgets=config["decode"]["budgets"],
+        max_new_tokens=config["decode"]["max_new_tokens"],
+        seed=config["decode"]["seed"],
+        dtype=config["decode"]["dtype"],
+        top_k=config["pool"]["top_k"],
+        depth=config["pool"]["depth"],
+        args=config["decode"]["args"],
+        lock_dir=gpu_lock_dir(),
+    threads: config["threads"]["decode"]
+    resources:
+        gpu=lambda w: gpus_for(w.decoder),
+    conda:
+        ENV
+    script:
+        "../scripts/decode.py"

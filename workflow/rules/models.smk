@@ -1,0 +1,63 @@
+# Model folders under resources/models/: downloaded from the hub, or built offline (the embedded
+# SmolLM2 target from its PyPI wheel, and drafts distilled from a target). Local models are used
+# where they are and have no rule.
+
+
+rule download_model:
+    output:
+        directory("resources/models/{model}"),
+    log:
+        "results/logs/models/{model}.log",
+    params:
+        repo=lambda w: config["models"][w.model]["repo"],
+        revision=lambda w: config["models"][w.model].get("revision", "main"),
+        gated=lambda w: config["models"][w.model].get("gated", False),
+    wildcard_constraints:
+        model=alternation(models_from("hub")),
+    localrule: True  # compute nodes of a cluster often have no internet
+    conda:
+        ENV
+    script:
+        "../scripts/download_model.py"
+
+
+rule build_target:
+    output:
+        directory("resources/models/{model}"),
+    log:
+        "results/logs/models/{model}.log",
+    benchmark:
+        "results/benchmarks/models/{model}.tsv"
+    params:
+        wheel_cache="resources/wheels",
+        args=lambda w: config["models"][w.model].get("args", []),
+    wildcard_constraints:
+        model=alternation(models_from("embedded")),
+    threads: config["threads"]["build"]
+    conda:
+        ENV
+    shell:
+        "targetrows build-target --out {output:q} --wheel-cache {params.wheel_cache:q} "
+        "{params.args:q} > {log:q} 2>&1"
+
+
+rule distill_draft:
+    input:
+        target=lambda w: model_dir(config["models"][w.model]["target"]),
+    output:
+        directory("resources/models/{model}"),
+    log:
+        "results/logs/models/{model}.log",
+    benchmark:
+        "results/benchmarks/models/{model}.tsv"
+    params:
+        seed=lambda w: config["models"][w.model].get("seed", 0),
+        args=lambda w: config["models"][w.model].get("args", []),
+    wildcard_constraints:
+        model=alternation(models_from("distill")),
+    threads: config["threads"]["build"]
+    conda:
+        ENV
+    shell:
+        "targetrows distill --target {input.target:q} --out {output:q} --seed {params.seed} "
+        "{params.args:q} > {log:q} 2>&1"
