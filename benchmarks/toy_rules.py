@@ -85,7 +85,7 @@ def main():
     for rule in RULES:
         cells = [f"{mean[rule, b]:.3f}" for b in BUDGETS]
         if rule == "pearl":
-            cells = [f"{c} ({mean['pearl_nodes', b]:.1f})" for c, b in zip(cells, BUDGETS)]
+            cells = [f"{c} ({mean['pearl_nodes', b]:.1f})" for c, b in zip(cells, BUDGETS, strict=True)]
         lines.append(f"| {rule} | " + " | ".join(cells) + " |")
     text = "\n".join(lines) + "\n"
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)

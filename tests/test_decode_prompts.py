@@ -9,6 +9,7 @@ import pytest
 pytest.importorskip("torch")
 
 from hf_tiny import save_tiny_pair  # noqa: E402
+
 from targetrows.specbench import read_questions  # noqa: E402
 
 QUESTIONS = [

@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from hf_tiny import ARCHS, save_tiny_pair, tiny_model, tiny_tokenizer  # noqa: E402
+
 from targetrows.decode import DECODERS, DecodeConfig, generate  # noqa: E402
 from targetrows.hf_model import HFModel  # noqa: E402
 
@@ -89,7 +90,7 @@ def test_caches_equal_a_fresh_prefill(pair):
             fresh = model.model(torch.tensor([cached.tolist()]), use_cache=True)
             cache = model.kv_cache
             assert cache.get_seq_length() == len(cached)
-            for layer, ref in zip(cache.layers, fresh.past_key_values.layers):
+            for layer, ref in zip(cache.layers, fresh.past_key_values.layers, strict=True):
                 torch.testing.assert_close(layer.keys, ref.keys, rtol=1e-9, atol=1e-9)
                 torch.testing.assert_close(layer.values, ref.values, rtol=1e-9, atol=1e-9)
 

@@ -65,7 +65,7 @@ def grow(
         for f in frontier:
             new = []
             for node in f:
-                for tok, lp in zip(child_tok[row].tolist(), child_lp[row].tolist()):
+                for tok, lp in zip(child_tok[row].tolist(), child_lp[row].tolist(), strict=True):
                     new.append(len(tokens))
                     tokens.append(tok)
                     parents.append(int(node))

@@ -42,7 +42,9 @@ def target_rerank_logp(
     first = pool.children(0)
     first_logp = np.asarray(first_logp, dtype=np.float64)
     if first_logp.shape != first.shape:
-        raise ValueError(f"first_logp needs one value per first-level node ({len(first)}), got {first_logp.shape}")
+        raise ValueError(
+            f"first_logp needs one value per first-level node ({len(first)}), got {first_logp.shape}"
+        )
     anc = first_level_ancestor(pool)
     target_first = np.zeros(len(pool))
     target_first[first] = first_logp

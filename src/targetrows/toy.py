@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .rows import log_softmax, softmax
 from .pool import topk_tokens
+from .rows import log_softmax, softmax
 from .tree import Tree
 
 

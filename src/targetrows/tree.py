@@ -31,7 +31,8 @@ class Tree:
         depth.flags.writeable = False
         self.depth = depth
         # (parent, token) -> child: verification's only lookup
-        self._child_index = {(int(p), int(t)): i for i, (p, t) in enumerate(zip(parents, tokens))}
+        pairs = zip(parents.tolist(), tokens.tolist(), strict=True)
+        self._child_index = {pt: i for i, pt in enumerate(pairs)}
 
     @classmethod
     def root_only(cls, token: int) -> Tree:
