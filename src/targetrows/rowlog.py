@@ -50,11 +50,12 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import zipfile
 from dataclasses import dataclass, fields
 
 import numpy as np
+
+from .atomic import atomic_file
 
 FORMAT = "targetrows-rowlog"
 VERSION = 1
@@ -223,18 +224,8 @@ def write(path: str | os.PathLike, log: RowLog) -> None:
     arrays = {"header": np.frombuffer(json.dumps(header, sort_keys=True).encode(), np.uint8)}
     arrays.update({k: v.astype(str if _ARRAYS[k] == "U" else _ARRAYS[k], copy=False)
                    for k, v in log.arrays().items()})  # str, never object: no pickle
-    folder, name = os.path.split(os.path.abspath(path))
-    tmp = os.path.join(folder, f".{name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
-    try:
-        with open(tmp, "xb") as f:  # default permissions (mkstemp's are owner-only)
-            savez(f, arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    with atomic_file(path) as f:
+        savez(f, arrays)
 
 
 def savez(file, arrays: dict[str, np.ndarray]) -> None:
