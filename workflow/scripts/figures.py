@@ -30,8 +30,10 @@ ONLINE_METRICS = {
 
 
 def _facets(frame: pd.DataFrame, **kwargs):
-    return sns.relplot(data=frame, col="pair", row="temperature", kind="line", marker="o",
+    grid = sns.relplot(data=frame, col="pair", row="temperature", kind="line", marker="o",
                        height=3.0, aspect=1.2, facet_kws={"sharey": False}, **kwargs)
+    grid.set_titles("{col_name}, T={row_name}", size=9)
+    return grid
 
 
 def expected_accepted(acc: pd.DataFrame):

@@ -166,9 +166,16 @@ def consistency(acc: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
 
 
 def with_ci(frame: pd.DataFrame) -> pd.Series:
-    """'+5.1% [+2.6, +7.4]' per row (gain and its interval, in percent)."""
-    return pd.Series([f"{100 * g:+.1f}% [{100 * lo:+.1f}, {100 * hi:+.1f}]"
-                      for g, lo, hi in zip(frame["gain"], frame["lo"], frame["hi"], strict=True)],
+    """'+5.1% [+2.6, +7.4]' per row (gain and its interval, in percent); 'n/a' where the
+    baseline accepted nothing, so that no ratio exists."""
+    def fmt(g, lo, hi):
+        if not np.isfinite(g):
+            return "n/a"
+        ci = f"[{100 * lo:+.1f}, {100 * hi:+.1f}]" if np.isfinite(lo) and np.isfinite(hi) else ""
+        return f"{100 * g:+.1f}% {ci}".strip()
+
+    return pd.Series([fmt(g, lo, hi) for g, lo, hi in
+                      zip(frame["gain"], frame["lo"], frame["hi"], strict=True)],
                      index=frame.index, dtype=object)
 
 
