@@ -5,7 +5,6 @@ import importlib.util
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,8 +17,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "workflow" / "scripts"
 sys.path.insert(0, str(SCRIPTS))
-SNAKEMAKE = shutil.which("snakemake", path=os.path.dirname(sys.executable)) or shutil.which(
-    "snakemake")
+from snakemake_env import SNAKEMAKE, snakemake_env  # noqa: E402
+
 pytestmark = pytest.mark.skipif(SNAKEMAKE is None, reason="snakemake is not installed "
                                 "(pip install -e .[pipeline])")
 
@@ -27,9 +26,8 @@ pytestmark = pytest.mark.skipif(SNAKEMAKE is None, reason="snakemake is not inst
 def snakemake(*args, cwd, timeout=600, check=False, env=None):
     """Run snakemake on the repository's Snakefile in working directory `cwd`; offline, and with
     any attempt to reach the network through a proxy failing at once."""
-    full_env = dict(os.environ, PATH=f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}",
-                    HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-                    HTTP_PROXY="http://127.0.0.1:9", HTTPS_PROXY="http://127.0.0.1:9")
+    full_env = snakemake_env(HF_DATASETS_OFFLINE="1", HTTP_PROXY="http://127.0.0.1:9",
+                             HTTPS_PROXY="http://127.0.0.1:9")
     full_env.update(env or {})
     proc = subprocess.run([SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--directory", str(cwd),
                            *args], capture_output=True, text=True, timeout=timeout, env=full_env)
@@ -253,8 +251,7 @@ def test_default_dag_end_to_end_on_tiny_models_survives_an_interrupt(tmp_path):
     args = ["--cores", "2", "--configfile", config, "--rerun-incomplete"]
 
     # interrupt the run as Ctrl-C would once decoding is under way, then start it again
-    env = dict(os.environ, PATH=f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}",
-               HF_HUB_OFFLINE="1")
+    env = snakemake_env()
     proc = subprocess.Popen([SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--directory", str(work),
                              *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env=env, start_new_session=True)

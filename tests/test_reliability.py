@@ -399,8 +399,8 @@ def test_row_log_bytes_do_not_depend_on_the_clock(tmp_path, monkeypatch):
 
 # -- the pipeline ------------------------------------------------------------------------------
 
-SNAKEMAKE = shutil.which("snakemake", path=os.path.dirname(sys.executable)) or shutil.which(
-    "snakemake")
+from snakemake_env import SNAKEMAKE, snakemake_env  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 PIPELINE_CONFIG = {  # one pair of saved tiny models, one task, one temperature: seconds a job
     "pairs": [{"target": "tiny-target", "draft": "tiny-draft"}],
@@ -435,8 +435,7 @@ def snakemake_argv(work: Path, *extra) -> list[str]:
 
 
 def pipeline_env():
-    return dict(os.environ, PATH=f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}",
-                HF_HUB_OFFLINE="1", HF_TOKEN="hf_FAKEpipelineTokenNeverLogged42")
+    return snakemake_env(HF_TOKEN="hf_FAKEpipelineTokenNeverLogged42")
 
 
 @pytest.mark.slow

@@ -23,8 +23,8 @@ from hf_tiny import save_tiny, save_tiny_pair  # noqa: E402
 from targetrows.cli import main  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-SNAKEMAKE = shutil.which("snakemake", path=os.path.dirname(sys.executable)) or shutil.which(
-    "snakemake")
+from snakemake_env import SNAKEMAKE, snakemake_env  # noqa: E402
+
 QUESTIONS = [{"question_id": "s1", "category": "qa", "turns": ["Is this safe?"]}]
 FAKE_TOKEN = "hf_FAKEtokenDoNotLeak0123456789abcdef"
 
@@ -207,8 +207,7 @@ def test_every_wildcard_is_constrained():
 
 
 def dry_run(work, *args):
-    env = dict(os.environ, PATH=f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}",
-               HF_HUB_OFFLINE="1")
+    env = snakemake_env()
     return subprocess.run([SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--directory", str(work),
                            "-n", *args], capture_output=True, text=True, timeout=300, env=env)
 

@@ -1,5 +1,7 @@
 # Helpers shared by the rules: config validation, paths, and the lists of files `all` asks for.
+import os
 import re
+import sys
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
@@ -33,6 +35,10 @@ def validate_config(cfg):
 
 
 validate_config(config)
+
+# Shell rules run the `targetrows` command of the Python that runs Snakemake, so the README's
+# `.venv/bin/snakemake` works without activating the venv (a job's conda env, if any, goes first).
+os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
 
 # The repository root (the Snakefile's folder): bundled prompts are found from here, so the
 # pipeline also runs with --directory somewhere else.
