@@ -132,15 +132,35 @@ def test_defaults_are_safe():
     assert args.trust_remote_code is False and args.allow_pickle is False
 
 
+def test_trust_remote_code_can_name_one_model():
+    import argparse
+
+    from targetrows.loading import add_model_arguments, trusts
+
+    parser = argparse.ArgumentParser()
+    add_model_arguments(parser)
+    parse = parser.parse_args
+    assert parse(["--trust-remote-code", "--target", "t"]).trust_remote_code == "all"
+    assert parse(["--target", "t", "--trust-remote-code", "draft"]).trust_remote_code == "draft"
+    values = (False, True, "all", "target", "draft")
+    assert [trusts(v, "target") for v in values] == [False, True, True, True, False]
+    assert [trusts(v, "draft") for v in values] == [False, True, True, False, True]
+    with pytest.raises(ValueError, match="'both'"):
+        trusts("both", "draft")
+
+
 def test_pipeline_never_turns_on_remote_code_or_pickle():
-    """Only a user's own config `args` can pass these options; no rule or script does."""
+    """Only a user's own config can pass these options (a model's `trust_remote_code: true`,
+    read by common.smk's `trust_args`, or `args`); no rule or script turns them on."""
     hits = []
     for folder in ("workflow", "config"):
         for path in (REPO / folder).rglob("*"):
             if path.is_file() and path.suffix in (".smk", ".py", ".yaml", ".yml", ".sh", ""):
                 text = path.read_text(errors="replace")
+                if path.name == "common.smk":
+                    text = re.sub(r"\ndef trust_args\(.*?\n\n\n", "\n", text, flags=re.S)
                 for needle in ("--trust-remote-code", "--allow-pickle", "trust_remote_code=True",
-                               "allow_pickle=True"):
+                               "allow_pickle=True", "trust_remote_code: true"):
                     if needle in text:
                         hits.append(f"{path.relative_to(REPO)}: {needle}")
     assert not hits
@@ -210,6 +230,47 @@ def dry_run(work, *args):
     env = snakemake_env()
     return subprocess.run([SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--directory", str(work),
                            "-n", *args], capture_output=True, text=True, timeout=300, env=env)
+
+
+def _custom_pair_config(folder, target, draft, trust):
+    import yaml
+
+    cfg = yaml.safe_load((REPO / "tests" / "pipeline_config" / "config.yaml").read_text())
+    cfg["pairs"] = [{"target": "custom", "draft": "plain"}]
+    cfg["models"] = {"custom": {"source": "local", "path": str(target), "trust_remote_code": trust},
+                     "plain": {"source": "local", "path": str(draft)}}
+    cfg.update(tasks=["gsm8k"], temperatures=[0])
+    cfg["prompts"]["n"] = 1
+    cfg["decode"].update(decoders=["draft_rank"], budgets=[3], fts_budgets=[3], max_new_tokens=4)
+    path = folder / f"trust-{trust}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return str(path)
+
+
+@needs_snakemake
+def test_pipeline_runs_a_models_code_only_when_its_config_allows(tmp_path):
+    """`trust_remote_code: true` on the target lets its code run, and nothing else's: the draft
+    beside it still loads without the option."""
+    marker = tmp_path / "code-ran"
+    target = make_custom_code_model(tmp_path / "custom", marker)
+    draft = save_tiny(tmp_path / "plain", "llama", seed=1, n_layers=1)
+    env = snakemake_env(HF_HOME=str(tmp_path / "hf-home"))
+    out = "results/decode/custom/gsm8k/T0/draft_rank.jsonl"
+    for trust in (False, True):
+        work = tmp_path / f"work-{trust}"
+        work.mkdir()
+        config = _custom_pair_config(tmp_path, target, draft, trust)
+        proc = subprocess.run([SNAKEMAKE, out, "-s", str(REPO / "Snakefile"), "--directory",
+                               str(work), "--cores", "1", "--configfile", config],
+                              capture_output=True, text=True, timeout=300, env=env)
+        log = work / "results/logs/decode/custom/gsm8k/T0/draft_rank.log"
+        if not trust:
+            assert proc.returncode != 0 and not marker.exists()
+            assert "trust_remote_code: true" in log.read_text(), log.read_text()[-2000:]
+            assert not (work / out).exists()
+        else:
+            assert proc.returncode == 0, proc.stderr[-3000:] + log.read_text()[-2000:]
+            assert marker.exists() and (work / out).exists()
 
 
 @needs_snakemake

@@ -174,7 +174,8 @@ def _remote_code_refused(path: str) -> ValueError:
     """transformers' refusal to run a checkpoint's own code, said in terms of our option."""
     return ValueError(
         f"model {path!r} ships its own Python code, which would run on loading; it is refused "
-        "unless you pass --trust-remote-code (trust_remote_code=True): read the code first"
+        "unless you pass --trust-remote-code (trust_remote_code=True; in the pipeline, "
+        "trust_remote_code: true on that model in the config): read the code first"
     )
 
 
@@ -200,24 +201,40 @@ def tokenizer_difference(a, b) -> str | None:
     return None
 
 
+TRUST_CHOICES = ("all", "target", "draft")
+
+
+def trusts(trust_remote_code: bool | str, role: str) -> bool:
+    """Whether `role` ("target" or "draft") may run its checkpoint's code: True/"all" lets both,
+    "target" or "draft" that model only."""
+    if isinstance(trust_remote_code, str):
+        if trust_remote_code not in TRUST_CHOICES:
+            raise ValueError(f"trust_remote_code={trust_remote_code!r}: use True, False or one "
+                             f"of {', '.join(TRUST_CHOICES)}")
+        return trust_remote_code in ("all", role)
+    return bool(trust_remote_code)
+
+
 def load_pair(
     target: str,
     draft: str | None,
     target_device: str | None = None,
     draft_device: str | None = None,
     dtype: str | torch.dtype = "auto",
-    trust_remote_code: bool = False,
+    trust_remote_code: bool | str = False,
     allow_pickle: bool = False,
 ) -> tuple[HFModel, HFModel | None, object]:
     """(target, draft, tokenizer). The draft goes on `draft_device` (default: the target's
     device); ``draft=None`` gives no draft (autoregressive decoding). Rows of both models are
-    cut to one vocabulary size."""
+    cut to one vocabulary size. `trust_remote_code`: see `trusts`."""
     target_device = resolve_device(target_device)
     draft_device = target_device if draft_device is None else draft_device
-    tokenizer = load_tokenizer(target, trust_remote_code, allow_pickle=allow_pickle)
+    trust_target, trust_draft = trusts(trust_remote_code, "target"), trusts(trust_remote_code,
+                                                                            "draft")
+    tokenizer = load_tokenizer(target, trust_target, allow_pickle=allow_pickle)
     vocab = len(tokenizer)
     if draft is not None:
-        draft_tokenizer = load_tokenizer(draft, trust_remote_code, allow_pickle=allow_pickle)
+        draft_tokenizer = load_tokenizer(draft, trust_draft, allow_pickle=allow_pickle)
         vocab = min(vocab, len(draft_tokenizer))
         difference = tokenizer_difference(tokenizer, draft_tokenizer)
         if difference:
@@ -225,16 +242,12 @@ def load_pair(
                 f"target {target!r} and draft {draft!r} have different tokenizers ({difference}); "
                 "speculative decoding needs a draft that shares the target's tokenizer"
             )
-    options = dict(
-        dtype=dtype,
-        trust_remote_code=trust_remote_code,
-        allow_pickle=allow_pickle,
-        tokenizer=tokenizer,
-    )
-    target_model, _ = load_model(target, target_device, **options)
+    options = dict(dtype=dtype, allow_pickle=allow_pickle, tokenizer=tokenizer)
+    target_model, _ = load_model(target, target_device, trust_remote_code=trust_target,
+                                 **options)
     if draft is None:
         return target_model, None, tokenizer
-    draft_model, _ = load_model(draft, draft_device, **options)
+    draft_model, _ = load_model(draft, draft_device, trust_remote_code=trust_draft, **options)
     # the shared vocabulary: padding (logit widths, GGUF placeholders) is cut from both
     vocab = min(vocab, target_model.vocab_size, draft_model.vocab_size)
     target_model.vocab_size = draft_model.vocab_size = vocab
@@ -272,8 +285,12 @@ def add_model_arguments(parser: argparse.ArgumentParser, draft: bool = True) -> 
     )
     parser.add_argument(
         "--trust-remote-code",
-        action="store_true",
-        help="run model code shipped with the checkpoint (only if you trust it)",
+        nargs="?",
+        const="all",
+        default=False,
+        choices=TRUST_CHOICES if draft else ("all", "target"),
+        help="run model code shipped with the checkpoint (only if you trust it): of both models "
+        "(no value, or 'all'), or of the 'target' or the 'draft' only",
     )
     parser.add_argument(
         "--allow-pickle",

@@ -1,7 +1,5 @@
 # Helpers shared by the rules: config validation, paths, and the lists of files `all` asks for.
-import os
 import re
-import sys
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
@@ -35,10 +33,6 @@ def validate_config(cfg):
 
 
 validate_config(config)
-
-# Shell rules run the `targetrows` command of the Python that runs Snakemake, so the README's
-# `.venv/bin/snakemake` works without activating the venv (a job's conda env, if any, goes first).
-os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
 
 # The repository root (the Snakefile's folder): bundled prompts are found from here, so the
 # pipeline also runs with --directory somewhere else.
@@ -146,6 +140,16 @@ def pair_inputs(wildcards):
         "draft": model_dir(DRAFT_OF[wildcards.target]),
         "prompts": prompts_file(wildcards.task),
     }
+
+
+def trust_args(target):
+    """`--trust-remote-code` for the models of `target`'s pair whose config allows their own
+    code to run (`trust_remote_code: true`); nothing otherwise."""
+    trusted = [role for role, name in (("target", target), ("draft", DRAFT_OF[target]))
+               if config["models"][name].get("trust_remote_code", False)]
+    if not trusted:
+        return []
+    return ["--trust-remote-code", "all" if len(trusted) == 2 else trusted[0]]
 
 
 def decode_budgets(decoder):

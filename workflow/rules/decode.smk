@@ -20,6 +20,7 @@ rule decode:
         top_k=config["pool"]["top_k"],
         depth=config["pool"]["depth"],
         args=config["decode"]["args"],
+        trust=lambda w: trust_args(w.target),
         lock_dir=gpu_lock_dir(),
     threads: config["threads"]["decode"]
     resources:

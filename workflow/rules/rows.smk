@@ -20,6 +20,7 @@ rule record_rows:
         seed=config["record"]["seed"],
         dtype=config["record"]["dtype"],
         args=config["record"]["args"],
+        trust=lambda w: trust_args(w.target),
         lock_dir=gpu_lock_dir(),
     threads: config["threads"]["record"]
     resources:

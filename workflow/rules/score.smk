@@ -9,10 +9,12 @@ rule score:
     log:
         "results/logs/scores/{target}/{task}/T{temperature}.log",
     params:
-        budgets=config["score"]["budgets"],
+        command=lambda w, input, output: [
+            "score", input[0], "--pair", w.target, "--budgets", *config["score"]["budgets"],
+            "--out", output[0],
+        ],
     localrule: True
     conda:
         ENV
-    shell:
-        "targetrows score {input:q} --pair {wildcards.target} --budgets {params.budgets} "
-        "--out {output:q} > {log:q} 2>&1"
+    script:
+        "../scripts/targetrows_command.py"

@@ -50,7 +50,7 @@ def command(smk, budgets: list[int]):
             "--max-new-tokens", str(smk.params.max_new_tokens), "--seed", str(smk.params.seed),
             "--top-k", str(smk.params.top_k), "--depth", str(smk.params.depth),
             "--model-id", smk.wildcards.target, "--no-progress",
-            *smk.params.args, "--out", smk.output[0],
+            *smk.params.trust, *smk.params.args, "--out", smk.output[0],
         ]
     return argv
 
