@@ -228,6 +228,22 @@ def test_topk_ties_go_to_the_lower_id():
     np.testing.assert_array_equal(hf.draw(logits, 0.0), [1, 0])
 
 
+def test_topk_agrees_with_a_stable_sort_with_and_without_ties():
+    """Few logit levels (ties everywhere, also at the k-th value) to many (no ties: the fast
+    path), one row and several at a time."""
+    hf = wrap(tiny_model("llama", dtype=torch.float32))
+    rng = np.random.default_rng(3)
+    for levels in (2, 3, 10, 10**6):
+        logits = torch.from_numpy(rng.integers(levels, size=(7, 50)).astype(np.float32))
+        lp = torch.log_softmax(logits, -1).numpy()
+        for k in (1, 4, 17, 50):
+            ref = np.argsort(-lp, axis=-1, kind="stable")[:, :k]
+            for rows in (slice(None), slice(0, 1)):
+                tokens, values = hf.topk(logits[rows], k)
+                np.testing.assert_array_equal(tokens, ref[rows])
+                np.testing.assert_array_equal(values, np.take_along_axis(lp[rows], ref[rows], -1))
+
+
 def test_sampling_is_seeded_and_follows_the_softmax():
     hf = wrap(tiny_model("llama", dtype=torch.float32), seed=11)
     logits = torch.tensor([[0.0, 1.0, 2.0, -1.0]]).repeat(20_000, 1)

@@ -271,17 +271,23 @@ class HFModel:
 
     @torch.inference_mode()
     def topk(self, logits: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The k best tokens of each row, by log-prob with ties to the lower id (the order
+        `pool.topk_tokens` uses), so a pool never depends on how torch.topk breaks ties."""
         lp = torch.log_softmax(self._work(logits), dim=-1)
         k = min(int(k), lp.shape[-1])
-        kth = torch.topk(lp, k, dim=-1).values[:, -1:]
-        # torch.topk orders ties arbitrarily: take everything above the k-th value, then the
-        # lowest ids among those equal to it, and order by value with ties to the lower id.
-        above = lp > kth
-        equal = lp == kth
-        short = k - above.sum(dim=-1, keepdim=True)
-        chosen = above | (equal & (equal.cumsum(dim=-1) <= short))
-        ids = chosen.nonzero()[:, 1].view(lp.shape[0], k)  # row-major: ascending ids
-        vals = lp.gather(-1, ids)
+        vals, ids = torch.topk(lp, k, dim=-1)
+        kth = vals[:, -1:]
+        if bool(((lp >= kth).sum(dim=-1) == k).all()):
+            # the usual case, no tie at the k-th value: the set is right, fix the order
+            ids, by_id = ids.sort(dim=-1)
+            vals = vals.gather(-1, by_id)
+        else:
+            # take everything above the k-th value, then the lowest ids among those equal to it
+            above, equal = lp > kth, lp == kth
+            short = k - above.sum(dim=-1, keepdim=True)
+            chosen = above | (equal & (equal.cumsum(dim=-1) <= short))
+            ids = chosen.nonzero()[:, 1].view(lp.shape[0], k)  # row-major: ascending ids
+            vals = lp.gather(-1, ids)
         vals, order = torch.sort(vals, dim=-1, descending=True, stable=True)
         return ids.gather(-1, order).cpu().numpy(), vals.double().cpu().numpy()
 
