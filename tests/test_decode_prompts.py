@@ -89,6 +89,28 @@ def test_resume_gives_identical_answers(pair, prompts, tmp_path):
     assert strip(resumed.read_text()) == strip(full.read_text())
 
 
+def test_resume_keeps_the_budget_auto_chose(pair, prompts, tmp_path):
+    """`--budgets auto` times the machine, so two runs may choose differently: a resumed run
+    takes the interrupted run's choice and keeps its answers."""
+    full = tmp_path / "full.jsonl"
+    proc = decode(pair, prompts, full, "--decoder", "fts", "--budgets", "auto")
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(line) for line in full.read_text().splitlines()]
+    chosen = records[0]["budget"]
+    assert all(r["budget"] == chosen and r["budget_auto"] for r in records)
+    # the interrupted run had chosen another budget and finished its first answer
+    other = 2 if chosen != 2 else 3
+    first = dict(records[0], budget=other)
+    resumed = tmp_path / "resumed.jsonl"
+    (tmp_path / "resumed.jsonl.partial").write_text(json.dumps(first) + "\n")
+    proc = decode(pair, prompts, resumed, "--decoder", "fts", "--budgets", "auto")
+    assert proc.returncode == 0, proc.stderr
+    assert f"budget auto -> {other}, as chosen by the interrupted run" in proc.stderr
+    out = [json.loads(line) for line in resumed.read_text().splitlines()]
+    assert [r["budget"] for r in out] == [other] * len(records) and out[0] == first
+    assert [r["token_ids"] for r in out] == [r["token_ids"] for r in records]  # T=0: lossless
+
+
 @pytest.mark.parametrize(
     "line, message",
     [

@@ -79,20 +79,33 @@ def decode_question(target, draft, tokenizer, question: Question, config: Decode
     return texts, results
 
 
-def _load_partial(path: str, keys: set) -> dict:
-    """Answers already finished by an interrupted run (a torn last line is dropped)."""
-    done = {}
+def _partial_records(path: str):
+    """The records of an interrupted run's OUT.partial (a torn last line is dropped)."""
     if not os.path.exists(path):
-        return done
+        return
     with open(path, encoding="utf-8") as f:
         for line in f:
             try:
-                record = json.loads(line)
+                yield json.loads(line)
             except json.JSONDecodeError:
-                break  # the line being written when the job was killed
-            key = (str(record.get("question_id")), record.get("budget"), record.get("fingerprint"))
-            if key in keys:
-                done[key] = record
+                return  # the line being written when the job was killed
+
+
+def _auto_budget_of(path: str, fingerprint: str) -> int | None:
+    """The budget that `--budgets auto` chose in the interrupted run of `path`, if any."""
+    for record in _partial_records(path):
+        if record.get("fingerprint") == fingerprint and record.get("budget_auto"):
+            return int(record["budget"])
+    return None
+
+
+def _load_partial(path: str, keys: set) -> dict:
+    """Answers already finished by an interrupted run, by (question_id, budget, fingerprint)."""
+    done = {}
+    for record in _partial_records(path):
+        key = (str(record.get("question_id")), record.get("budget"), record.get("fingerprint"))
+        if key in keys:
+            done[key] = record
     return done
 
 
@@ -116,14 +129,6 @@ def run(args: argparse.Namespace) -> int:
     for q in questions:  # first turns too long for the models fail before anything is written
         ids = encode_conversation(tokenizer, [("user", q.turns[0])])
         check_question(target, draft, q, 0, ids, shape)
-    if "auto" in budgets:  # timed and calibrated on the first question's first turn
-        first = encode_conversation(tokenizer, [("user", questions[0].turns[0])])
-        choice = auto_budget(target, draft, first, args.decoder, args.temperature, args.top_k,
-                             args.depth)
-        print(choice.describe(), file=sys.stderr)
-        budgets = [choice.budget if b == "auto" else b for b in budgets]
-    budgets = sorted(set(budgets), reverse=True)
-    stops = frozenset(stop_ids(tokenizer, target))
     model_id = args.model_id or os.path.basename(os.path.normpath(args.target))
     # answers in OUT.partial are reused only under the same settings and the same prompts file
     with open(args.prompts, "rb") as f:
@@ -131,8 +136,24 @@ def run(args: argparse.Namespace) -> int:
     fingerprint = f"{model_id}|{args.draft}|{args.decoder}|{args.temperature}|" \
                   f"{args.max_new_tokens}|{args.seed}|{args.top_k}|{args.depth}|{args.dtype}|" \
                   f"{prompts_digest}"
-    keys = {(str(q.question_id), b, fingerprint) for q in questions for b in budgets}
     partial = args.out + ".partial"
+    auto = None
+    if "auto" in budgets:
+        # timings differ from run to run: a resumed run keeps the interrupted run's choice
+        auto = _auto_budget_of(partial, fingerprint)
+        if auto is not None:
+            print(f"{args.decoder}: budget auto -> {auto}, as chosen by the interrupted run "
+                  f"({partial})", file=sys.stderr)
+        else:  # timed and calibrated on the first question's first turn
+            first = encode_conversation(tokenizer, [("user", questions[0].turns[0])])
+            choice = auto_budget(target, draft, first, args.decoder, args.temperature,
+                                 args.top_k, args.depth)
+            print(choice.describe(), file=sys.stderr)
+            auto = choice.budget
+        budgets = [auto if b == "auto" else b for b in budgets]
+    budgets = sorted(set(budgets), reverse=True)
+    stops = frozenset(stop_ids(tokenizer, target))
+    keys = {(str(q.question_id), b, fingerprint) for q in questions for b in budgets}
     done = _load_partial(partial, keys)
     # keep what survived (atomically: a kill now must not lose it), then append; a run that
     # fails before its first answer leaves no file behind
@@ -149,8 +170,8 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed, stop_ids=stops,
         )
         texts, results = decode_question(target, draft, tokenizer, question, config)
-        condition = {"decoder": args.decoder, "budget": budget, "temperature": args.temperature,
-                     "seed": args.seed, "fingerprint": fingerprint}
+        condition = {"decoder": args.decoder, "budget": budget, "budget_auto": budget == auto,
+                     "temperature": args.temperature, "seed": args.seed, "fingerprint": fingerprint}
         record = answer_record(question, model_id, condition, texts, results)
         with open(partial, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
