@@ -156,6 +156,47 @@ def test_compare_end_to_end(saved_pair, tmp_path):
                                                          skip_special_tokens=True)
 
 
+class _RowTarget:
+    """A target whose row is `row` wherever it is asked (what `divergence` reads)."""
+
+    def __init__(self, row):
+        self.row, self.contexts = row, []
+
+    def reset(self, seed=None):
+        pass
+
+    def logits(self, context, tree, nodes):
+        self.contexts.append(list(context))
+        return self.row[None]
+
+
+def test_compare_explains_near_ties_and_fails_on_real_differences():
+    from types import SimpleNamespace as Result
+
+    from targetrows.compare import lossless_report
+
+    results = {"ar": Result(tokens=[1, 2, 3]), "same": Result(tokens=[1, 2, 3]),
+               "tie": Result(tokens=[1, 5, 3])}
+    close = torch.tensor([22.875, 22.625, 3.0], dtype=torch.bfloat16)  # 2 bf16 steps at 22.9
+    target = _RowTarget(close)
+    status, lines = lossless_report(target, [7], results)
+    assert status == 0 and len(lines) == 1, lines
+    assert lines[0].startswith("near-tie: tie parts from ar at new token 1 ([5] vs [2])")
+    assert "2.0 rounding steps of torch.bfloat16" in lines[0]
+    assert target.contexts == [[7, 1]]  # the prompt and ar's tokens before the parting
+    far = torch.tensor([30.0, 20.0, 3.0], dtype=torch.bfloat16)
+    status, lines = lossless_report(_RowTarget(far), [7], results)
+    assert status == 1 and lines[0].startswith("LOSSLESS CHECK FAILED: tie parts from ar")
+    # the same gap is thousands of float32 steps: a real difference
+    assert lossless_report(_RowTarget(close.float()), [7], results)[0] == 1
+    # stopping early is never a near-tie
+    short = {"ar": Result(tokens=[1, 2, 3]), "short": Result(tokens=[1, 2])}
+    assert lossless_report(_RowTarget(close), [7], short)[0] == 1
+    status, lines = lossless_report(_RowTarget(far), [7], {"ar": Result(tokens=[1]),
+                                                          "b": Result(tokens=[1])})
+    assert status == 0 and lines == ["temperature 0: every decoder reproduced ar's tokens exactly"]
+
+
 def test_help_lists_the_commands():
     proc = _cli("--help")
     assert proc.returncode == 0

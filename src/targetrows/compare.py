@@ -4,7 +4,10 @@
 
 Prints, per decoder: new tokens, tokens/s, speedup over `ar`, tokens committed per round,
 accepted draft tokens per round and mean non-root nodes verified. At temperature 0 every decoder
-must reproduce `ar`'s tokens exactly (lossless); the command says so, or fails if not.
+must reproduce `ar`'s tokens exactly (lossless); the command says so, or fails if not. One
+exception is explained rather than failed: in reduced precision a tree pass can round a row
+differently from `ar`'s one-token step, so where the target's two best logits are within a few
+rounding steps of each other a decoder may take the other one (a near-tie, not a bug).
 """
 
 from __future__ import annotations
@@ -13,9 +16,14 @@ import argparse
 import json
 import sys
 
+import numpy as np
+
 from .atomic import atomic_write_text
 from .costmodel import auto_budget, budget_arg
 from .decode import DECODERS, DecodeConfig, generate
+from .tree import Tree
+
+NEAR_TIE_STEPS = 4  # top-2 logit gaps up to this many rounding steps count as a near-tie
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -81,6 +89,60 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def divergence(target, prompt_ids, reference, tokens) -> dict | None:
+    """Where `tokens` first part from `reference` (ar's tokens), and the gap between the target's
+    two best logits there, from one pass over the whole context, in rounding steps of the rows'
+    dtype at that size. None when they are identical."""
+    n = min(len(reference), len(tokens))
+    at = next((i for i in range(n) if reference[i] != tokens[i]), n)
+    if at == n and len(reference) == len(tokens):
+        return None
+    out = {"position": at, "reference": reference[at:at + 1], "tokens": tokens[at:at + 1],
+           "gap": None, "steps": None, "dtype": None}
+    if at == n:  # one stopped early: no tie explains that
+        return out
+    context = list(prompt_ids) + list(reference[:at])
+    target.reset()
+    row = target.logits(context, Tree.root_only(context[-1]), [0])
+    dtype = getattr(row, "dtype", None)
+    if hasattr(row, "float"):  # a torch row: compare in float32, read the step of its dtype
+        import torch
+
+        eps = torch.finfo(dtype).eps
+        row = row.float().cpu().numpy()
+    else:
+        eps = np.finfo(np.asarray(row).dtype).eps
+    second, best = np.sort(np.asarray(row, dtype=np.float64)[0])[-2:]
+    step = eps * 2.0 ** np.floor(np.log2(max(abs(best), np.finfo(np.float64).tiny)))
+    out.update(gap=float(best - second), steps=float((best - second) / step), dtype=str(dtype))
+    return out
+
+
+def lossless_report(target, prompt_ids, results) -> tuple[int, list[str]]:
+    """(exit status, lines) of the temperature-0 check against `ar`: 0 when every decoder
+    reproduced ar's tokens or parted from them only at a near-tie; 1 otherwise."""
+    status, lines = 0, []
+    reference = results["ar"].tokens
+    for name, res in results.items():
+        d = divergence(target, prompt_ids, reference, res.tokens)
+        if d is None:
+            continue
+        where = f"{name} parts from ar at new token {d['position']} ({d['tokens']} vs " \
+                f"{d['reference']})"
+        if d["steps"] is not None and d["steps"] <= NEAR_TIE_STEPS:
+            lines.append(f"near-tie: {where}, where the target's two best logits are "
+                         f"{d['gap']:.3g} apart ({d['steps']:.1f} rounding steps of {d['dtype']}): "
+                         "the tree pass and ar's one-token step rounded them differently; "
+                         "use --dtype float32 for an exact check")
+        else:
+            gap = "" if d["gap"] is None else f"; the two best logits are {d['gap']:.3g} apart"
+            lines.append(f"LOSSLESS CHECK FAILED: {where}{gap}")
+            status = 1
+    if not lines:
+        lines.append("temperature 0: every decoder reproduced ar's tokens exactly")
+    return status, lines
+
+
 def run(args: argparse.Namespace) -> int:
     from .loading import encode_prompt, load_from_args, stop_ids
 
@@ -114,12 +176,8 @@ def run(args: argparse.Namespace) -> int:
     print(format_table(rows))
     status = 0
     if args.temperature == 0 and "ar" in results:
-        differ = [n for n, r in results.items() if r.tokens != results["ar"].tokens]
-        if differ:
-            print(f"LOSSLESS CHECK FAILED: {', '.join(differ)} differ from ar", file=sys.stderr)
-            status = 1
-        else:
-            print("temperature 0: every decoder reproduced ar's tokens exactly")
+        status, lines = lossless_report(target, prompt_ids, results)
+        print("\n".join(lines), file=sys.stderr if status else sys.stdout)
     if args.json_out:
         for row in rows:
             res = results[row["decoder"]]
