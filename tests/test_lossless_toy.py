@@ -106,3 +106,14 @@ def test_empty_prompt_and_missing_draft():
         generate(pair.target, pair.draft, [], DecodeConfig("ar"))
     with pytest.raises(ValueError, match="needs a draft"):
         generate(pair.target, None, [1], DecodeConfig("fts"))
+
+
+def test_drafting_stops_at_the_budgets_depth():
+    """A tree of B nodes is at most B deep: with B < depth the round loop drafts B levels."""
+    pair = ToyPair(vocab_size=16, seed=1, closeness=0.8)
+    for decoder, passes in (("draft_rank", {2}), ("rerank", {2}), ("pearl", {2}),
+                            ("fts", {3, 5})):  # fts: guesses' level + 2, and 2 more on a miss
+        config = DecodeConfig(decoder, budget=2, depth=5, top_k=3, max_new_tokens=30)
+        result = generate(pair.target, pair.draft, [1, 2, 3], config)
+        assert {r.draft_passes for r in result.rounds} <= passes, decoder
+        assert max(r.nodes for r in result.rounds) <= 2

@@ -114,3 +114,22 @@ def test_bad_inputs_name_themselves():
         select.first_token(np.array([0.5, 0.6]))
     with pytest.raises(ValueError, match="top_k"):
         pool.expand(lambda c: np.ones(4) / 4, [1], 0, 2)
+
+
+@pytest.mark.parametrize("budget", [1, 2, 3, 4])
+def test_a_pool_as_deep_as_the_budget_gives_the_same_tree(budget):
+    """The round loop drafts only min(depth, budget) levels (DecodeConfig.pool_depth): the
+    rules pick the very same nodes from that pool as from the deeper one (pearl and fts apply
+    draft_rank, so these two rules cover every decoder)."""
+    pair = ToyPair(vocab_size=12, seed=3, closeness=0.7)
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        context = rng.integers(12, size=4).tolist()
+        full, logq = pool.expand(pair.draft_row, context, top_k=3, depth=5)
+        cut, logq_cut = pool.expand(pair.draft_row, context, top_k=3, depth=min(5, budget))
+        np.testing.assert_array_equal(cut.tokens, full.tokens[: len(cut)])  # same indices
+        root = pair.target_row(context)
+        np.testing.assert_array_equal(select.draft_rank(cut, logq_cut, budget),
+                                      select.draft_rank(full, logq, budget))
+        np.testing.assert_array_equal(select.target_rerank(cut, logq_cut, budget, root_row=root),
+                                      select.target_rerank(full, logq, budget, root_row=root))

@@ -275,7 +275,7 @@ def run_bench(
                 parts,
                 result.rounds,
                 settings.top_k,
-                settings.depth,
+                min(settings.depth, row["budget"] or settings.depth),  # the drafted depth
                 settings.guesses,
             )
             row.update(

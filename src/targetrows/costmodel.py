@@ -193,13 +193,18 @@ def predicted_tokens_per_s(
     top_k: int,
     depth: int,
     guesses: int = 2,
+    budgets=None,
 ) -> np.ndarray:
     """Tokens per zero-overhead second at each candidate budget, from the tokens committed and
-    nodes verified per round predicted there (fts is assumed to guess t0)."""
-    passes = len(draft_pass_widths(decoder, top_k, depth, guesses))
-    seconds = round_seconds(
-        decoder, parts, nodes, np.full(np.shape(nodes), passes), overlap, top_k, depth, guesses
-    )
+    nodes verified per round predicted there (fts is assumed to guess t0). With `budgets`, each
+    budget's pool is `min(depth, budget)` levels deep, as the round loop drafts it."""
+    nodes = np.asarray(nodes, dtype=np.float64)
+    depths = np.full(nodes.shape, depth) if budgets is None else np.minimum(depth, budgets)
+    seconds = np.array([
+        round_seconds(decoder, parts, [n], [len(draft_pass_widths(decoder, top_k, d, guesses))],
+                      overlap, top_k, d, guesses)[0]
+        for n, d in zip(nodes.ravel(), depths.ravel().astype(int).tolist(), strict=True)
+    ]).reshape(nodes.shape)
     return np.asarray(committed, dtype=np.float64) / seconds
 
 
@@ -320,7 +325,8 @@ def auto_budget(
     committed, nodes = acceptance_curve(
         target, draft, prompt_ids, budgets, decoder, temperature, top_k, depth, contexts
     )
-    tps = predicted_tokens_per_s(decoder, committed, nodes, parts, overlap, top_k, depth, guesses)
+    tps = predicted_tokens_per_s(decoder, committed, nodes, parts, overlap, top_k, depth, guesses,
+                                 budgets)
     return BudgetChoice(
         best_budget(budgets, tps),
         tuple(budgets),

@@ -55,6 +55,12 @@ class DecodeConfig:
         if self.top_k < 1 or self.depth < 1 or self.guesses < 1:
             raise ValueError("top_k, depth and guesses must be >= 1")
 
+    @property
+    def pool_depth(self) -> int:
+        """Pool levels worth drafting: every rule picks an ancestor-closed set of `budget`
+        nodes, at most `budget` deep, so deeper levels could never be chosen."""
+        return min(self.depth, self.budget)
+
 
 @dataclass
 class RoundStats:
@@ -183,19 +189,19 @@ def _plan_ar(target, draft, context, store, config, stats, pool) -> _Plan:
 
 def _plan_draft_rank(target, draft, context, store, config, stats, pool) -> _Plan:
     t = time.perf_counter()
-    cand, logq = expand_model(draft, context, config.top_k, config.depth)
-    stats.draft_passes += config.depth
+    cand, logq = expand_model(draft, context, config.top_k, config.pool_depth)
+    stats.draft_passes += config.pool_depth
     stats.t_draft = stats.t_drafting = time.perf_counter() - t
     return _Plan([], cand.subtree(select.draft_rank(cand, logq, config.budget)))
 
 
 def _plan_rerank(target, draft, context, store, config, stats, pool) -> _Plan:
     def draft_work():
-        return expand_model(draft, context, config.top_k, config.depth)
+        return expand_model(draft, context, config.top_k, config.pool_depth)
 
     root_logits, (cand, logq) = _root_pass_alongside(target, draft, context, store, draft_work,
                                                      stats, pool)
-    stats.draft_passes += config.depth
+    stats.draft_passes += config.pool_depth
     first = cand.children(0)
     first_logp = target.logprobs(root_logits, cand.tokens[first][None], config.temperature)[0]
     return _Plan([], cand.subtree(select.target_rerank_logp(cand, logq, config.budget, first_logp)))
@@ -203,19 +209,19 @@ def _plan_rerank(target, draft, context, store, config, stats, pool) -> _Plan:
 
 def _plan_fts(target, draft, context, store, config, stats, pool) -> _Plan:
     def draft_work():  # pools under the draft's likeliest first tokens, while the target works
-        return expand_under_guesses(draft, context, config.guesses, config.top_k, config.depth)
+        return expand_under_guesses(draft, context, config.guesses, config.top_k, config.pool_depth)
 
     root_logits, (guessed, logq) = _root_pass_alongside(target, draft, context, store, draft_work,
                                                         stats, pool)
-    stats.draft_passes += config.depth + 1
+    stats.draft_passes += config.pool_depth + 1
     t0 = int(target.draw(root_logits, config.temperature)[0])
     if t0 in config.stop_ids:  # nothing to draft after a stop token
         return _Plan([t0], Tree.root_only(t0))
     hit = pool_under(guessed, logq, t0)
     if hit is None:  # t0 was not among the guesses: draft under it now
         t = time.perf_counter()
-        hit = expand_model(draft, context + [t0], config.top_k, config.depth)
-        stats.draft_passes += config.depth
+        hit = expand_model(draft, context + [t0], config.top_k, config.pool_depth)
+        stats.draft_passes += config.pool_depth
         stats.t_draft += time.perf_counter() - t
         stats.t_drafting += time.perf_counter() - t
     cand, cand_logq = hit
@@ -224,12 +230,12 @@ def _plan_fts(target, draft, context, store, config, stats, pool) -> _Plan:
 
 def _plan_pearl(target, draft, context, store, config, stats, pool) -> _Plan:
     def draft_work():  # a predetermined draft_rank tree, drafted before t0 is known
-        cand, logq = expand_model(draft, context, config.top_k, config.depth)
+        cand, logq = expand_model(draft, context, config.top_k, config.pool_depth)
         return cand, select.draft_rank(cand, logq, config.budget)
 
     root_logits, (cand, chosen) = _root_pass_alongside(target, draft, context, store, draft_work,
                                                        stats, pool)
-    stats.draft_passes += config.depth
+    stats.draft_passes += config.pool_depth
     t0 = int(target.draw(root_logits, config.temperature)[0])
     if t0 in config.stop_ids:
         return _Plan([t0], Tree.root_only(t0))
