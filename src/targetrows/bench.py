@@ -275,7 +275,7 @@ def run_bench(
                 parts,
                 result.rounds,
                 settings.top_k,
-                min(settings.depth, row["budget"] or settings.depth),  # the drafted depth
+                costmodel.pool_depth(settings.depth, row["budget"] or settings.depth),
                 settings.guesses,
             )
             row.update(

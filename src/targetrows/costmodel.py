@@ -34,7 +34,7 @@ from .parttimes import (
     target_sizes_for,
     time_passes,
 )
-from .pool import expand_model, pool_size
+from .pool import expand_model, pool_depth, pool_size
 from .tree import Tree
 from .verify import walk
 
@@ -199,11 +199,11 @@ def predicted_tokens_per_s(
     nodes verified per round predicted there (fts is assumed to guess t0). With `budgets`, each
     budget's pool is `min(depth, budget)` levels deep, as the round loop drafts it."""
     nodes = np.asarray(nodes, dtype=np.float64)
-    depths = np.full(nodes.shape, depth) if budgets is None else np.minimum(depth, budgets)
+    depths = [depth] * nodes.size if budgets is None else [pool_depth(depth, b) for b in budgets]
     seconds = np.array([
         round_seconds(decoder, parts, [n], [len(draft_pass_widths(decoder, top_k, d, guesses))],
                       overlap, top_k, d, guesses)[0]
-        for n, d in zip(nodes.ravel(), depths.ravel().astype(int).tolist(), strict=True)
+        for n, d in zip(nodes.ravel(), depths, strict=True)
     ]).reshape(nodes.shape)
     return np.asarray(committed, dtype=np.float64) / seconds
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from . import select
-from .pool import expand_model, expand_under_guesses, pool_under
+from .pool import expand_model, expand_under_guesses, pool_depth, pool_under
 from .rows import RowStore
 from .tree import Tree
 from .verify import walk
@@ -57,9 +57,8 @@ class DecodeConfig:
 
     @property
     def pool_depth(self) -> int:
-        """Pool levels worth drafting: every rule picks an ancestor-closed set of `budget`
-        nodes, at most `budget` deep, so deeper levels could never be chosen."""
-        return min(self.depth, self.budget)
+        """Pool levels the round loop drafts (`pool.pool_depth`)."""
+        return pool_depth(self.depth, self.budget)
 
 
 @dataclass

@@ -91,18 +91,18 @@ def _partial_records(path: str):
                 return  # the line being written when the job was killed
 
 
-def _auto_budget_of(path: str, fingerprint: str) -> int | None:
-    """The budget that `--budgets auto` chose in the interrupted run of `path`, if any."""
-    for record in _partial_records(path):
+def _auto_budget_of(records: list[dict], fingerprint: str) -> int | None:
+    """The budget that `--budgets auto` chose in the interrupted run, if any."""
+    for record in records:
         if record.get("fingerprint") == fingerprint and record.get("budget_auto"):
             return int(record["budget"])
     return None
 
 
-def _load_partial(path: str, keys: set) -> dict:
+def _finished(records: list[dict], keys: set) -> dict:
     """Answers already finished by an interrupted run, by (question_id, budget, fingerprint)."""
     done = {}
-    for record in _partial_records(path):
+    for record in records:
         key = (str(record.get("question_id")), record.get("budget"), record.get("fingerprint"))
         if key in keys:
             done[key] = record
@@ -137,10 +137,11 @@ def run(args: argparse.Namespace) -> int:
                   f"{args.max_new_tokens}|{args.seed}|{args.top_k}|{args.depth}|{args.dtype}|" \
                   f"{prompts_digest}"
     partial = args.out + ".partial"
+    interrupted = list(_partial_records(partial))
     auto = None
     if "auto" in budgets:
         # timings differ from run to run: a resumed run keeps the interrupted run's choice
-        auto = _auto_budget_of(partial, fingerprint)
+        auto = _auto_budget_of(interrupted, fingerprint)
         if auto is not None:
             print(f"{args.decoder}: budget auto -> {auto}, as chosen by the interrupted run "
                   f"({partial})", file=sys.stderr)
@@ -154,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
     budgets = sorted(set(budgets), reverse=True)
     stops = frozenset(stop_ids(tokenizer, target))
     keys = {(str(q.question_id), b, fingerprint) for q in questions for b in budgets}
-    done = _load_partial(partial, keys)
+    done = _finished(interrupted, keys)
     # keep what survived (atomically: a kill now must not lose it), then append; a run that
     # fails before its first answer leaves no file behind
     if done:

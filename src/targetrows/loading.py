@@ -229,8 +229,8 @@ def load_pair(
     cut to one vocabulary size. `trust_remote_code`: see `trusts`."""
     target_device = resolve_device(target_device)
     draft_device = target_device if draft_device is None else draft_device
-    trust_target, trust_draft = trusts(trust_remote_code, "target"), trusts(trust_remote_code,
-                                                                            "draft")
+    trust_target = trusts(trust_remote_code, "target")
+    trust_draft = trusts(trust_remote_code, "draft")
     tokenizer = load_tokenizer(target, trust_target, allow_pickle=allow_pickle)
     vocab = len(tokenizer)
     if draft is not None:

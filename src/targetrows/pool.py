@@ -23,6 +23,12 @@ def pool_size(top_k: int, depth: int) -> int:
     return top_k + (depth - 1) * top_k * top_k
 
 
+def pool_depth(depth: int, budget: int) -> int:
+    """Pool levels worth drafting for a tree of `budget` non-root nodes: every rule picks an
+    ancestor-closed set, at most `budget` deep, so deeper levels could never be chosen."""
+    return min(depth, budget)
+
+
 def topk_tokens(logp: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Top-k tokens of each row, best first, ties to the lower token id."""
     logp = np.atleast_2d(logp)
