@@ -12,8 +12,8 @@ import time
 import numpy as np
 
 from targetrows import expected_accepted_batch, pool, select
-from targetrows.atomic import atomic_write_text
-from targetrows.toy import ToyPair
+from targetrows.core.atomic import atomic_write_text
+from targetrows.core.toy import ToyPair
 
 
 def best_of(fn, repeats=5):

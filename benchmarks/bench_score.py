@@ -19,8 +19,8 @@ import time
 
 import numpy as np
 
-from targetrows import rowlog
-from targetrows.score import RULES, score_log, write_table
+from targetrows.rowlog import format as rowlog
+from targetrows.rowlog.score import RULES, score_log, write_table
 
 BUDGETS = [2, 4, 8, 16, 32, 59]
 

@@ -33,10 +33,11 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))  # hf_tiny: tiny models, no hub
 
-from targetrows import bench, bench_report  # noqa: E402
-from targetrows.atomic import atomic_write_text  # noqa: E402
-from targetrows.decode import DECODERS, DecodeConfig, generate  # noqa: E402
-from targetrows.hf_model import HFModel  # noqa: E402
+from targetrows.bench import report as bench_report  # noqa: E402
+from targetrows.bench import run as bench  # noqa: E402
+from targetrows.core.atomic import atomic_write_text  # noqa: E402
+from targetrows.decoding.loop import DECODERS, DecodeConfig, generate  # noqa: E402
+from targetrows.hf.model import HFModel  # noqa: E402
 
 QWEN3_8B = dict(
     hidden_size=4096,

@@ -17,7 +17,7 @@ import tempfile
 import numpy as np
 
 from targetrows import Tree, expected_accepted, pool, select
-from targetrows.toy import ToyPair
+from targetrows.core.toy import ToyPair
 
 BUDGETS = (2, 4, 8, 16, 32)
 RULES = ("draft_rank", "target_rerank", "first_token", "pearl")

@@ -172,7 +172,7 @@ def reference_logits(model, tokens) -> torch.Tensor:
 def random_tree(rng, root: int, n_nodes: int, vocab_size: int = TOKENIZER_SIZE):
     """A random `Tree` of `n_nodes` nodes (root token `root`, distinct sibling tokens), nodes
     numbered so that parents come first."""
-    from targetrows.tree import Tree
+    from targetrows.core.tree import Tree
 
     tokens, parents, seen = [int(root)], [-1], set()
     while len(tokens) < n_nodes:

@@ -12,7 +12,8 @@ pytest.importorskip("transformers")
 
 from hf_tiny import DRAFT_VOCAB, TARGET_VOCAB, TOKENIZER_SIZE, save_tiny_pair, tiny_model  # noqa: E402
 
-from targetrows import bench, bench_report  # noqa: E402
+from targetrows.bench import report as bench_report  # noqa: E402
+from targetrows.bench import run as bench  # noqa: E402
 from targetrows.cli import main  # noqa: E402
 
 

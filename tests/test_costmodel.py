@@ -4,9 +4,9 @@ picked from a predicted-throughput curve, and acceptance predictions that match 
 import numpy as np
 import pytest
 
-from targetrows import costmodel as cm
-from targetrows.decode import DecodeConfig, RoundStats, generate
-from targetrows.toy import ToyPair
+from targetrows.decoding import costmodel as cm
+from targetrows.decoding.loop import DecodeConfig, RoundStats, generate
+from targetrows.core.toy import ToyPair
 
 # target pass: 9 ms + 1 ms per new token; draft pass: 2 ms + 0.1 ms per new token
 TARGET = cm.PassCurve((1, 9, 17), (0.010, 0.018, 0.026))

@@ -14,8 +14,8 @@ transformers = pytest.importorskip("transformers")
 
 from hf_tiny import ARCHS, save_tiny_pair, tiny_model, tiny_tokenizer  # noqa: E402
 
-from targetrows.decode import DECODERS, DecodeConfig, generate  # noqa: E402
-from targetrows.hf_model import HFModel  # noqa: E402
+from targetrows.decoding.loop import DECODERS, DecodeConfig, generate  # noqa: E402
+from targetrows.hf.model import HFModel  # noqa: E402
 
 PROMPTS = [[5, 17, 42], [200, 3], [7] * 9, [100, 101, 102, 103, 104, 105], [64]]
 
@@ -173,7 +173,7 @@ class _RowTarget:
 def test_compare_explains_near_ties_and_fails_on_real_differences():
     from types import SimpleNamespace as Result
 
-    from targetrows.compare import lossless_report
+    from targetrows.bench.compare import lossless_report
 
     results = {"ar": Result(tokens=[1, 2, 3]), "same": Result(tokens=[1, 2, 3]),
                "tie": Result(tokens=[1, 5, 3])}

@@ -12,7 +12,7 @@ pytest.importorskip("transformers")
 from hf_tiny import save_tiny_pair  # noqa: E402
 
 from targetrows.cli import main  # noqa: E402
-from targetrows.decode import DECODERS  # noqa: E402
+from targetrows.decoding.loop import DECODERS  # noqa: E402
 
 QUESTIONS = [
     {"question_id": "mt-1", "category": "writing",

@@ -15,7 +15,8 @@ transformers = pytest.importorskip("transformers")
 
 import gguf  # noqa: E402
 
-from targetrows import cli, embedded  # noqa: E402
+from targetrows import cli  # noqa: E402
+from targetrows.build import embedded  # noqa: E402
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content']"

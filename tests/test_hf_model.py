@@ -12,8 +12,8 @@ import torch
 from hf_tiny import ARCHS, TOKENIZER_SIZE, random_tree, reference_logits, tiny_model
 from transformers import DynamicCache
 
-from targetrows.hf_model import HFModel
-from targetrows.tree import Tree
+from targetrows.hf.model import HFModel
+from targetrows.core.tree import Tree
 
 V = TOKENIZER_SIZE
 TOL = {"sdpa": 1e-9, "eager": 1e-5}
@@ -299,7 +299,7 @@ def test_greedy_decoding_equals_plain_greedy(decoder):
     """The real round loop over HFModel: every decoder reproduces plain greedy decoding. The
     draft is a second view of the target (long accepted paths: many commits keep tree entries)
     or an unrelated model (mostly rejections)."""
-    from targetrows.decode import DecodeConfig, generate
+    from targetrows.decoding.loop import DecodeConfig, generate
 
     target = tiny_model("llama", seed=0, dtype=torch.float64)
     prompt, expected = [3, 1, 4, 1, 5], []
@@ -312,7 +312,7 @@ def test_greedy_decoding_equals_plain_greedy(decoder):
 
 
 def test_sampled_decoding_is_reproducible():
-    from targetrows.decode import DecodeConfig, generate
+    from targetrows.decoding.loop import DecodeConfig, generate
 
     target = tiny_model("qwen2", seed=0, dtype=torch.float32)
     draft = tiny_model("qwen2", seed=1, n_layers=1, dtype=torch.float32)

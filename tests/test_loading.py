@@ -21,8 +21,8 @@ from hf_tiny import (
     tiny_tokenizer,
 )
 
-from targetrows.hf_model import HFModel
-from targetrows.loading import (
+from targetrows.hf.model import HFModel
+from targetrows.hf.loading import (
     add_model_arguments,
     encode_conversation,
     encode_prompt,
@@ -32,7 +32,7 @@ from targetrows.loading import (
     stop_ids,
     tokenizer_difference,
 )
-from targetrows.tree import Tree
+from targetrows.core.tree import Tree
 
 EOS, IM_START, IM_END = N_BYTES, N_BYTES + 1, N_BYTES + 2
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from targetrows.decode import DECODERS, DecodeConfig, generate
-from targetrows.toy import ToyPair
+from targetrows.decoding.loop import DECODERS, DecodeConfig, generate
+from targetrows.core.toy import ToyPair
 
 PROMPT = [1, 2]
 VOCAB = 6

@@ -218,8 +218,8 @@ def test_hub_errors_are_classified():
 
 # -- end to end ---------------------------------------------------------------------------------
 
-NEEDED = ["torch", "transformers", "pandas", "seaborn", "targetrows.decode_prompts",
-          "targetrows.record", "targetrows.score", "targetrows.distill", "targetrows.stats"]
+NEEDED = ["torch", "transformers", "pandas", "seaborn", "targetrows.decoding.answer_file",
+          "targetrows.rowlog.record", "targetrows.rowlog.score", "targetrows.build.distill", "targetrows.analysis.stats"]
 
 
 def _missing() -> list[str]:

@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from targetrows import Tree, expected_accepted, expected_accepted_batch, pool, select, verify
-from targetrows.acceptance import reach_probability
-from targetrows.toy import ToyPair
+from targetrows.core.acceptance import reach_probability
+from targetrows.core.toy import ToyPair
 
 
 @st.composite

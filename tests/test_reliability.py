@@ -26,9 +26,9 @@ pytest.importorskip("transformers")
 
 from hf_tiny import save_tiny, save_tiny_pair, tiny_model, tiny_tokenizer  # noqa: E402
 
-from targetrows import rowlog  # noqa: E402
+from targetrows.rowlog import format as rowlog  # noqa: E402
 from targetrows.cli import main  # noqa: E402
-from targetrows.loading import encode_conversation  # noqa: E402
+from targetrows.hf.loading import encode_conversation  # noqa: E402
 
 QUESTIONS = [
     {"question_id": f"q{i}", "category": "writing" if i % 2 else "math",
@@ -322,7 +322,7 @@ def test_nan_logits_name_the_prompt_and_position(pair, nan_target, tmp_path, cap
 @pytest.mark.parametrize("command", ["decode", "record"])
 def test_out_of_memory_suggests_smaller_trees_or_a_device_map(pair, tmp_path, capsys,
                                                               monkeypatch, command):
-    from targetrows.hf_model import HFModel
+    from targetrows.hf.model import HFModel
 
     def no_memory(self, context, tree, nodes):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0)")

@@ -7,12 +7,13 @@ import os
 import numpy as np
 import pytest
 
-import targetrows.record as record
-from targetrows import pool, rowlog
+import targetrows.rowlog.record as record
+from targetrows.core import pool
+from targetrows.rowlog import format as rowlog
 from targetrows.cli import main
-from targetrows.record import RecordConfig, ToyEncoder, record_file, record_prompt
-from targetrows.toy import ToyPair
-from targetrows.tree import Tree
+from targetrows.rowlog.record import RecordConfig, ToyEncoder, record_file, record_prompt
+from targetrows.core.toy import ToyPair
+from targetrows.core.tree import Tree
 
 PROMPTS = [
     {"question_id": 81, "category": "writing", "turns": ["Write a haiku.", "Now a limerick."]},
@@ -187,7 +188,7 @@ def test_record_from_tiny_hf_models_round_trips(tmp_path):
     from hf_tiny import reference_logits, save_tiny_pair
     from transformers import AutoModelForCausalLM
 
-    from targetrows.loading import load_tokenizer
+    from targetrows.hf.loading import load_tokenizer
 
     target_dir, draft_dir = save_tiny_pair(tmp_path, "llama")
     prompts = write_prompts(tmp_path / "p.jsonl", PROMPTS[:1])
@@ -220,8 +221,8 @@ def test_sampled_recording_from_tiny_hf_models_is_deterministic(tmp_path):
     from hf_tiny import reference_logits, save_tiny_pair
     from transformers import AutoModelForCausalLM
 
-    from targetrows.loading import load_pair, stop_ids
-    from targetrows.record import ChatEncoder
+    from targetrows.hf.loading import load_pair, stop_ids
+    from targetrows.rowlog.record import ChatEncoder
 
     target_dir, draft_dir = save_tiny_pair(tmp_path, "qwen2")
     target, draft, tokenizer = load_pair(target_dir, draft_dir, "cpu")

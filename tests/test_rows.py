@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from targetrows import RowStore
-from targetrows.rows import check_rows
+from targetrows.core.rows import check_rows
 
 
 def test_exact_context_keys():

@@ -120,7 +120,7 @@ def test_pickle_weights_are_not_unpickled_without_permission(tmp_path, capsys, p
 def test_defaults_are_safe():
     import argparse
 
-    from targetrows.loading import add_model_arguments, load_model, load_pair, load_tokenizer
+    from targetrows.hf.loading import add_model_arguments, load_model, load_pair, load_tokenizer
 
     for fn in (load_model, load_pair, load_tokenizer):
         params = inspect.signature(fn).parameters
@@ -135,7 +135,7 @@ def test_defaults_are_safe():
 def test_trust_remote_code_can_name_one_model():
     import argparse
 
-    from targetrows.loading import add_model_arguments, trusts
+    from targetrows.hf.loading import add_model_arguments, trusts
 
     parser = argparse.ArgumentParser()
     add_model_arguments(parser)

@@ -4,13 +4,14 @@ Tree / select / expected_accepted, pool by pool; and against online draft_rank d
 import numpy as np
 import pytest
 
-from targetrows import expected_accepted, expected_accepted_greedy, rowlog, select
+from targetrows import expected_accepted, expected_accepted_greedy, select
+from targetrows.rowlog import format as rowlog
 from targetrows.cli import main
-from targetrows.decode import DecodeConfig, generate
-from targetrows.record import RecordConfig, record_prompt
-from targetrows.score import RULES, _top_order, read_table, score_log, write_table
-from targetrows.toy import ToyPair
-from targetrows.tree import Tree
+from targetrows.decoding.loop import DecodeConfig, generate
+from targetrows.rowlog.record import RecordConfig, record_prompt
+from targetrows.rowlog.score import RULES, _top_order, read_table, score_log, write_table
+from targetrows.core.toy import ToyPair
+from targetrows.core.tree import Tree
 
 BUDGETS = [1, 2, 3, 5, 8, 13, 200]
 

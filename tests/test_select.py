@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from targetrows import Tree, pool, select
-from targetrows.toy import ToyPair
+from targetrows.core.toy import ToyPair
 
 
 def _pool(seed=0, top_k=3, depth=3, vocab=12):

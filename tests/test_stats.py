@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from targetrows.stats import equal_size_gain, paired_gain, summarize
+from targetrows.analysis.stats import equal_size_gain, paired_gain, summarize
 
 
 def make_table(prompt, position, rules: dict, budget=8, task="qa"):

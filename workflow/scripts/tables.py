@@ -29,7 +29,7 @@ import pandas as pd
 from decode import matched
 from outputs import write_table
 
-from targetrows import stats
+from targetrows.analysis import stats
 
 RULES = ["draft_rank", "target_rerank", "stale_rerank", "pearl", "first_token"]
 DECODERS = ["ar", "draft_rank", "rerank", "fts", "pearl"]

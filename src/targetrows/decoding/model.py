@@ -20,7 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from .tree import Tree
+from targetrows.core.tree import Tree
 
 
 @runtime_checkable

@@ -55,7 +55,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from .atomic import atomic_file
+from targetrows.core.atomic import atomic_file
 
 FORMAT = "targetrows-rowlog"
 VERSION = 1

@@ -29,7 +29,7 @@ import os
 
 import numpy as np
 
-from . import rowlog
+from targetrows.rowlog import format as rowlog
 
 RULES = ("draft_rank", "target_rerank", "stale_rerank", "first_token", "pearl")
 COLUMNS = ("pair", "task", "temperature", "prompt_id", "turn", "position", "rule", "budget",

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .tree import Tree
+from targetrows.core.tree import Tree
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ import os
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
-from .atomic import atomic_write_text
-from .decode import DecodeResult
+from targetrows.core.atomic import atomic_write_text
+from .loop import DecodeResult
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from . import select
-from .pool import expand_model, expand_under_guesses, pool_depth, pool_under
-from .rows import RowStore
-from .tree import Tree
-from .verify import walk
+from targetrows.core import select
+from targetrows.core.pool import expand_model, expand_under_guesses, pool_depth, pool_under
+from targetrows.core.rows import RowStore
+from targetrows.core.tree import Tree
+from targetrows.core.verify import walk
 
 DECODERS = ("ar", "draft_rank", "rerank", "fts", "pearl")
 USES_ROOT_PASS = ("rerank", "fts", "pearl")

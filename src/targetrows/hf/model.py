@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from .tree import Tree
+from targetrows.core.tree import Tree
 
 
 class HFModel:

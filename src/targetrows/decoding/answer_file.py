@@ -19,12 +19,12 @@ import sys
 import zlib
 
 from .costmodel import auto_budget, budget_arg
-from .decode import DECODERS, DecodeConfig, generate
-from .specbench import Question, answer_record, check_prompt, read_questions, write_jsonl_atomic
+from .loop import DECODERS, DecodeConfig, generate
+from .answers import Question, answer_record, check_prompt, read_questions, write_jsonl_atomic
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from .loading import add_model_arguments
+    from targetrows.hf.loading import add_model_arguments
 
     add_model_arguments(parser)
     parser.add_argument("--prompts", required=True, help="prompts JSONL (Spec-Bench question format)")
@@ -59,7 +59,7 @@ def check_question(target, draft, question: Question, turn: int, ids, config: De
 
 def decode_question(target, draft, tokenizer, question: Question, config: DecodeConfig):
     """(answer texts, DecodeResults) for every turn of one question; errors name the question."""
-    from .loading import encode_conversation
+    from targetrows.hf.loading import encode_conversation
 
     conversation, texts, results = [], [], []
     for turn, user in enumerate(question.turns):
@@ -110,7 +110,7 @@ def _finished(records: list[dict], keys: set) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .loading import encode_conversation, load_from_args, stop_ids
+    from targetrows.hf.loading import encode_conversation, load_from_args, stop_ids
 
     questions = read_questions(args.prompts)  # a bad file fails before any model loads
     budgets = [0] if args.decoder == "ar" else list(dict.fromkeys(args.budgets))

@@ -14,7 +14,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from .atomic import atomic_write_text
+from targetrows.core.atomic import atomic_write_text
 
 MIN_AR_VS_HF = 0.95  # our ar against HF generate()
 MIN_BEST_VS_ASSISTED = 1.3  # best decoder against HF assisted generation, temperature 0

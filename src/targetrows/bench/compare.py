@@ -18,16 +18,16 @@ import sys
 
 import numpy as np
 
-from .atomic import atomic_write_text
-from .costmodel import auto_budget, budget_arg
-from .decode import DECODERS, DecodeConfig, generate
-from .tree import Tree
+from targetrows.core.atomic import atomic_write_text
+from targetrows.decoding.costmodel import auto_budget, budget_arg
+from targetrows.decoding.loop import DECODERS, DecodeConfig, generate
+from targetrows.core.tree import Tree
 
 NEAR_TIE_STEPS = 4  # top-2 logit gaps up to this many rounding steps count as a near-tie
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from .loading import add_model_arguments
+    from targetrows.hf.loading import add_model_arguments
 
     add_model_arguments(parser)
     parser.add_argument("--prompt", required=True, help="the user message")
@@ -144,7 +144,7 @@ def lossless_report(target, prompt_ids, results) -> tuple[int, list[str]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .loading import encode_prompt, load_from_args, stop_ids
+    from targetrows.hf.loading import encode_prompt, load_from_args, stop_ids
 
     if not args.prompt.strip():
         raise ValueError("--prompt is empty: give the text of a user message")

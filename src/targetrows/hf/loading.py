@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .hf_model import HFModel
+from .model import HFModel
 
 DTYPES = {
     "float32": torch.float32,

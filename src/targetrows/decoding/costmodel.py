@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import select
-from .acceptance import reach_probability
+from targetrows.core import select
+from targetrows.core.acceptance import reach_probability
 from .parttimes import (
     PartTimes,
     PassCurve,
@@ -34,9 +34,9 @@ from .parttimes import (
     target_sizes_for,
     time_passes,
 )
-from .pool import expand_model, pool_depth, pool_size
-from .tree import Tree
-from .verify import walk
+from targetrows.core.pool import expand_model, pool_depth, pool_size
+from targetrows.core.tree import Tree
+from targetrows.core.verify import walk
 
 # the part times are measured in `parttimes`; they are part of this module's interface
 __all__ = [

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import costmodel
-from .decode import DECODERS, DecodeConfig, generate
-from .hf_baselines import HF_METHODS, assistant_for, hf_generate
+from targetrows.decoding import costmodel
+from targetrows.decoding.loop import DECODERS, DecodeConfig, generate
+from targetrows.hf.baselines import HF_METHODS, assistant_for, hf_generate
 
 PER_ROUND = (
     "committed",
@@ -80,7 +80,7 @@ class BenchSettings:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from .loading import add_model_arguments
+    from targetrows.hf.loading import add_model_arguments
 
     add_model_arguments(parser)
     src = parser.add_mutually_exclusive_group(required=True)
@@ -314,8 +314,8 @@ def _row(method, prompt, temperature, budget, tokens, wall, result) -> dict:
 
 
 def read_prompts(args, tokenizer) -> list[BenchPrompt]:
-    from .loading import encode_prompt
-    from .specbench import read_questions
+    from targetrows.hf.loading import encode_prompt
+    from targetrows.decoding.answers import read_questions
 
     if args.prompts:
         questions = read_questions(args.prompts)
@@ -339,8 +339,8 @@ def run(args: argparse.Namespace) -> int:
 
     import transformers
 
-    from . import bench_report
-    from .loading import load_from_args, stop_ids
+    from targetrows.bench import report as bench_report
+    from targetrows.hf.loading import load_from_args, stop_ids
 
     # assisted generation warns, every call, about its own internal generation config
     transformers.logging.set_verbosity_error()

@@ -1,0 +1,1 @@
+"""Benchmarks: our decoders against Hugging Face generation on one pair and machine."""

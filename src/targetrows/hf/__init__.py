@@ -1,0 +1,1 @@
+"""The Hugging Face backend (torch): a causal LM as a `Model` with tree attention, loading, and Hugging Face generation as a baseline."""
