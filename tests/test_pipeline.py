@@ -116,7 +116,7 @@ def test_bad_config_fails_before_any_job_naming_the_key(tmp_path, path, value, e
 
 
 def test_gpu_claims_are_exclusive_and_all_or_nothing(tmp_path):
-    from gpu_lock import claim
+    from targetrows.pipeline.gpu_lock import claim
 
     with claim(2, str(tmp_path), gpus=["0", "1", "2"]) as first:
         assert first == ["0", "1"]
@@ -134,7 +134,7 @@ def test_gpu_claims_are_exclusive_and_all_or_nothing(tmp_path):
 
 
 def test_gpu_claim_without_gpus_runs_on_cpu(tmp_path):
-    from gpu_lock import claim, device_env, visible_gpus
+    from targetrows.pipeline.gpu_lock import claim, device_env, visible_gpus
 
     with claim(2, str(tmp_path), gpus=[]) as ids:
         assert ids == []
@@ -149,7 +149,7 @@ def test_gpu_claim_without_gpus_runs_on_cpu(tmp_path):
 
 
 def test_slurm_jobs_lock_in_their_own_folder(tmp_path):
-    from gpu_lock import lock_folder
+    from targetrows.pipeline.gpu_lock import lock_folder
 
     assert lock_folder(str(tmp_path), {}) == str(tmp_path)
     assert lock_folder(str(tmp_path), {"SLURM_JOB_ID": "42"}) == str(tmp_path / "slurm-42")

@@ -7,7 +7,7 @@ Claims its GPUs (gpu_lock.py), resolves fts's `matched` budgets from pearl's run
 import json
 import sys
 
-from gpu_lock import run_claimed
+from targetrows.pipeline.gpu_lock import run_claimed
 
 
 def mean_nodes(paths: list[str], budget: int) -> float:

@@ -6,7 +6,7 @@ OUT.parts/ so an interrupted job resumes, and writes the log OUT atomically at t
 
 import sys
 
-from gpu_lock import run_claimed
+from targetrows.pipeline.gpu_lock import run_claimed
 
 
 def command(smk):

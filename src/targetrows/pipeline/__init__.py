@@ -1,0 +1,1 @@
+"""What the Snakemake jobs call: GPU claims for local runs, and the command lines of the pipeline's jobs."""
