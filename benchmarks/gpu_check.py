@@ -31,12 +31,14 @@ import numpy as np
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests"))  # hf_tiny: tiny models, no hub
 
 from targetrows.bench import report as bench_report  # noqa: E402
 from targetrows.bench import run as bench  # noqa: E402
 from targetrows.core.atomic import atomic_write_text  # noqa: E402
-from targetrows.decoding.loop import DECODERS, DecodeConfig, generate  # noqa: E402
+from targetrows.decoding.loop import DecodeConfig, generate  # noqa: E402
+from targetrows.decoding.registry import decoder_names  # noqa: E402
+
+DECODERS = decoder_names()
 from targetrows.hf.model import HFModel  # noqa: E402
 
 QWEN3_8B = dict(
@@ -101,7 +103,7 @@ def noisy_copy(model, scale: float, seed: int):
 
 def identity_stage(device: str, smoke: bool) -> dict:
     """{arch: [mismatch descriptions]} plus counts: every decoder against HF greedy generate."""
-    from hf_tiny import ARCHS, tiny_model
+    from targetrows.hf.tiny import ARCHS, tiny_model
 
     archs = ARCHS[:1] if smoke else ARCHS
     prompts = [[5, 17, 42], [200, 3], [7] * 9][: 1 if smoke else 3]
@@ -301,7 +303,7 @@ def main(argv=None) -> int:
             rows, context, settings, (target, draft) = out
             all_rows.extend(rows)
             head = bench_report.header(
-                None, settings, target, draft, len({r["question_id"] for r in rows})
+                settings, target, draft, len({r["question_id"] for r in rows})
             )
             head["models"] = f"random weights, built in {state.get('build_s', 0):.0f} s"
             sections.append(

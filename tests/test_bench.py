@@ -10,11 +10,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from hf_tiny import DRAFT_VOCAB, TARGET_VOCAB, TOKENIZER_SIZE, save_tiny_pair, tiny_model  # noqa: E402
-
 from targetrows.bench import report as bench_report  # noqa: E402
 from targetrows.bench import run as bench  # noqa: E402
 from targetrows.cli import main  # noqa: E402
+from targetrows.hf.tiny import DRAFT_VOCAB, TARGET_VOCAB, TOKENIZER_SIZE, save_tiny_pair, tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -4,9 +4,11 @@ picked from a predicted-throughput curve, and acceptance predictions that match 
 import numpy as np
 import pytest
 
-from targetrows.decoding import costmodel as cm
-from targetrows.decoding.loop import DecodeConfig, RoundStats, generate
+from targetrows.cli.common import budget_arg
 from targetrows.core.toy import ToyPair
+from targetrows.decoding import costmodel as cm
+from targetrows.decoding.loop import DecodeConfig, generate
+from targetrows.decoding.round import RoundStats
 
 # target pass: 9 ms + 1 ms per new token; draft pass: 2 ms + 0.1 ms per new token
 TARGET = cm.PassCurve((1, 9, 17), (0.010, 0.018, 0.026))
@@ -137,12 +139,12 @@ def test_time_passes_on_the_toy_pair():
 
 
 def test_budget_arg():
-    assert cm.budget_arg("auto") == "auto"
-    assert cm.budget_arg("8") == 8
-    assert cm.budget_arg("0") == 0  # the range is the command's check (its option's name)
+    assert budget_arg("auto") == "auto"
+    assert budget_arg("8") == 8
+    assert budget_arg("0") == 0  # the range is the command's check (its option's name)
     for bad in ("x", "2.5", ""):
         with pytest.raises(ValueError):
-            cm.budget_arg(bad)
+            budget_arg(bad)
 
 
 def test_mean_parts_averages_two_timings():

@@ -8,9 +8,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from hf_tiny import save_tiny_pair  # noqa: E402
-
 from targetrows.decoding.answers import read_questions  # noqa: E402
+from targetrows.hf.tiny import save_tiny_pair  # noqa: E402
 
 QUESTIONS = [
     {"question_id": "q1", "category": "writing", "turns": ["Write a haiku.", "Now shorter."]},

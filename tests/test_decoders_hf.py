@@ -12,9 +12,11 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from hf_tiny import ARCHS, save_tiny_pair, tiny_model, tiny_tokenizer  # noqa: E402
+from targetrows.decoding.loop import DecodeConfig, generate  # noqa: E402
+from targetrows.decoding.registry import decoder_names  # noqa: E402
+from targetrows.hf.tiny import ARCHS, save_tiny_pair, tiny_model, tiny_tokenizer  # noqa: E402
 
-from targetrows.decoding.loop import DECODERS, DecodeConfig, generate  # noqa: E402
+DECODERS = decoder_names()
 from targetrows.hf.model import HFModel  # noqa: E402
 
 PROMPTS = [[5, 17, 42], [200, 3], [7] * 9, [100, 101, 102, 103, 104, 105], [64]]
@@ -220,7 +222,7 @@ def test_compare_bad_input(saved_pair, extra, message):
 
 
 def test_compare_unknown_model_and_vocab_mismatch(saved_pair, tmp_path):
-    from hf_tiny import save_tiny
+    from targetrows.hf.tiny import save_tiny
 
     target, _ = saved_pair
     proc = _cli("compare", "--target", str(tmp_path / "nope"), "--draft", target, "--prompt", "hi")

@@ -9,10 +9,11 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from hf_tiny import save_tiny_pair  # noqa: E402
-
 from targetrows.cli import main  # noqa: E402
-from targetrows.decoding.loop import DECODERS  # noqa: E402
+from targetrows.decoding.registry import decoder_names  # noqa: E402
+from targetrows.hf.tiny import save_tiny_pair  # noqa: E402
+
+DECODERS = decoder_names()
 
 QUESTIONS = [
     {"question_id": "mt-1", "category": "writing",

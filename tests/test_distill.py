@@ -9,12 +9,12 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from hf_tiny import reference_logits, save_tiny, tiny_model, tiny_tokenizer  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 from targetrows import cli  # noqa: E402
 from targetrows.build import chat_prompts, distill  # noqa: E402
-from targetrows.hf.loading import encode_prompt  # noqa: E402
+from targetrows.decoding.chat import encode_prompt  # noqa: E402
+from targetrows.hf.tiny import reference_logits, save_tiny, tiny_model, tiny_tokenizer  # noqa: E402
 
 SMALL = dict(prompts=24, heldout=4, max_new_tokens=8, gen_batch=8, steps=12, batch_size=4,
              warmup=2, top_k=8, n_random=64, compile=False)

@@ -9,11 +9,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hf_tiny import ARCHS, TOKENIZER_SIZE, random_tree, reference_logits, tiny_model
 from transformers import DynamicCache
 
-from targetrows.hf.model import HFModel
 from targetrows.core.tree import Tree
+from targetrows.hf.model import HFModel
+from targetrows.hf.tiny import ARCHS, TOKENIZER_SIZE, random_tree, reference_logits, tiny_model
 
 V = TOKENIZER_SIZE
 TOL = {"sdpa": 1e-9, "eager": 1e-5}

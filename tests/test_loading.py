@@ -8,7 +8,17 @@ import os
 import numpy as np
 import pytest
 import torch
-from hf_tiny import (
+
+from targetrows.cli.common import add_model_arguments, load_from_args  # noqa: E402
+from targetrows.core.tree import Tree
+from targetrows.decoding.chat import encode_conversation, encode_prompt, stop_ids  # noqa: E402
+from targetrows.hf.loading import (  # noqa: E402
+    load_model,
+    load_pair,
+    tokenizer_difference,
+)
+from targetrows.hf.model import HFModel
+from targetrows.hf.tiny import (
     ARCHS,
     DRAFT_VOCAB,
     N_BYTES,
@@ -20,19 +30,6 @@ from hf_tiny import (
     tiny_model,
     tiny_tokenizer,
 )
-
-from targetrows.hf.model import HFModel
-from targetrows.hf.loading import (
-    add_model_arguments,
-    encode_conversation,
-    encode_prompt,
-    load_from_args,
-    load_model,
-    load_pair,
-    stop_ids,
-    tokenizer_difference,
-)
-from targetrows.core.tree import Tree
 
 EOS, IM_START, IM_END = N_BYTES, N_BYTES + 1, N_BYTES + 2
 
@@ -105,7 +102,7 @@ def test_pickle_weights_need_permission(tmp_path):
 
 def test_gguf_files_load(tmp_path):
     pytest.importorskip("gguf")
-    from hf_tiny import save_tiny_gguf
+    from targetrows.hf.tiny import save_tiny_gguf
 
     path = save_tiny_gguf(tmp_path / "gguf-model", seed=0)
     expected = reference_logits(tiny_model("qwen2", seed=0), [5, 6, 7])[-1]

@@ -7,8 +7,11 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from targetrows.decoding.loop import DECODERS, DecodeConfig, generate
 from targetrows.core.toy import ToyPair
+from targetrows.decoding.loop import DecodeConfig, generate
+from targetrows.decoding.registry import decoder_names
+
+DECODERS = decoder_names()
 
 PROMPT = [1, 2]
 VOCAB = 6

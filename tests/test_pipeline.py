@@ -2,7 +2,6 @@
 whole default DAG end to end on tiny random-weight models (tests/pipeline_config/)."""
 
 import importlib.util
-import json
 import os
 import re
 import signal
@@ -95,8 +94,10 @@ def _mutate(cfg, path, value):
      r"config key models\.smollm2-135m-draft\.source: 'ftp' is not one of"),
     (("decode", "budgets"), [0], r"config key decode\.budgets\[0\]: 0 is less than the minimum"),
     (("score", "budgets"), [2, 0], r"config key score\.budgets\[1\]: 0 is less than the minimum"),
-    (("decode", "fts_budgets"), [0],
-     r"config key decode\.fts_budgets\[0\]: 0 is less than the minimum"),
+    (("decode", "decoder_budgets", "fts"), [0],
+     r"config key decode\.decoder_budgets\.fts\[0\]: 0 is less than the minimum"),
+    (("decode", "decoder_budgets", "beam"), [8],
+     r"config key decode\.decoder_budgets: 'beam' is not one of"),
     (("pairs",), [{"target": "../escape", "draft": "smollm2-135m-draft"}],
      r"config key pairs\[0\]\.target: '\.\./escape' does not match"),
 ])
@@ -155,23 +156,19 @@ def test_slurm_jobs_lock_in_their_own_folder(tmp_path):
     assert lock_folder(str(tmp_path), {"SLURM_JOB_ID": "42"}) == str(tmp_path / "slurm-42")
 
 
-def _answer(budget, nodes):
-    return {"question_id": 1, "budget": budget, "rounds": {"nodes": nodes}}
+def test_matched_budget_takes_the_baselines_mean_tree_size():
+    import pandas as pd
 
+    from targetrows.analysis.online import resolve_budgets
 
-def test_fts_budget_matched_to_pearls_mean_tree_size(tmp_path):
-    from decode import resolve_budgets
-
-    files = []
-    for i, records in enumerate([[_answer(59, [40, 44]), _answer(8, [5])],
-                                 [_answer(59, [42, 45, 41])]]):
-        files.append(tmp_path / f"pearl{i}.jsonl")
-        files[-1].write_text("".join(json.dumps(r) + "\n" for r in records))
-    paths = [str(f) for f in files]
-    assert resolve_budgets(["matched", 8], [59, 8], paths) == [42, 8]  # 212 / 5 = 42.4
-    assert resolve_budgets([30, "matched"], [59, 8], paths) == [30, 5]
+    summary = pd.DataFrame({"decoder": ["pearl", "pearl", "pearl"], "budget": [59, 8, 59],
+                            "nodes": [84.0, 5.0, 128.0], "rounds": [2, 1, 3]})
+    assert resolve_budgets("fts", ["matched", 8], [59, 8], summary) == [42, 8]  # 212 / 5
+    assert resolve_budgets("fts", [30, "matched"], [59, 8], summary) == [30, 5]
     with pytest.raises(ValueError, match="no pearl rounds at budget 16"):
-        resolve_budgets(["matched"], [16], paths)
+        resolve_budgets("fts", ["matched"], [16], summary)
+    with pytest.raises(ValueError, match="no decoder to match"):
+        resolve_budgets("rerank", ["matched"], [16], summary)
 
 
 def test_bundled_prompts_are_spec_bench_questions():
@@ -219,7 +216,8 @@ def test_hub_errors_are_classified():
 # -- end to end ---------------------------------------------------------------------------------
 
 NEEDED = ["torch", "transformers", "pandas", "seaborn", "targetrows.decoding.answer_file",
-          "targetrows.rowlog.record", "targetrows.rowlog.score", "targetrows.build.distill", "targetrows.analysis.stats"]
+          "targetrows.rowlog.record", "targetrows.rowlog.score", "targetrows.build.distill",
+          "targetrows.analysis.stats"]
 
 
 def _missing() -> list[str]:
@@ -234,8 +232,7 @@ def _missing() -> list[str]:
 
 
 def _tiny_workdir(tmp_path: Path) -> Path:
-    sys.path.insert(0, str(REPO / "tests"))
-    from hf_tiny import save_tiny
+    from targetrows.hf.tiny import save_tiny
 
     work = tmp_path / "run"
     save_tiny(work / "models" / "tiny-llama", "llama", seed=0, n_layers=2)

@@ -24,11 +24,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from hf_tiny import save_tiny, save_tiny_pair, tiny_model, tiny_tokenizer  # noqa: E402
-
-from targetrows.rowlog import format as rowlog  # noqa: E402
 from targetrows.cli import main  # noqa: E402
-from targetrows.hf.loading import encode_conversation  # noqa: E402
+from targetrows.decoding.chat import encode_conversation  # noqa: E402
+from targetrows.hf.tiny import save_tiny, save_tiny_pair, tiny_model, tiny_tokenizer  # noqa: E402
+from targetrows.rowlog import format as rowlog  # noqa: E402
 
 QUESTIONS = [
     {"question_id": f"q{i}", "category": "writing" if i % 2 else "math",

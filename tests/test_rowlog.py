@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 import targetrows.rowlog.record as record
-from targetrows.core import pool
-from targetrows.rowlog import format as rowlog
 from targetrows.cli import main
-from targetrows.rowlog.record import RecordConfig, ToyEncoder, record_file, record_prompt
+from targetrows.core import pool
 from targetrows.core.toy import ToyPair
 from targetrows.core.tree import Tree
+from targetrows.rowlog import format as rowlog
+from targetrows.rowlog.record import RecordConfig, ToyEncoder, record_file, record_prompt
 
 PROMPTS = [
     {"question_id": 81, "category": "writing", "turns": ["Write a haiku.", "Now a limerick."]},
@@ -185,10 +185,10 @@ def test_record_cli_toy_pair_and_bad_input(tmp_path, capsys):
 def test_record_from_tiny_hf_models_round_trips(tmp_path):
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from hf_tiny import reference_logits, save_tiny_pair
     from transformers import AutoModelForCausalLM
 
     from targetrows.hf.loading import load_tokenizer
+    from targetrows.hf.tiny import reference_logits, save_tiny_pair
 
     target_dir, draft_dir = save_tiny_pair(tmp_path, "llama")
     prompts = write_prompts(tmp_path / "p.jsonl", PROMPTS[:1])
@@ -218,10 +218,11 @@ def test_record_from_tiny_hf_models_round_trips(tmp_path):
 def test_sampled_recording_from_tiny_hf_models_is_deterministic(tmp_path):
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from hf_tiny import reference_logits, save_tiny_pair
     from transformers import AutoModelForCausalLM
 
-    from targetrows.hf.loading import load_pair, stop_ids
+    from targetrows.decoding.chat import stop_ids
+    from targetrows.hf.loading import load_pair
+    from targetrows.hf.tiny import reference_logits, save_tiny_pair
     from targetrows.rowlog.record import ChatEncoder
 
     target_dir, draft_dir = save_tiny_pair(tmp_path, "qwen2")

@@ -18,9 +18,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from hf_tiny import save_tiny, save_tiny_pair  # noqa: E402
-
 from targetrows.cli import main  # noqa: E402
+from targetrows.hf.tiny import save_tiny, save_tiny_pair  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 from snakemake_env import SNAKEMAKE, snakemake_env  # noqa: E402
@@ -120,7 +119,8 @@ def test_pickle_weights_are_not_unpickled_without_permission(tmp_path, capsys, p
 def test_defaults_are_safe():
     import argparse
 
-    from targetrows.hf.loading import add_model_arguments, load_model, load_pair, load_tokenizer
+    from targetrows.cli.common import add_model_arguments
+    from targetrows.hf.loading import load_model, load_pair, load_tokenizer
 
     for fn in (load_model, load_pair, load_tokenizer):
         params = inspect.signature(fn).parameters
@@ -135,7 +135,8 @@ def test_defaults_are_safe():
 def test_trust_remote_code_can_name_one_model():
     import argparse
 
-    from targetrows.hf.loading import add_model_arguments, trusts
+    from targetrows.cli.common import add_model_arguments
+    from targetrows.hf.loading import trusts
 
     parser = argparse.ArgumentParser()
     add_model_arguments(parser)
@@ -241,7 +242,7 @@ def _custom_pair_config(folder, target, draft, trust):
                      "plain": {"source": "local", "path": str(draft)}}
     cfg.update(tasks=["gsm8k"], temperatures=[0])
     cfg["prompts"]["n"] = 1
-    cfg["decode"].update(decoders=["draft_rank"], budgets=[3], fts_budgets=[3], max_new_tokens=4)
+    cfg["decode"].update(decoders=["draft_rank"], budgets=[3], decoder_budgets={}, max_new_tokens=4)
     path = folder / f"trust-{trust}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return str(path)

@@ -5,13 +5,13 @@ import numpy as np
 import pytest
 
 from targetrows import expected_accepted, expected_accepted_greedy, select
-from targetrows.rowlog import format as rowlog
 from targetrows.cli import main
-from targetrows.decoding.loop import DecodeConfig, generate
-from targetrows.rowlog.record import RecordConfig, record_prompt
-from targetrows.rowlog.score import RULES, _top_order, read_table, score_log, write_table
 from targetrows.core.toy import ToyPair
 from targetrows.core.tree import Tree
+from targetrows.decoding.loop import DecodeConfig, generate
+from targetrows.rowlog import format as rowlog
+from targetrows.rowlog.record import RecordConfig, record_prompt
+from targetrows.rowlog.score import RULES, _top_order, read_table, score_log, write_table
 
 BUDGETS = [1, 2, 3, 5, 8, 13, 200]
 

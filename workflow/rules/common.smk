@@ -5,6 +5,8 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
+from targetrows.decoding.registry import DECODERS, decoder_names
+
 
 def config_key(path):
     """['decode', 'budgets', 0] -> 'decode.budgets[0]'"""
@@ -38,7 +40,6 @@ validate_config(config)
 # pipeline also runs with --directory somewhere else.
 REPO = Path(workflow.basedir)
 ENV = "../envs/targetrows.yaml"
-OVERLAPPED = ("rerank", "fts", "pearl")  # root pass on the target's GPU while the draft drafts
 TARGETS = [pair["target"] for pair in config["pairs"]]
 DRAFT_OF = {pair["target"]: pair["draft"] for pair in config["pairs"]}
 
@@ -81,17 +82,24 @@ def check_config(cfg):
                 f"another distilled draft ({spec['target']!r})"
             )
     dec = cfg["decode"]
-    fts = dec.get("fts_budgets")
-    if fts is not None and len(fts) != len(dec["budgets"]):
-        raise WorkflowError(
-            f"config key decode.fts_budgets: has {len(fts)} entries but decode.budgets has "
-            f"{len(dec['budgets'])}; give fts one condition per budget condition"
-        )
-    if fts is not None and "matched" in fts and "pearl" not in dec["decoders"]:
-        raise WorkflowError(
-            "config key decode.fts_budgets: 'matched' needs pearl's tree sizes; add pearl to "
-            "decode.decoders or give fts numeric budgets"
-        )
+    for decoder, budgets in dec.get("decoder_budgets", {}).items():
+        key = f"decode.decoder_budgets.{decoder}"
+        if len(budgets) != len(dec["budgets"]):
+            raise WorkflowError(
+                f"config key {key}: has {len(budgets)} entries but decode.budgets has "
+                f"{len(dec['budgets'])}; give {decoder} one condition per budget condition"
+            )
+        baseline = DECODERS[decoder].baseline
+        if "matched" in budgets and baseline is None:
+            raise WorkflowError(
+                f"config key {key}: 'matched' takes a baseline decoder's tree size, and "
+                f"{decoder} has none; give it numeric budgets"
+            )
+        if "matched" in budgets and baseline not in dec["decoders"]:
+            raise WorkflowError(
+                f"config key {key}: 'matched' needs {baseline}'s tree sizes; add {baseline} "
+                f"to decode.decoders or give {decoder} numeric budgets"
+            )
     pool = cfg["pool"]["top_k"] + (cfg["pool"]["depth"] - 1) * cfg["pool"]["top_k"] ** 2
     for key, budgets in (("decode.budgets", dec["budgets"]), ("score.budgets", cfg["score"]["budgets"])):
         if max(budgets) > pool:
@@ -153,31 +161,31 @@ def trust_args(target):
 
 
 def decode_budgets(decoder):
-    """The budget conditions a decoder runs (ar verifies no tree: one condition)."""
-    if decoder == "ar":
+    """The budget conditions a decoder runs: its own (decode.decoder_budgets), else
+    decode.budgets; one condition for a decoder without a tree (ar)."""
+    if not DECODERS[decoder].drafts:
         return [1]
-    if decoder == "fts":
-        return config["decode"].get("fts_budgets") or config["decode"]["budgets"]
-    return config["decode"]["budgets"]
+    return config["decode"]["decoder_budgets"].get(decoder, config["decode"]["budgets"])
 
 
 def decode_inputs(wildcards):
     inputs = pair_inputs(wildcards)
-    if wildcards.decoder == "fts" and "matched" in decode_budgets("fts"):
-        # a matched cap waits for pearl's runs on every task at this target and temperature
-        inputs["pearl"] = expand(
-            "results/decode/{target}/{task}/T{temperature}/pearl.jsonl",
+    if "matched" in decode_budgets(wildcards.decoder):
+        # a matched cap waits for the baseline's runs on every task at this target and temperature
+        inputs["baseline"] = expand(
+            "results/decode/{target}/{task}/T{temperature}/{baseline}.jsonl",
             target=wildcards.target,
             task=config["tasks"],
             temperature=wildcards.temperature,
+            baseline=DECODERS[wildcards.decoder].baseline,
         )
     return inputs
 
 
 def gpus_for(decoder):
-    """Two GPUs for the decoders whose root pass overlaps drafting, one otherwise (Snakemake
-    scales the request down to --resources gpu=, e.g. 1 on a one-GPU machine)."""
-    return 2 if decoder in OVERLAPPED else 1
+    """GPUs a decoder job asks for (the registry's `Decoder.gpus`: two when its root pass
+    overlaps drafting). Snakemake scales the request down to --resources gpu=."""
+    return DECODERS[decoder].gpus
 
 
 def gpu_lock_dir():

@@ -31,7 +31,7 @@ rule tables:
         "results/logs/summary/tables.log",
     params:
         budgets=config["decode"]["budgets"],
-        fts_budgets=decode_budgets("fts"),
+        budgets_of=config["decode"]["decoder_budgets"],
         bootstrap=config["report"]["bootstrap"],
         seed=config["report"]["seed"],
     localrule: True

@@ -1,41 +1,14 @@
 """Snakemake job: one decoder on one target x task x temperature, all its budget conditions.
 
-Claims its GPUs (gpu_lock.py), resolves fts's `matched` budgets from pearl's runs, and calls
-`targetrows decode`, which resumes an interrupted job from OUT.partial and writes OUT atomically.
+Resolves `matched` budgets from the baseline decoder's runs (`targetrows.analysis.online`),
+claims its GPUs and calls `targetrows decode`, which resumes an interrupted job from
+OUT.partial and writes OUT atomically.
 """
 
-import json
 import sys
 
+from targetrows.analysis.online import resolve_budgets, summarise
 from targetrows.pipeline.gpu_lock import run_claimed
-
-
-def mean_nodes(paths: list[str], budget: int) -> float:
-    """Mean non-root nodes verified per round over pearl's answers at `budget`."""
-    total, rounds = 0, 0
-    for path in paths:
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                record = json.loads(line)
-                if record.get("budget") == budget:
-                    nodes = record["rounds"].get("nodes", []) if record.get("rounds") else []
-                    total += sum(nodes)
-                    rounds += len(nodes)
-    if rounds == 0:
-        raise ValueError(f"no pearl rounds at budget {budget} in {len(paths)} file(s) "
-                         f"(first: {paths[0] if paths else 'none'}); cannot match fts's budget")
-    return total / rounds
-
-
-def matched(mean: float) -> int:
-    """The budget matched to a mean tree size (tables.py pairs conditions with the same rule)."""
-    return max(1, round(mean))
-
-
-def resolve_budgets(budgets: list, base: list[int], pearl: list[str]) -> list[int]:
-    """fts's conditions: 'matched' at entry i takes pearl's mean tree size at base[i]."""
-    return [matched(mean_nodes(pearl, base[i])) if b == "matched" else int(b)
-            for i, b in enumerate(budgets)]
 
 
 def command(smk, budgets: list[int]):
@@ -57,13 +30,13 @@ def command(smk, budgets: list[int]):
 
 def main(smk) -> None:
     budgets = smk.params.budgets
-    if "matched" in budgets:
-        budgets = resolve_budgets(budgets, smk.params.base_budgets, list(smk.input.pearl))
-        with open(smk.log[0], "w") as log:
-            print(f"fts budgets {smk.params.budgets} -> {budgets} (pearl's mean tree sizes)",
-                  file=log)
-    else:
-        open(smk.log[0], "w").close()
+    with open(smk.log[0], "w") as log:
+        if "matched" in budgets:
+            baseline = summarise(list(smk.input.baseline))
+            budgets = resolve_budgets(smk.wildcards.decoder, budgets, smk.params.base_budgets,
+                                      baseline)
+            print(f"{smk.wildcards.decoder} budgets {smk.params.budgets} -> {budgets} "
+                  "(the baseline's mean tree sizes)", file=log)
     rc = run_claimed(command(smk, budgets), smk.resources.gpu, smk.log[0],
                      smk.params.lock_dir or None)
     if rc:

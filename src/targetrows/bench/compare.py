@@ -1,10 +1,8 @@
-"""`targetrows compare`: the five decoders on one prompt, side by side.
+"""Decoders on one prompt, side by side (what `targetrows compare` prints).
 
-    targetrows compare --target T --draft D --prompt "..." [--temperature 0] [--budget 59]
-
-Prints, per decoder: new tokens, tokens/s, speedup over `ar`, tokens committed per round,
-accepted draft tokens per round and mean non-root nodes verified. At temperature 0 every decoder
-must reproduce `ar`'s tokens exactly (lossless); the command says so, or fails if not. One
+Per decoder: new tokens, tokens/s, speedup over `ar`, tokens committed per round, accepted
+draft tokens per round and mean non-root nodes verified. At temperature 0 every decoder must
+reproduce `ar`'s tokens exactly (lossless); `lossless_report` says so, or fails if not. One
 exception is explained rather than failed: in reduced precision a tree pass can round a row
 differently from `ar`'s one-token step, so where the target's two best logits are within a few
 rounding steps of each other a decoder may take the other one (a near-tie, not a bug).
@@ -12,38 +10,18 @@ rounding steps of each other a decoder may take the other one (a near-tie, not a
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 
 import numpy as np
 
-from targetrows.core.atomic import atomic_write_text
-from targetrows.decoding.costmodel import auto_budget, budget_arg
-from targetrows.decoding.loop import DECODERS, DecodeConfig, generate
 from targetrows.core.tree import Tree
+from targetrows.decoding.loop import DecodeConfig, generate
+from targetrows.decoding.registry import get_decoder
 
 NEAR_TIE_STEPS = 4  # top-2 logit gaps up to this many rounding steps count as a near-tie
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from targetrows.hf.loading import add_model_arguments
-
-    add_model_arguments(parser)
-    parser.add_argument("--prompt", required=True, help="the user message")
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--budget", type=budget_arg, default=59,
-                        help="non-root nodes per tree, or auto (best predicted tokens/s here)")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--top-k", type=int, default=10)
-    parser.add_argument("--depth", type=int, default=6)
-    parser.add_argument("--decoders", nargs="+", default=list(DECODERS), choices=DECODERS)
-    parser.add_argument("--json", dest="json_out", default=None,
-                        help="also write the results, with token ids and text, to this file")
-
-
-def compare(target, draft, tokenizer, prompt_ids, decoders, config: DecodeConfig, progress=True):
+def compare(target, draft, prompt_ids, decoders, config: DecodeConfig, progress=True):
     """{decoder: DecodeResult}, each decoder run once on the same prompt and seed."""
     import dataclasses
 
@@ -53,7 +31,7 @@ def compare(target, draft, tokenizer, prompt_ids, decoders, config: DecodeConfig
     # a short warm-up so the first decoder does not pay for lazy initialisation
     generate(target, None, prompt_ids, dataclasses.replace(config, decoder="ar", max_new_tokens=2))
     for name in tqdm(decoders, desc="decoders", file=sys.stderr, disable=not progress):
-        results[name] = generate(target, draft if name != "ar" else None, prompt_ids,
+        results[name] = generate(target, draft if get_decoder(name).drafts else None, prompt_ids,
                                  dataclasses.replace(config, decoder=name))
     return results
 
@@ -143,48 +121,3 @@ def lossless_report(target, prompt_ids, results) -> tuple[int, list[str]]:
     return status, lines
 
 
-def run(args: argparse.Namespace) -> int:
-    from targetrows.hf.loading import encode_prompt, load_from_args, stop_ids
-
-    if not args.prompt.strip():
-        raise ValueError("--prompt is empty: give the text of a user message")
-    if args.budget != "auto" and args.budget < 1:
-        raise ValueError(f"--budget must be >= 1, got {args.budget}")
-    if args.temperature < 0:
-        raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
-    if any(d != "ar" for d in args.decoders) and not args.draft:
-        raise ValueError("--draft is required for every decoder but ar")
-    target, draft, tokenizer = load_from_args(args)
-    prompt_ids = encode_prompt(tokenizer, args.prompt)
-    budget = args.budget
-    if budget == "auto":  # picked for fts (else the first tree decoder) on this prompt
-        tree_decoders = [d for d in args.decoders if d != "ar"]
-        budget = 1
-        if tree_decoders:
-            choice = auto_budget(target, draft, prompt_ids,
-                                 "fts" if "fts" in tree_decoders else tree_decoders[0],
-                                 args.temperature, args.top_k, args.depth)
-            budget = choice.budget
-            print(choice.describe(), file=sys.stderr)
-    config = DecodeConfig(
-        decoder="ar", budget=budget, temperature=args.temperature,
-        max_new_tokens=args.max_new_tokens, top_k=args.top_k, depth=args.depth, seed=args.seed,
-        stop_ids=frozenset(stop_ids(tokenizer, target)),
-    )
-    results = compare(target, draft, tokenizer, prompt_ids, args.decoders, config)
-    rows = table_rows(results)
-    print(format_table(rows))
-    status = 0
-    if args.temperature == 0 and "ar" in results:
-        status, lines = lossless_report(target, prompt_ids, results)
-        print("\n".join(lines), file=sys.stderr if status else sys.stdout)
-    if args.json_out:
-        for row in rows:
-            res = results[row["decoder"]]
-            row["token_ids"] = res.tokens
-            row["text"] = tokenizer.decode(res.tokens, skip_special_tokens=True)
-            row["rounds"] = [r.__dict__ for r in res.rounds]
-        document = {"prompt": args.prompt, "temperature": args.temperature,
-                    "budget": budget, "seed": args.seed, "decoders": rows}
-        atomic_write_text(args.json_out, json.dumps(document, indent=1) + "\n")
-    return status

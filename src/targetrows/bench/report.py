@@ -8,7 +8,6 @@ import csv
 import io
 import os
 import platform
-import sys
 import time
 from collections import defaultdict
 
@@ -23,8 +22,9 @@ MAX_BOOKKEEPING = 0.05  # share of a round
 PER_ROUND_MS = ("t_draft", "t_root", "t_verify")
 
 
-def header(args, settings, target, draft, n_prompts: int) -> dict:
-    """Machine, versions, models, settings and command line, for the report's head."""
+def header(settings, target, draft, n_prompts: int, command: str | None = None,
+           note: str = "") -> dict:
+    """Machine, versions, models, settings, the command line and a note, for the report's head."""
     import torch
     import transformers
 
@@ -36,12 +36,8 @@ def header(args, settings, target, draft, n_prompts: int) -> dict:
             torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())
         )
     out = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
-    if args is not None:
-        prog = os.path.basename(sys.argv[0])
-        prog = (
-            "targetrows" if prog in ("cli.py", "__main__.py") else prog
-        )  # python -m targetrows.cli
-        out["command"] = " ".join([prog] + sys.argv[1:])
+    if command is not None:
+        out["command"] = command
     out.update(
         {
             "machine": machine,
@@ -56,7 +52,6 @@ def header(args, settings, target, draft, n_prompts: int) -> dict:
             f"{settings.top_k}, depth {settings.depth}, seed {settings.seed}",
         }
     )
-    note = getattr(args, "note", "")
     if note:
         out["note"] = note
     return out

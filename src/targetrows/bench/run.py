@@ -15,8 +15,6 @@ temperature and method) and a Markdown report, both written atomically.
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,7 +22,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from targetrows.decoding import costmodel
-from targetrows.decoding.loop import DECODERS, DecodeConfig, generate
+from targetrows.decoding.loop import DecodeConfig, generate
+from targetrows.decoding.model import synchronize
+from targetrows.decoding.registry import decoder_names, get_decoder
 from targetrows.hf.baselines import HF_METHODS, assistant_for, hf_generate
 
 PER_ROUND = (
@@ -51,7 +51,7 @@ class BenchPrompt:
 
 @dataclass(frozen=True)
 class BenchSettings:
-    decoders: tuple[str, ...] = DECODERS
+    decoders: tuple[str, ...] = decoder_names()
     temperatures: tuple[float, ...] = (0.0,)
     budget: int | str = "auto"  # an int for every decoder, or "auto": costmodel.auto_budget each
     max_new_tokens: int = 64
@@ -72,57 +72,11 @@ class BenchSettings:
             isinstance(self.budget, bool) or not isinstance(self.budget, int) or self.budget < 1
         ):
             raise ValueError(f"--budget must be >= 1 or auto, got {self.budget!r}")
-        unknown = set(self.decoders) - set(DECODERS)
-        if unknown:
-            raise ValueError(
-                f"unknown decoders {sorted(unknown)}: choose from {', '.join(DECODERS)}"
-            )
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from targetrows.hf.loading import add_model_arguments
-
-    add_model_arguments(parser)
-    src = parser.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompts", help="prompts JSONL (Spec-Bench question format; first turns)")
-    src.add_argument("--prompt", action="append", help="a user message (repeat for several)")
-    parser.add_argument("--num-prompts", type=int, default=None, help="the first N of --prompts")
-    parser.add_argument(
-        "--temperature",
-        type=float,
-        nargs="+",
-        default=[0.0],
-        help="one condition each (0: greedy; > 0: pure sampling)",
-    )
-    parser.add_argument(
-        "--budget",
-        type=costmodel.budget_arg,
-        default="auto",
-        help="non-root nodes per tree, or auto (picked per decoder from timings)",
-    )
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--top-k", type=int, default=10)
-    parser.add_argument("--depth", type=int, default=6)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--decoders", nargs="+", default=list(DECODERS), choices=DECODERS)
-    parser.add_argument(
-        "--no-hf", dest="hf", action="store_false", help="skip the Hugging Face baselines"
-    )
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    parser.add_argument("--out-dir", default="benchmarks/results")
-    parser.add_argument("--name", default=None, help="file stem (default: bench_<date-time>)")
-    parser.add_argument("--note", default="", help="a line for the report's header")
+        for name in self.decoders:
+            get_decoder(name)  # an unknown name raises, naming the known ones
 
 
 # -- the run -----------------------------------------------------------------------------------
-
-
-def _synchronize(model) -> None:
-    device = getattr(model, "device", None)
-    if getattr(device, "type", None) == "cuda":
-        import torch
-
-        torch.cuda.synchronize(device)
 
 
 def pick_budgets(target, draft, prompt: BenchPrompt, settings: BenchSettings, parts):
@@ -130,8 +84,9 @@ def pick_budgets(target, draft, prompt: BenchPrompt, settings: BenchSettings, pa
     budgets, choices = {}, {}
     for name in settings.decoders:
         for temp in settings.temperatures:
-            if name == "ar" or settings.budget != "auto":
-                budgets[name, temp] = 1 if name == "ar" else int(settings.budget)
+            drafts = get_decoder(name).drafts
+            if not drafts or settings.budget != "auto":
+                budgets[name, temp] = int(settings.budget) if drafts else 1
                 continue
             choice = costmodel.auto_budget(
                 target,
@@ -155,7 +110,7 @@ def measure(target, draft, prompts: Sequence[BenchPrompt], settings: BenchSettin
     ctx = (ids * (want // len(ids) + 1))[:want]
     candidates = costmodel.DEFAULT_BUDGETS if settings.budget == "auto" else (int(settings.budget),)
     cap = costmodel.pool_size(settings.top_k, settings.depth)
-    uses_draft = draft is not None and any(d != "ar" for d in settings.decoders)
+    uses_draft = draft is not None and any(get_decoder(d).drafts for d in settings.decoders)
     sizes = costmodel.target_sizes_for([min(b, cap) for b in candidates]) if uses_draft else [1]
     widths = {1, settings.guesses, settings.top_k, settings.guesses * settings.top_k}
     return costmodel.measure_parts(
@@ -202,9 +157,9 @@ def run_method(
             seed=seed,
             stop_ids=settings.stop_ids,
         )
-        result = generate(target, draft if method != "ar" else None, prompt.ids, config)
+        result = generate(target, draft if get_decoder(method).drafts else None, prompt.ids, config)
         tokens = result.tokens
-    _synchronize(target.model)
+    synchronize(target)
     return tokens, time.perf_counter() - start, result
 
 
@@ -215,7 +170,7 @@ def run_bench(
     context holds the part times, the budgets and the auto choices for the report."""
     if not prompts:
         raise ValueError("no prompts to benchmark")
-    if draft is None and any(d != "ar" for d in settings.decoders):
+    if draft is None and any(get_decoder(d).drafts for d in settings.decoders):
         raise ValueError("every decoder but ar needs a draft model (--draft)")
     methods = [
         m for m in HF_METHODS if settings.hf and (m == "hf_generate" or draft is not None)
@@ -292,7 +247,7 @@ def _row(method, prompt, temperature, budget, tokens, wall, result) -> dict:
     row = {
         "method": method,
         "temperature": temperature,
-        "budget": budget if method not in HF_METHODS + ("ar",) else "",
+        "budget": budget if method not in HF_METHODS and get_decoder(method).drafts else "",
         "question_id": prompt.question_id,
         "category": prompt.category,
         "prompt_tokens": len(prompt.ids),
@@ -313,70 +268,3 @@ def _row(method, prompt, temperature, budget, tokens, wall, result) -> dict:
 # -- the command -------------------------------------------------------------------------------
 
 
-def read_prompts(args, tokenizer) -> list[BenchPrompt]:
-    from targetrows.hf.loading import encode_prompt
-    from targetrows.decoding.answers import read_questions
-
-    if args.prompts:
-        questions = read_questions(args.prompts)
-        if args.num_prompts is not None:
-            if args.num_prompts < 1:
-                raise ValueError(f"--num-prompts must be >= 1, got {args.num_prompts}")
-            questions = questions[: args.num_prompts]
-        items = [(str(q.question_id), q.category, q.turns[0]) for q in questions]
-    else:
-        items = [(f"prompt-{i}", "", text) for i, text in enumerate(args.prompt)]
-    for qid, _, text in items:
-        if not text.strip():
-            raise ValueError(f"prompt {qid} is empty: give the text of a user message")
-    return [
-        BenchPrompt(qid, cat, tuple(encode_prompt(tokenizer, text))) for qid, cat, text in items
-    ]
-
-
-def run(args: argparse.Namespace) -> int:
-    import sys
-
-    import transformers
-
-    from targetrows.bench import report as bench_report
-    from targetrows.hf.loading import load_from_args, stop_ids
-
-    # assisted generation warns, every call, about its own internal generation config
-    transformers.logging.set_verbosity_error()
-    if args.threads is not None:
-        import torch
-
-        if args.threads < 1:
-            raise ValueError(f"--threads must be >= 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
-    settings = BenchSettings(
-        decoders=tuple(args.decoders),
-        temperatures=tuple(args.temperature),
-        budget=args.budget,
-        max_new_tokens=args.max_new_tokens,
-        top_k=args.top_k,
-        depth=args.depth,
-        seed=args.seed,
-        hf=args.hf,
-    )
-    if args.draft is None and any(d != "ar" for d in settings.decoders):
-        raise ValueError("--draft is required for every decoder but ar (or pass --decoders ar)")
-    target, draft, tokenizer = load_from_args(args)
-    prompts = read_prompts(args, tokenizer)
-    settings = dataclasses.replace(settings, stop_ids=frozenset(stop_ids(tokenizer, target)))
-
-    def progress(row):
-        print(
-            f"{row['question_id']:>12} T={row['temperature']:g} {row['method']:>12}: "
-            f"{row['new_tokens']:4d} tokens {row['tokens_per_s']:8.1f} tokens/s",
-            file=sys.stderr,
-            flush=True,
-        )
-
-    rows, context = run_bench(target, draft, prompts, settings, progress)
-    header = bench_report.header(args, settings, target, draft, len(prompts))
-    paths = bench_report.write(args.out_dir, args.name, rows, context, header, settings)
-    print(bench_report.summary_markdown(bench_report.summarize(rows, settings), settings))
-    print(f"wrote {paths[0]} and {paths[1]}")
-    return 0

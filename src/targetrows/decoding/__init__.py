@@ -1,1 +1,2 @@
-"""Decoding (NumPy only): the `Model` protocol, the one round loop, the decoder registry and the cost model."""
+"""Decoding (NumPy only): the `Model` protocol, the one round loop, the decoder registry and the
+cost model."""

@@ -1,4 +1,4 @@
-"""`targetrows decode`: decode a prompts file with one decoder, at each budget, into answer JSONL.
+"""Decoding a prompts file with one decoder, at each budget, into answer JSONL (`targetrows decode`).
 
 The models load once; every budget condition runs over every prompt (MT-bench's second turn is
 asked after the decoder's own first answer, as in Spec-Bench). Each finished (prompt, budget)
@@ -10,7 +10,6 @@ uninterrupted one.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import json
@@ -18,28 +17,10 @@ import os
 import sys
 import zlib
 
-from .costmodel import auto_budget, budget_arg
-from .loop import DECODERS, DecodeConfig, generate
 from .answers import Question, answer_record, check_prompt, read_questions, write_jsonl_atomic
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from targetrows.hf.loading import add_model_arguments
-
-    add_model_arguments(parser)
-    parser.add_argument("--prompts", required=True, help="prompts JSONL (Spec-Bench question format)")
-    parser.add_argument("--decoder", required=True, choices=DECODERS)
-    parser.add_argument("--budgets", type=budget_arg, nargs="+", default=[59],
-                        help="non-root nodes per tree, one condition each (ignored by ar); "
-                             "auto: the best predicted tokens/s on this machine")
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--top-k", type=int, default=10)
-    parser.add_argument("--depth", type=int, default=6)
-    parser.add_argument("--model-id", default=None, help="model_id in the answers (default: target name)")
-    parser.add_argument("--out", required=True, help="answers JSONL to write")
-    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
+from .costmodel import auto_budget
+from .loop import DecodeConfig, generate
+from .registry import get_decoder
 
 
 def derive_seed(seed: int, question_id, turn: int, budget: int) -> int:
@@ -49,7 +30,7 @@ def derive_seed(seed: int, question_id, turn: int, budget: int) -> int:
 def positions_needed(config: DecodeConfig) -> int:
     """Positions past the prompt a turn may reach: its new tokens, and for a tree decoder the
     last round's t0 and tree (verified before the answer is cut to max_new_tokens)."""
-    return config.max_new_tokens + (0 if config.decoder == "ar" else config.depth + 1)
+    return config.max_new_tokens + (config.depth + 1 if get_decoder(config.decoder).drafts else 0)
 
 
 def check_question(target, draft, question: Question, turn: int, ids, config: DecodeConfig):
@@ -59,7 +40,7 @@ def check_question(target, draft, question: Question, turn: int, ids, config: De
 
 def decode_question(target, draft, tokenizer, question: Question, config: DecodeConfig):
     """(answer texts, DecodeResults) for every turn of one question; errors name the question."""
-    from targetrows.hf.loading import encode_conversation
+    from targetrows.decoding.chat import encode_conversation
 
     conversation, texts, results = [], [], []
     for turn, user in enumerate(question.turns):
@@ -109,85 +90,6 @@ def _finished(records: list[dict], keys: set) -> dict:
     return done
 
 
-def run(args: argparse.Namespace) -> int:
-    from targetrows.hf.loading import encode_conversation, load_from_args, stop_ids
-
-    questions = read_questions(args.prompts)  # a bad file fails before any model loads
-    budgets = [0] if args.decoder == "ar" else list(dict.fromkeys(args.budgets))
-    for b in budgets:
-        if args.decoder != "ar" and b != "auto" and b < 1:
-            raise ValueError(f"--budgets must be >= 1, got {b}")
-    if args.temperature < 0:
-        raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
-    if args.decoder != "ar" and not args.draft:
-        raise ValueError(f"decoder {args.decoder} needs --draft")
-    target, draft, tokenizer = load_from_args(args)
-    if args.decoder == "ar":
-        draft = None
-    shape = DecodeConfig(decoder=args.decoder, max_new_tokens=args.max_new_tokens,
-                         top_k=args.top_k, depth=args.depth)
-    for q in questions:  # first turns too long for the models fail before anything is written
-        ids = encode_conversation(tokenizer, [("user", q.turns[0])])
-        check_question(target, draft, q, 0, ids, shape)
-    model_id = args.model_id or os.path.basename(os.path.normpath(args.target))
-    # answers in OUT.partial are reused only under the same settings and the same prompts file
-    with open(args.prompts, "rb") as f:
-        prompts_digest = hashlib.sha256(f.read()).hexdigest()[:16]
-    fingerprint = f"{model_id}|{args.draft}|{args.decoder}|{args.temperature}|" \
-                  f"{args.max_new_tokens}|{args.seed}|{args.top_k}|{args.depth}|{args.dtype}|" \
-                  f"{prompts_digest}"
-    partial = args.out + ".partial"
-    interrupted = list(_partial_records(partial))
-    auto = None
-    if "auto" in budgets:
-        # timings differ from run to run: a resumed run keeps the interrupted run's choice
-        auto = _auto_budget_of(interrupted, fingerprint)
-        if auto is not None:
-            print(f"{args.decoder}: budget auto -> {auto}, as chosen by the interrupted run "
-                  f"({partial})", file=sys.stderr)
-        else:  # timed and calibrated on the first question's first turn
-            first = encode_conversation(tokenizer, [("user", questions[0].turns[0])])
-            choice = auto_budget(target, draft, first, args.decoder, args.temperature,
-                                 args.top_k, args.depth)
-            print(choice.describe(), file=sys.stderr)
-            auto = choice.budget
-        budgets = [auto if b == "auto" else b for b in budgets]
-    budgets = sorted(set(budgets), reverse=True)
-    stops = frozenset(stop_ids(tokenizer, target))
-    keys = {(str(q.question_id), b, fingerprint) for q in questions for b in budgets}
-    done = _finished(interrupted, keys)
-    # keep what survived (atomically: a kill now must not lose it), then append; a run that
-    # fails before its first answer leaves no file behind
-    if done:
-        write_jsonl_atomic(partial, done.values())
-    elif os.path.exists(partial):
-        os.unlink(partial)
-    todo = [(b, q) for b in budgets for q in questions if (str(q.question_id), b, fingerprint) not in done]
-    bar = _progress(len(todo), args.progress, f"{args.decoder} {model_id}")
-    for budget, question in todo:
-        config = DecodeConfig(
-            decoder=args.decoder, budget=max(budget, 1), temperature=args.temperature,
-            max_new_tokens=args.max_new_tokens, top_k=args.top_k, depth=args.depth,
-            seed=args.seed, stop_ids=stops,
-        )
-        texts, results = decode_question(target, draft, tokenizer, question, config)
-        condition = {"decoder": args.decoder, "budget": budget, "budget_auto": budget == auto,
-                     "temperature": args.temperature, "seed": args.seed, "fingerprint": fingerprint}
-        record = answer_record(question, model_id, condition, texts, results)
-        with open(partial, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        done[(str(question.question_id), budget, fingerprint)] = record
-        bar.update(1)
-    bar.close()
-    ordered = [done[(str(q.question_id), b, fingerprint)] for b in budgets for q in questions]
-    write_jsonl_atomic(args.out, ordered)
-    if os.path.exists(partial):
-        os.unlink(partial)
-    return 0
-
-
 def _progress(total: int, enabled: bool, desc: str):
     try:
         from tqdm import tqdm
@@ -203,3 +105,95 @@ def _progress(total: int, enabled: bool, desc: str):
 
         return _Silent()
     return tqdm(total=total, desc=desc, file=sys.stderr, unit="answer")
+
+
+@dataclasses.dataclass(frozen=True)
+class AnswerSettings:
+    """One `decode` job: a decoder and its budget conditions, and what identifies the run (an
+    interrupted run's answers are reused only when every field here and the prompts match)."""
+
+    decoder: str
+    budgets: tuple = (59,)  # ints, or "auto" (the cost model's pick on this machine)
+    temperature: float = 0.0
+    max_new_tokens: int = 128
+    seed: int = 0
+    top_k: int = 10
+    depth: int = 6
+    model_id: str = "target"  # model_id in the answers
+    draft_name: str | None = None  # the draft's name or path
+    dtype: str = "auto"
+    progress: bool = True
+
+
+def answer_file(target, draft, tokenizer, prompts_path: str, out: str,
+                s: AnswerSettings) -> None:
+    """Decode every question of `prompts_path` at every budget condition into the answers file
+    `out` (one line per question and budget), resuming from ``out.partial``."""
+    from .chat import encode_conversation, stop_ids
+
+    questions = read_questions(prompts_path)
+    drafts = get_decoder(s.decoder).drafts
+    budgets = list(dict.fromkeys(s.budgets)) if drafts else [0]  # ar: one condition, budget 0
+    if not drafts:
+        draft = None
+    shape = DecodeConfig(decoder=s.decoder, max_new_tokens=s.max_new_tokens,
+                         top_k=s.top_k, depth=s.depth)
+    for q in questions:  # first turns too long for the models fail before anything is written
+        ids = encode_conversation(tokenizer, [("user", q.turns[0])])
+        check_question(target, draft, q, 0, ids, shape)
+    model_id = s.model_id
+    # answers in OUT.partial are reused only under the same settings and the same prompts file
+    with open(prompts_path, "rb") as f:
+        prompts_digest = hashlib.sha256(f.read()).hexdigest()[:16]
+    fingerprint = f"{model_id}|{s.draft_name}|{s.decoder}|{s.temperature}|" \
+                  f"{s.max_new_tokens}|{s.seed}|{s.top_k}|{s.depth}|{s.dtype}|" \
+                  f"{prompts_digest}"
+    partial = out + ".partial"
+    interrupted = list(_partial_records(partial))
+    auto = None
+    if "auto" in budgets:
+        # timings differ from run to run: a resumed run keeps the interrupted run's choice
+        auto = _auto_budget_of(interrupted, fingerprint)
+        if auto is not None:
+            print(f"{s.decoder}: budget auto -> {auto}, as chosen by the interrupted run "
+                  f"({partial})", file=sys.stderr)
+        else:  # timed and calibrated on the first question's first turn
+            first = encode_conversation(tokenizer, [("user", questions[0].turns[0])])
+            choice = auto_budget(target, draft, first, s.decoder, s.temperature,
+                                 s.top_k, s.depth)
+            print(f"{s.decoder}: {choice.describe()}", file=sys.stderr)
+            auto = choice.budget
+        budgets = [auto if b == "auto" else b for b in budgets]
+    budgets = sorted(set(budgets), reverse=True)
+    stops = frozenset(stop_ids(tokenizer, target))
+    keys = {(str(q.question_id), b, fingerprint) for q in questions for b in budgets}
+    done = _finished(interrupted, keys)
+    # keep what survived (atomically: a kill now must not lose it), then append; a run that
+    # fails before its first answer leaves no file behind
+    if done:
+        write_jsonl_atomic(partial, done.values())
+    elif os.path.exists(partial):
+        os.unlink(partial)
+    todo = [(b, q) for b in budgets for q in questions if (str(q.question_id), b, fingerprint) not in done]
+    bar = _progress(len(todo), s.progress, f"{s.decoder} {model_id}")
+    for budget, question in todo:
+        config = DecodeConfig(
+            decoder=s.decoder, budget=max(budget, 1), temperature=s.temperature,
+            max_new_tokens=s.max_new_tokens, top_k=s.top_k, depth=s.depth,
+            seed=s.seed, stop_ids=stops,
+        )
+        texts, results = decode_question(target, draft, tokenizer, question, config)
+        condition = {"decoder": s.decoder, "budget": budget, "budget_auto": budget == auto,
+                     "temperature": s.temperature, "seed": s.seed, "fingerprint": fingerprint}
+        record = answer_record(question, model_id, condition, texts, results)
+        with open(partial, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        done[(str(question.question_id), budget, fingerprint)] = record
+        bar.update(1)
+    bar.close()
+    ordered = [done[(str(q.question_id), b, fingerprint)] for b in budgets for q in questions]
+    write_jsonl_atomic(out, ordered)
+    if os.path.exists(partial):
+        os.unlink(partial)

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
 from targetrows.core.atomic import atomic_write_text
+
 from .loop import DecodeResult
 
 

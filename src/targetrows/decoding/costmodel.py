@@ -17,7 +17,6 @@ over the largest candidate tree scores every smaller draft-ranked tree at once.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -25,6 +24,10 @@ import numpy as np
 
 from targetrows.core import select
 from targetrows.core.acceptance import reach_probability
+from targetrows.core.pool import expand_model, pool_depth, pool_size
+from targetrows.core.tree import Tree
+from targetrows.core.verify import walk
+
 from .parttimes import (
     PartTimes,
     PassCurve,
@@ -34,9 +37,7 @@ from .parttimes import (
     target_sizes_for,
     time_passes,
 )
-from targetrows.core.pool import expand_model, pool_depth, pool_size
-from targetrows.core.tree import Tree
-from targetrows.core.verify import walk
+from .registry import get_decoder, get_rule
 
 # the part times are measured in `parttimes`; they are part of this module's interface
 __all__ = [
@@ -49,7 +50,6 @@ __all__ = [
     "auto_budget",
     "best_budget",
     "bound",
-    "budget_arg",
     "draft_pass_widths",
     "isotonic",
     "mean_parts",
@@ -65,33 +65,12 @@ __all__ = [
 DEFAULT_BUDGETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 
 
-class BudgetError(ValueError, argparse.ArgumentTypeError):
-    """A bad budget: a ValueError for callers, and argparse prints its message as it is."""
-
-
-def budget_arg(value: str) -> int | str:
-    """argparse type for --budget: an integer, or "auto" (picked by `auto_budget`). The range
-    (>= 1) is each command's check, so that its message names its own option."""
-    if value == "auto":
-        return "auto"
-    try:
-        return int(value)
-    except ValueError:
-        raise BudgetError(f"budget {value!r} is neither a positive integer nor 'auto'") from None
-
-
 # -- the zero-overhead round -------------------------------------------------------------------
 
 
 def draft_pass_widths(decoder: str, top_k: int, depth: int, guesses: int = 2) -> list[int]:
-    """New tokens per draft pass of one round's pool expansion (design.md's candidate pool):
-    the root, then the top_k frontier nodes of each level. `fts` pre-expands under `guesses`
-    first tokens: the root, the guesses, then guesses * top_k frontier nodes per level."""
-    if decoder == "ar":
-        return []
-    if decoder == "fts":
-        return [1, guesses] + [guesses * top_k] * (depth - 1)
-    return [1] + [top_k] * (depth - 1)
+    """New tokens per draft pass of one round's pool expansion (`Decoder.draft_widths`)."""
+    return get_decoder(decoder).draft_widths(top_k, depth, guesses)
 
 
 def round_seconds(
@@ -107,24 +86,24 @@ def round_seconds(
     """Zero-overhead seconds of rounds that verified `nodes` non-root nodes with `draft_passes`
     draft passes each (arrays, one entry per round). `overlap` in [0, 1] is the share of the
     shorter of drafting and the root pass hidden behind the other (0 on one device)."""
+    entry = get_decoder(decoder)
     nodes = np.asarray(nodes, dtype=np.float64)
-    if decoder == "ar":
+    if not entry.drafts:
         return np.full(nodes.shape, parts.target(1))
     if parts.draft is None:
         raise ValueError(f"decoder {decoder!r} needs draft pass times")
-    widths = draft_pass_widths(decoder, top_k, depth, guesses)
+    widths = entry.draft_widths(top_k, depth, guesses)
     drafting = float(sum(parts.draft(w) for w in widths))
-    if decoder == "draft_rank":  # no root pass: the verify pass feeds the root too
-        return drafting + parts.target(nodes + 1)
+    verify = parts.target(nodes + entry.verify_feeds)
+    if not entry.root_pass:
+        return drafting + verify
     root = parts.target(1)
     before = drafting + root - overlap * min(drafting, root)
-    if decoder == "fts":  # t0 missed the guesses: a pool expansion under it, after the root pass
-        misses = np.maximum(np.asarray(draft_passes, float) - len(widths), 0.0) / depth
-        before = before + misses * sum(
-            parts.draft(w) for w in draft_pass_widths("pearl", top_k, depth)
-        )
-    # rerank: the root row is known, the verify pass feeds the nodes; fts/pearl: t0 + nodes
-    verify = parts.target(nodes) if decoder == "rerank" else parts.target(nodes + 1)
+    # passes beyond the planned ones are a pool drafted under t0 after the root pass (a first
+    # token the guesses missed), each level costing what a root pool's level does
+    extra = np.maximum(np.asarray(draft_passes, float) - len(widths), 0.0) / depth
+    if np.any(extra > 0):
+        before = before + extra * sum(parts.draft(w) for w in [1] + [top_k] * (depth - 1))
     return before + verify
 
 
@@ -234,10 +213,12 @@ def acceptance_curve(
     At each of `contexts` contexts along the target's greedy path (a draft_rank round of the
     largest budget moves to the next), one target pass scores the largest draft-ranked tree;
     a smaller budget's tree is its top nodes by draft log-prob, so a cumulative sum of reach
-    probabilities gives every budget's expected accepted nodes. rerank is predicted as
-    draft_rank (a lower bound); fts as draft_rank under t0, plus t0; pearl prunes the tree to
-    t0's branch, whose probability is the first-level edge's.
+    probabilities gives every budget's expected accepted nodes. By the decoder's rule's tree
+    (`Rule.tree`): a root-pool tree is predicted as draft_rank's (a lower bound for rerank); a
+    pruned tree keeps t0's branch, whose probability is the first-level edge's; a redrafted
+    tree is draft_rank's under t0, plus t0.
     """
+    shape = get_rule(get_decoder(decoder).rule).tree
     budgets = np.asarray(budgets, dtype=np.int64)
     ctx = [int(t) for t in prompt_ids]
     target.reset(seed)
@@ -253,7 +234,7 @@ def acceptance_curve(
         rank = np.argsort(-tlogq[1:], kind="stable") + 1  # draft_rank order: ancestors first
         take = np.minimum(budgets, len(tree) - 1)  # a pool smaller than the budget
         expected = np.concatenate([[0.0], np.cumsum(reach_probability(tree, edge)[rank])])[take]
-        if decoder == "pearl":
+        if shape == "pruned":
             first = select.first_level_ancestor(tree)[rank]
             is_first = tree.depth[rank] == 1
             p_first = np.concatenate([[0.0], np.cumsum(np.where(is_first, edge[rank], 0.0))])
@@ -261,7 +242,7 @@ def acceptance_curve(
             committed += 2 + expected - p_first[take]
             nodes += under[take]
         else:
-            committed += expected + (2 if decoder == "fts" else 1)
+            committed += expected + (2 if shape == "redraft" else 1)
             nodes += take
         path, bonus = walk(tree, draws)
         ctx = ctx + tree.tokens[path].tolist() + [int(bonus)]
@@ -309,8 +290,8 @@ def auto_budget(
     `overlap` defaults to full overlap when target and draft sit on different devices, none
     otherwise (the round loop's schedule).
     """
-    if decoder == "ar":
-        raise ValueError("decoder ar verifies no tree: it has no budget to pick")
+    if not get_decoder(decoder).drafts:
+        raise ValueError(f"decoder {decoder} verifies no tree: it has no budget to pick")
     if draft is None:
         raise ValueError(f"auto budget for {decoder!r} needs a draft model")
     if len(prompt_ids) == 0:

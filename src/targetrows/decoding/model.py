@@ -1,6 +1,6 @@
 """The interface every model backend implements: the toy pair (NumPy) and Hugging Face models (torch).
 
-The round loop (`targetrows.decode`) and the row recorder only talk to models through this
+The round loop (`targetrows.decoding.loop`) and the row recorder only talk to models through this
 interface, so one loop serves every decoder and every backend.
 
 A model keeps a cache (a KV cache for real models, nothing for the toy) of a prefix of the
@@ -68,3 +68,11 @@ class Model(Protocol):
     def probs(self, logits: Any, temperature: float) -> np.ndarray:
         """Full rows as float64 NumPy distributions (for row logs and tests; not the hot path).
         At temperature 0 a row is one-hot at its argmax."""
+
+
+def synchronize(model: Any) -> None:
+    """Wait for `model`'s queued device work (a CUDA backend runs asynchronously), so that a
+    timer read next measures the work itself; nothing to wait for on the CPU or the toy."""
+    sync = getattr(model, "synchronize", None)
+    if sync is not None:
+        sync()

@@ -15,6 +15,8 @@ import numpy as np
 
 from targetrows.core.tree import Tree
 
+from .model import synchronize
+
 
 @dataclass(frozen=True)
 class PassCurve:
@@ -98,18 +100,10 @@ def isotonic(values: Sequence[float]) -> list[float]:
 def _timed_pass(model, ctx: list[int], tree: Tree) -> float:
     t = time.perf_counter()
     model.logits(ctx, tree, np.arange(1, len(tree)))
-    _synchronize(model)
+    synchronize(model)
     elapsed = time.perf_counter() - t
     model.commit(ctx)  # drops the tree's entries
     return elapsed
-
-
-def _synchronize(model) -> None:
-    device = getattr(model, "device", None)
-    if getattr(device, "type", None) == "cuda":
-        import torch
-
-        torch.cuda.synchronize(device)
 
 
 def _random_tree(rng: np.random.Generator, root: int, n: int, vocab: int) -> Tree:

@@ -8,11 +8,9 @@ load, so a mismatch costs seconds, not a download.
 
 from __future__ import annotations
 
-import argparse
 import glob
 import os
 import re
-from collections.abc import Sequence
 
 import torch
 
@@ -28,16 +26,6 @@ DTYPES = {
     "float64": torch.float64,
     "fp64": torch.float64,
 }
-# End-of-turn markers of common chat templates; generation stops at any of them.
-END_OF_TURN = (
-    "<|im_end|>",
-    "<|eot_id|>",
-    "<|end_of_text|>",
-    "<|endoftext|>",
-    "<end_of_turn>",
-    "<|end|>",
-    "</s>",
-)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _PICKLE_PATTERNS = ("*.bin", "*.pt", "*.pth", "*.ckpt")
 _PADDING = re.compile(r"^\[PAD\d+\]$")
@@ -252,122 +240,3 @@ def load_pair(
     vocab = min(vocab, target_model.vocab_size, draft_model.vocab_size)
     target_model.vocab_size = draft_model.vocab_size = vocab
     return target_model, draft_model, tokenizer
-
-
-def add_model_arguments(parser: argparse.ArgumentParser, draft: bool = True) -> None:
-    """--target --draft --target-device --draft-device --dtype --trust-remote-code
-    --allow-pickle (no draft options when ``draft=False``)."""
-    parser.add_argument(
-        "--target",
-        required=True,
-        help="target model: local folder, .gguf file or Hugging Face hub id",
-    )
-    if draft:
-        parser.add_argument(
-            "--draft",
-            default=None,
-            help="draft model with the target's tokenizer (folder, .gguf, hub id)",
-        )
-    parser.add_argument(
-        "--target-device",
-        default=None,
-        help="cpu, cuda, cuda:N or auto (spread over GPUs); default: cuda if available, else cpu",
-    )
-    if draft:
-        parser.add_argument(
-            "--draft-device", default=None, help="device of the draft; default: the target's"
-        )
-    parser.add_argument(
-        "--dtype",
-        default="auto",
-        choices=["auto", *DTYPES],
-        help="weights dtype; auto: bfloat16 on GPU, float32 on CPU",
-    )
-    parser.add_argument(
-        "--trust-remote-code",
-        nargs="?",
-        const="all",
-        default=False,
-        choices=TRUST_CHOICES if draft else ("all", "target"),
-        help="run model code shipped with the checkpoint (only if you trust it): of both models "
-        "(no value, or 'all'), or of the 'target' or the 'draft' only",
-    )
-    parser.add_argument(
-        "--allow-pickle",
-        action="store_true",
-        help="allow pickle .bin weights, which can run code when loaded",
-    )
-
-
-def load_from_args(args: argparse.Namespace) -> tuple[HFModel, HFModel | None, object]:
-    """`load_pair` with the options `add_model_arguments` added."""
-    return load_pair(
-        args.target,
-        getattr(args, "draft", None),
-        args.target_device,
-        getattr(args, "draft_device", None),
-        args.dtype,
-        args.trust_remote_code,
-        args.allow_pickle,
-    )
-
-
-def _messages(turns) -> list[dict]:
-    if isinstance(turns, str):
-        turns = [turns]
-    messages = []
-    for i, turn in enumerate(turns):
-        if isinstance(turn, str):
-            messages.append({"role": "user", "content": turn})
-        elif isinstance(turn, dict) and {"role", "content"} <= turn.keys():
-            messages.append({"role": turn["role"], "content": turn["content"]})
-        elif isinstance(turn, Sequence) and len(turn) == 2:
-            messages.append({"role": str(turn[0]), "content": str(turn[1])})
-        else:
-            raise ValueError(f"turn {i} ({turn!r}) is not a string, (role, text) or message dict")
-    if not messages:
-        raise ValueError("the prompt has no turns")
-    return messages
-
-
-def encode_conversation(tokenizer, conversation, add_generation_prompt: bool = True) -> list[int]:
-    """Token ids of a conversation so far (list of (role, text) or {"role", "content"}), ready
-    for the assistant's next reply: the chat template when the tokenizer has one, otherwise the
-    texts joined by blank lines (with the tokenizer's BOS, if any)."""
-    messages = _messages(conversation)
-    if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt
-        )
-        return list(tokenizer(text, add_special_tokens=False)["input_ids"])  # BOS is in the text
-    text = "\n\n".join(m["content"] for m in messages)
-    return list(tokenizer(text)["input_ids"])
-
-
-def encode_prompt(tokenizer, turns) -> list[int]:
-    """Token ids of a prompt: a string (one user message) or a list of user messages (each a
-    string) or of (role, text) pairs. For MT-bench's second turn, pass the conversation with the
-    first answer in it (`encode_conversation`)."""
-    return encode_conversation(tokenizer, turns)
-
-
-def stop_ids(tokenizer, model=None) -> set[int]:
-    """Token ids that end generation: the tokenizer's EOS, the model's (config and generation
-    config, which may list several) and the chat template's end-of-turn tokens."""
-    ids: set[int] = set()
-
-    def add(value):
-        if value is None:
-            return
-        for v in value if isinstance(value, (list, tuple, set)) else [value]:
-            if v is not None and int(v) >= 0:
-                ids.add(int(v))
-
-    add(tokenizer.eos_token_id)
-    hf = getattr(model, "model", model)  # an HFModel or a transformers model
-    if hf is not None:
-        add(getattr(getattr(hf, "generation_config", None), "eos_token_id", None))
-        add(getattr(getattr(hf, "config", None), "eos_token_id", None))
-    vocab = tokenizer.get_vocab()
-    add([vocab[t] for t in END_OF_TURN if t in vocab])
-    return ids

@@ -222,6 +222,11 @@ class HFModel:
             "try --dtype float32"
         )
 
+    def synchronize(self) -> None:
+        """Wait for the work queued on this model's GPU (timers read after it measure it)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
     # -- commit --------------------------------------------------------------------------------
     @torch.inference_mode()
     def commit(self, context: Sequence[int]) -> None:

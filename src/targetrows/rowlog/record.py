@@ -13,7 +13,6 @@ parts folder is removed. Only a finished log carries the completion marker.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -25,10 +24,10 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from targetrows.rowlog import format as rowlog
 from targetrows.core.pool import expand_model
-from targetrows.decoding.answers import check_prompt, read_questions
 from targetrows.core.tree import Tree
+from targetrows.decoding.answers import check_prompt, read_questions
+from targetrows.rowlog import format as rowlog
 
 
 @dataclass(frozen=True)
@@ -151,7 +150,7 @@ class ChatEncoder:
         self.tokenizer = tokenizer
 
     def encode(self, turns: list[str], answers: list[list[int]]) -> list[int]:
-        from targetrows.hf.loading import encode_conversation
+        from targetrows.decoding.chat import encode_conversation
 
         messages = []
         for i, turn in enumerate(turns):
@@ -247,66 +246,3 @@ def _check_part(path: str, settings: dict, index: int) -> None:
 # -- command line -----------------------------------------------------------------------------
 
 
-def toy_pair(target: str, draft: str | None):
-    """``--target toy[:VOCAB[:SEED]] --draft toy[:CLOSENESS]``: the NumPy toy pair."""
-    from targetrows.core.toy import ToyPair
-
-    try:
-        t = [int(x) for x in target.split(":")[1:]]
-        d = [float(x) for x in (draft or "toy").split(":")[1:]]
-        pair = ToyPair(vocab_size=(t + [32])[0], seed=(t[1:] + [0])[0],
-                       closeness=(d + [0.8])[0])
-    except ValueError as err:
-        raise ValueError(f"bad toy pair {target!r} / {draft!r}: {err} (use --target "
-                         "toy:VOCAB:SEED --draft toy:CLOSENESS)") from err
-    return pair.target, pair.draft, ToyEncoder(pair.vocab_size), frozenset()
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    try:
-        from targetrows.hf.loading import add_model_arguments
-    except ImportError:  # no torch: only the toy pair can record
-        parser.add_argument("--target", required=True, help="toy[:VOCAB[:SEED]] (torch missing)")
-        parser.add_argument("--draft", default=None, help="toy[:CLOSENESS]")
-    else:
-        add_model_arguments(parser)
-    parser.add_argument("--prompts", required=True, help="Spec-Bench question JSONL file")
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--top-k", type=int, default=10, help="pool: children per frontier node")
-    parser.add_argument("--depth", type=int, default=6, help="pool: levels")
-    parser.add_argument("--stride", type=int, default=1, help="log every S-th position")
-    parser.add_argument("--max-new-tokens", type=int, default=128,
-                        help="positions per turn (the trajectory runs --depth tokens further)")
-    parser.add_argument("--root-top", type=int, default=32, help="root-row entries kept")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", required=True, help="row log to write (.npz)")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
-    parser.add_argument("--quiet", action="store_true", help="no progress lines")
-
-
-def run(args: argparse.Namespace) -> int:
-    from targetrows.cli import UsageError
-
-    if os.path.exists(args.out) and not args.overwrite:
-        raise UsageError(f"row log {args.out} exists; pass --overwrite or choose another --out")
-    if args.draft is None and not args.target.startswith("toy"):
-        raise UsageError("record needs --draft (the model whose pools are logged)")
-    read_prompts(args.prompts)  # a bad prompts file fails before any model loads
-    if args.target.startswith("toy"):
-        target, draft, encoder, stops = toy_pair(args.target, args.draft)
-    else:
-        try:
-            from targetrows.hf.loading import load_from_args, stop_ids
-        except ImportError as err:
-            raise UsageError(f"recording Hugging Face models needs torch and transformers "
-                             f"(pip install 'targetrows[decode]'): {err}") from err
-        target, draft, tokenizer = load_from_args(args)
-        encoder, stops = ChatEncoder(tokenizer), frozenset(stop_ids(tokenizer, target))
-    config = RecordConfig(
-        temperature=args.temperature, top_k=args.top_k, depth=args.depth, stride=args.stride,
-        max_new_tokens=args.max_new_tokens, root_top=args.root_top, seed=args.seed,
-        stop_ids=stops,
-    )
-    record_file(target, draft, encoder, args.prompts, args.out, config,
-                names=(args.target, args.draft or "toy"), quiet=args.quiet)
-    return 0

@@ -23,15 +23,17 @@ special-cased).
 
 from __future__ import annotations
 
-import argparse
 import csv
+import io
 import os
 
 import numpy as np
 
+from targetrows.core.atomic import atomic_file
+from targetrows.decoding.registry import get_rule, rule_names
 from targetrows.rowlog import format as rowlog
 
-RULES = ("draft_rank", "target_rerank", "stale_rerank", "first_token", "pearl")
+RULES = rule_names()  # every registered rule; each has its scorer below
 COLUMNS = ("pair", "task", "temperature", "prompt_id", "turn", "position", "rule", "budget",
            "accepted", "nodes", "committed")
 _INT_COLUMNS = ("turn", "position", "budget", "nodes")
@@ -249,7 +251,7 @@ def _table(log, scored, stop_t0, budgets, rules, results, pair):
     committed = np.empty((m, nr, nb))
     for j, rule in enumerate(rules):
         a, b = results[rule]
-        if rule in ("first_token", "pearl"):
+        if get_rule(rule).commits_t0:  # t0 is committed too; a stop token t0 ends the turn
             a, b = np.where(stop_t0[:, None], 0.0, a), np.where(stop_t0[:, None], 0.0, b)
             committed[:, j] = np.where(stop_t0[:, None], 1.0, a + 2.0)
         else:
@@ -286,22 +288,18 @@ def _check_budgets(budgets) -> np.ndarray:
 
 
 def write_table(table: dict[str, np.ndarray], path: str) -> None:
-    """CSV (or ``.npz`` when the name ends so), written to a temporary name then renamed."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        if path.endswith(".npz"):
-            with open(tmp, "wb") as f:  # fixed time stamps: the same table, the same bytes
-                rowlog.savez(f, {k: v.astype(str) if v.dtype == object else v
-                                 for k, v in table.items()})
+    """CSV (or ``.npz`` when the name ends so), written atomically (temp file, then rename)."""
+    with atomic_file(path) as f:
+        if path.endswith(".npz"):  # fixed time stamps: the same table, the same bytes
+            rowlog.savez(f, {k: v.astype(str) if v.dtype == object else v
+                             for k, v in table.items()})
         else:
-            with open(tmp, "w", newline="", encoding="utf-8") as f:
-                writer = csv.writer(f, lineterminator="\n")
-                writer.writerow(list(table))
-                writer.writerows(zip(*(v.tolist() for v in table.values()), strict=True))
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+            text = io.TextIOWrapper(f, encoding="utf-8", newline="")
+            writer = csv.writer(text, lineterminator="\n")
+            writer.writerow(list(table))
+            writer.writerows(zip(*(v.tolist() for v in table.values()), strict=True))
+            text.flush()
+            text.detach()  # leave the file to atomic_file
 
 
 def read_table(path: str) -> dict[str, np.ndarray]:
@@ -329,17 +327,3 @@ def concat_tables(tables: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     return {k: np.concatenate([t[k] for t in tables]) for k in tables[0]}
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("logs", nargs="+", metavar="LOG", help="row log(s) from `record`")
-    parser.add_argument("--budgets", type=int, nargs="+", default=[2, 4, 8, 16, 32, 59])
-    parser.add_argument("--rules", nargs="+", default=list(RULES), choices=RULES)
-    parser.add_argument("--pair", default=None,
-                        help="pair name in the table (default: target+draft from the log)")
-    parser.add_argument("--out", required=True, help="table to write: .csv (or .npz)")
-
-
-def run(args: argparse.Namespace) -> int:
-    tables = [score_log(rowlog.read(p), args.budgets, tuple(args.rules), args.pair)
-              for p in args.logs]
-    write_table(concat_tables(tables), args.out)
-    return 0

@@ -1,0 +1,135 @@
+"""The pipeline's tables under results/tables/ (CSV tidy; Markdown and LaTeX pivoted for reading).
+
+From the row-log score tables, one target x temperature at a time (tasks pooled; a prompt is
+identified by task and prompt id, the bootstrap's resampling unit):
+
+expected_accepted  expected accepted draft tokens per verify pass by pair, temperature, rule and
+                   budget, with mean non-root nodes and tokens committed per pass.
+relative_gains     paired gains with 95% bootstrap CIs (`stats.paired_gain`) of each rule over
+                   its baseline (`Rule.baseline` in the registry).
+equal_size         the same at the baseline's mean tree size (`stats.equal_size_gain`), for the
+                   rules whose trees are not their budget's size (those that commit t0).
+
+From the online runs (results/summary/online.csv, `targetrows.analysis.online`):
+
+online             tokens/s, speedup over ar, accepted draft tokens, non-root nodes and tokens
+                   committed per round, by decoder and budget condition.
+online_gain        each decoder over its baseline (`Decoder.baseline`) in accepted draft tokens
+                   per round (each prompt's mean over its rounds; paired by prompt), condition
+                   by condition, with 95% CIs.
+consistency        each decoder online against the scored expectation of its rule, same budget.
+
+Rules and decoders appear in the registry's order; a name the registry does not know still gets
+its own rows and columns (after the known ones), never dropped.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+
+import numpy as np
+import pandas as pd
+
+from targetrows.decoding.registry import DECODERS, RULES
+
+from . import stats
+from .frames import ordered, tidy, with_ci
+from .online import conditions, consistency, online, online_gains
+from .output import write_table
+
+SCORE_PATH = re.compile(r"(?P<target>[^/]+)/(?P<task>[^/]+)/T(?P<temperature>[^/]+)\.csv$")
+STRINGS = ("pair", "task", "prompt_id", "rule")
+
+
+def score_groups(paths: list[str]) -> dict[tuple[str, str], list[str]]:
+    """Score tables grouped by (target, temperature), from their paths."""
+    groups = defaultdict(list)
+    for path in paths:
+        m = SCORE_PATH.search(path)
+        if m is None:
+            raise ValueError(f"{path}: not a results/scores/<target>/<task>/T<t>.csv path")
+        groups[m["target"], m["temperature"]].append(path)
+    return dict(groups)
+
+
+def read_scores(paths: list[str]) -> dict[str, np.ndarray]:
+    """One group's score tables as stats' table (a dict of columns), prompt ids made unique
+    across tasks."""
+    frame = pd.concat([pd.read_csv(p, dtype={k: str for k in STRINGS}) for p in paths],
+                      ignore_index=True)
+    frame["prompt_id"] = frame["task"] + "/" + frame["prompt_id"]
+    return {k: frame[k].to_numpy(dtype=str if k in STRINGS else None) for k in frame.columns}
+
+
+def comparisons(present) -> list[tuple[str, str]]:
+    """(rule, baseline) for each registered rule whose baseline is scored too."""
+    return [(r.name, r.baseline) for r in RULES.values()
+            if r.baseline is not None and {r.name, r.baseline} <= set(present)]
+
+
+def row_log_tables(paths: list[str], n_boot: int, seed: int):
+    """(expected_accepted, relative_gains, equal_size) over every target x temperature."""
+    acc, gains, equal = [], [], []
+    for _, files in sorted(score_groups(paths).items()):
+        table = read_scores(files)
+        acc.append(tidy(stats.summarize(table, by=("pair", "temperature", "rule", "budget"))))
+        present = set(table["rule"])
+        for rule, baseline in comparisons(present):
+            gains.append(tidy(stats.paired_gain(
+                table, rule, baseline, by=("pair", "temperature", "budget"),
+                n_boot=n_boot, seed=seed)))
+            if RULES[rule].commits_t0 or RULES[baseline].commits_t0:
+                equal.append(tidy(stats.equal_size_gain(
+                    table, rule, baseline, by=("pair", "temperature"), n_boot=n_boot,
+                    seed=seed)))
+    return (pd.concat(acc, ignore_index=True), pd.concat(gains, ignore_index=True),
+            pd.concat(equal, ignore_index=True) if equal else pd.DataFrame())
+
+
+def write_all(score_paths: list[str], decoding: pd.DataFrame, folder: str, budgets: list[int],
+              budgets_of: dict, n_boot: int, seed: int) -> None:
+    """Every table, from the score tables and the online summary (see the module docstring).
+    `budgets` are the decode budget conditions, `budgets_of` a decoder's own conditions."""
+    acc, gains, equal = row_log_tables(score_paths, n_boot, seed)
+    shown = ordered(acc, "rule", RULES).pivot_table(
+        index=["pair", "temperature", "budget"], columns="rule", values="accepted",
+        observed=True)
+    write_table(acc, shown, f"{folder}/expected_accepted",
+                "Expected accepted draft tokens per verify pass (row logs; tasks pooled).")
+
+    shown = gains.assign(comparison=gains["rule"] + " / " + gains["baseline"],
+                         gain_ci=with_ci(gains))
+    shown = shown.pivot_table(index=["pair", "temperature", "budget"], columns="comparison",
+                              values="gain_ci", aggfunc="first")
+    write_table(gains, shown, f"{folder}/relative_gains",
+                "Relative gain in expected accepted draft tokens (95% CI, prompts resampled).")
+
+    shown = equal.assign(gain_ci=with_ci(equal))[
+        ["pair", "temperature", "rule", "baseline", "budget", "nodes", "gain_ci", "n_prompts"]
+    ] if len(equal) else equal
+    write_table(equal, shown, f"{folder}/equal_size",
+                "Each rule over its baseline at the baseline's mean non-root nodes "
+                "(interpolated; 95% CI).")
+
+    plan = conditions(decoding, budgets, budgets_of)
+    table = online(decoding, plan)
+    shown = ordered(table, "decoder", DECODERS).sort_values(
+        ["pair", "temperature", "decoder", "condition"])[
+        ["pair", "temperature", "decoder", "budget", "tokens_per_s", "speedup",
+         "accepted_per_round", "nodes_per_round", "committed_per_round"]]
+    write_table(table, shown, f"{folder}/online",
+                "Online decoding per decoder and budget: tokens/s, speedup over ar, and per "
+                "round accepted draft tokens, non-root nodes and committed tokens.")
+
+    gain = online_gains(decoding, plan, n_boot, seed)
+    shown = gain.assign(gain_ci=with_ci(gain))[
+        ["pair", "temperature", "rule", "budget", "baseline", "baseline_budget", "gain_ci",
+         "n_prompts"]].rename(columns={"rule": "decoder"}) if len(gain) else gain
+    write_table(gain, shown, f"{folder}/online_gain",
+                "Online: each decoder over its baseline, accepted draft tokens per round "
+                "(95% CI by prompt), at the budgets shown.")
+
+    cons = consistency(acc, table)
+    write_table(cons, cons, f"{folder}/consistency",
+                "Online decoders vs the scored expectation of their rule (accepted per round).")

@@ -1,0 +1,108 @@
+"""What several commands share: the model options, the budget option, and the checks of the
+values every command validates the same way (each message names its option)."""
+
+from __future__ import annotations
+
+import argparse
+
+from targetrows.decoding.registry import get_decoder
+
+
+class UsageError(Exception):
+    """Bad user input: the message names it; the CLI prints it and exits with status 2."""
+
+
+class BudgetError(ValueError, argparse.ArgumentTypeError):
+    """A bad budget: a ValueError for callers, and argparse prints its message as it is."""
+
+
+def budget_arg(value: str) -> int | str:
+    """argparse type for --budget(s): an integer, or "auto" (picked by the cost model). The range
+    is checked by `check_budgets`, so the message names the command's own option."""
+    if value == "auto":
+        return "auto"
+    try:
+        return int(value)
+    except ValueError:
+        raise BudgetError(f"budget {value!r} is neither a positive integer nor 'auto'") from None
+
+
+def check_budgets(budgets, option: str = "--budget") -> None:
+    for b in budgets:
+        if b != "auto" and b < 1:
+            raise ValueError(f"{option} must be >= 1 or auto, got {b}")
+
+
+def check_temperature(temperatures, option: str = "--temperature") -> None:
+    for t in temperatures:
+        if t < 0:
+            raise ValueError(f"{option} must be >= 0, got {t}")
+
+
+def check_draft(decoders, draft: str | None) -> None:
+    """Every decoder that drafts needs --draft (names are checked against the registry)."""
+    drafting = [d for d in decoders if get_decoder(d).drafts]
+    if drafting and not draft:
+        raise ValueError(f"--draft is required for {', '.join(drafting)} (only ar runs without one)")
+
+
+def add_model_arguments(parser: argparse.ArgumentParser, draft: bool = True) -> None:
+    """--target --draft --target-device --draft-device --dtype --trust-remote-code
+    --allow-pickle (no draft options when ``draft=False``). Imports torch (the dtypes)."""
+    from targetrows.hf.loading import DTYPES, TRUST_CHOICES
+
+    parser.add_argument(
+        "--target",
+        required=True,
+        help="target model: local folder, .gguf file or Hugging Face hub id",
+    )
+    if draft:
+        parser.add_argument(
+            "--draft",
+            default=None,
+            help="draft model with the target's tokenizer (folder, .gguf, hub id)",
+        )
+    parser.add_argument(
+        "--target-device",
+        default=None,
+        help="cpu, cuda, cuda:N or auto (spread over GPUs); default: cuda if available, else cpu",
+    )
+    if draft:
+        parser.add_argument(
+            "--draft-device", default=None, help="device of the draft; default: the target's"
+        )
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", *DTYPES],
+        help="weights dtype; auto: bfloat16 on GPU, float32 on CPU",
+    )
+    parser.add_argument(
+        "--trust-remote-code",
+        nargs="?",
+        const="all",
+        default=False,
+        choices=TRUST_CHOICES if draft else ("all", "target"),
+        help="run model code shipped with the checkpoint (only if you trust it): of both models "
+        "(no value, or 'all'), or of the 'target' or the 'draft' only",
+    )
+    parser.add_argument(
+        "--allow-pickle",
+        action="store_true",
+        help="allow pickle .bin weights, which can run code when loaded",
+    )
+
+
+def load_from_args(args: argparse.Namespace):
+    """(target, draft, tokenizer): `load_pair` with the options `add_model_arguments` added."""
+    from targetrows.hf.loading import load_pair
+
+    return load_pair(
+        args.target,
+        getattr(args, "draft", None),
+        args.target_device,
+        getattr(args, "draft_device", None),
+        args.dtype,
+        args.trust_remote_code,
+        args.allow_pickle,
+    )

@@ -1,0 +1,78 @@
+"""`targetrows compare --target T --draft D --prompt "..."`: the decoders on one prompt, side by
+side, with the temperature-0 check that each reproduced `ar`'s tokens (`targetrows.bench.compare`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from targetrows.decoding.registry import decoder_names, get_decoder
+
+from .common import add_model_arguments, budget_arg, check_budgets, check_draft, check_temperature
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_arguments(parser)
+    parser.add_argument("--prompt", required=True, help="the user message")
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--budget", type=budget_arg, default=59,
+                        help="non-root nodes per tree, or auto: the best predicted tokens/s on "
+                             "this machine for the first tree decoder listed")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--top-k", type=int, default=10)
+    parser.add_argument("--depth", type=int, default=6)
+    parser.add_argument("--decoders", nargs="+", default=list(decoder_names()),
+                        choices=decoder_names())
+    parser.add_argument("--json", dest="json_out", default=None,
+                        help="also write the results, with token ids and text, to this file")
+
+
+def run(args: argparse.Namespace) -> int:
+    from targetrows.bench.compare import compare, format_table, lossless_report, table_rows
+    from targetrows.core.atomic import atomic_write_text
+    from targetrows.decoding.chat import encode_prompt, stop_ids
+    from targetrows.decoding.costmodel import auto_budget
+    from targetrows.decoding.loop import DecodeConfig
+
+    from .common import load_from_args
+
+    if not args.prompt.strip():
+        raise ValueError("--prompt is empty: give the text of a user message")
+    check_budgets([args.budget])
+    check_temperature([args.temperature])
+    check_draft(args.decoders, args.draft)
+    target, draft, tokenizer = load_from_args(args)
+    prompt_ids = encode_prompt(tokenizer, args.prompt)
+    budget = args.budget
+    if budget == "auto":
+        tree_decoders = [d for d in args.decoders if get_decoder(d).drafts]
+        budget = 1
+        if tree_decoders:
+            choice = auto_budget(target, draft, prompt_ids, tree_decoders[0], args.temperature,
+                                 args.top_k, args.depth)
+            budget = choice.budget
+            print(f"{tree_decoders[0]}: {choice.describe()}", file=sys.stderr)
+    config = DecodeConfig(
+        decoder="ar", budget=budget, temperature=args.temperature,
+        max_new_tokens=args.max_new_tokens, top_k=args.top_k, depth=args.depth, seed=args.seed,
+        stop_ids=frozenset(stop_ids(tokenizer, target)),
+    )
+    results = compare(target, draft, prompt_ids, args.decoders, config)
+    rows = table_rows(results)
+    print(format_table(rows))
+    status = 0
+    if args.temperature == 0 and "ar" in results:
+        status, lines = lossless_report(target, prompt_ids, results)
+        print("\n".join(lines), file=sys.stderr if status else sys.stdout)
+    if args.json_out:
+        for row in rows:
+            res = results[row["decoder"]]
+            row["token_ids"] = res.tokens
+            row["text"] = tokenizer.decode(res.tokens, skip_special_tokens=True)
+            row["rounds"] = [r.__dict__ for r in res.rounds]
+        document = {"prompt": args.prompt, "temperature": args.temperature,
+                    "budget": budget, "seed": args.seed, "decoders": rows}
+        atomic_write_text(args.json_out, json.dumps(document, indent=1) + "\n")
+    return status

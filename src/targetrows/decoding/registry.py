@@ -1,0 +1,148 @@
+"""The one registry of selection rules and decoders: everything that differs between them.
+
+A **rule** says which pool nodes a tree holds; the row-log scorer (`targetrows.rowlog.score`)
+computes its expected acceptance on recorded rows. A **decoder** runs a rule online: its
+planner (`targetrows.decoding.planners`) picks each round's tree, and the fields below tell the
+rest of the project what it costs and needs, so the round loop, the cost model, `compare`,
+`decode`, `bench`, the pipeline's GPU counts, its config schema, its tables and its figures
+all read this file and nothing else names a decoder.
+
+Adding a decoder: write its planner, add one `Decoder(...)` line to `DECODERS` (or call
+`register` from your own code), and name it in the pipeline config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from . import planners
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    description: str
+    commits_t0: bool = False  # t0 from the root row is committed before the tree
+    baseline: str | None = None  # the rule the tables compare it with (paired gains)
+    paper: bool = True  # one of the paper's rules (an extension says False)
+    # where the verified tree comes from, for the cost model's acceptance prediction:
+    # "pool" (top nodes of the root pool), "pruned" (a root-pool tree cut to t0's subtree),
+    # "redraft" (a pool drafted under t0)
+    tree: str = "pool"
+
+    def __post_init__(self):
+        if self.tree not in ("pool", "pruned", "redraft"):
+            raise ValueError(f"rule {self.name!r}: tree must be pool, pruned or redraft, "
+                             f"got {self.tree!r}")
+
+
+@dataclass(frozen=True)
+class Decoder:
+    name: str
+    description: str
+    planner: Callable  # plan(Round) -> Plan
+    rule: str | None  # the selection rule its trees follow; None for ar (no tree)
+    root_pass: bool = False  # runs the separate root pass, alongside drafting
+    guesses_pool: bool = False  # drafts pools under the draft's `guesses` likeliest first tokens
+    baseline: str | None = None  # the decoder it is compared with online; a `matched` budget
+    # takes the baseline's mean tree size at the same condition
+
+    @property
+    def drafts(self) -> bool:
+        return self.rule is not None
+
+    @property
+    def commits_t0(self) -> bool:
+        return self.rule is not None and get_rule(self.rule).commits_t0
+
+    @property
+    def gpus(self) -> int:
+        """GPUs it can use: the root pass on the target's while the draft drafts on its own."""
+        return 2 if self.root_pass else 1
+
+    @property
+    def verify_feeds(self) -> int:
+        """Tokens the verify pass feeds besides the non-root nodes: the root when no root pass
+        cached it (draft_rank), t0 for a decoder that commits it; none for rerank, whose root
+        row the root pass already gave."""
+        if not self.drafts:
+            return 1
+        return 1 if (self.commits_t0 or not self.root_pass) else 0
+
+    def draft_widths(self, top_k: int, depth: int, guesses: int = 2) -> list[int]:
+        """New tokens per draft pass of one round's pool expansion: the root, then the top_k
+        frontier nodes of each further level; a guesses pool feeds the root, the guesses, then
+        guesses * top_k frontier nodes per level."""
+        if not self.drafts:
+            return []
+        if self.guesses_pool:
+            return [1, guesses] + [guesses * top_k] * (depth - 1)
+        return [1] + [top_k] * (depth - 1)
+
+
+RULES: dict[str, Rule] = {}
+DECODERS: dict[str, Decoder] = {}
+
+
+def register(entry: Rule | Decoder) -> None:
+    """Add a rule or a decoder (a name already taken raises)."""
+    table = RULES if isinstance(entry, Rule) else DECODERS
+    if entry.name in table:
+        raise ValueError(f"{type(entry).__name__.lower()} {entry.name!r} is already registered")
+    if isinstance(entry, Decoder) and entry.rule is not None and entry.rule not in RULES:
+        raise ValueError(f"decoder {entry.name!r} names rule {entry.rule!r}, which is not "
+                         f"registered (rules: {', '.join(RULES)})")
+    table[entry.name] = entry
+
+
+def unregister(name: str) -> None:
+    """Remove a decoder or rule added by `register` (tests use it to clean up)."""
+    DECODERS.pop(name, None) or RULES.pop(name, None)
+
+
+def get_decoder(name: str) -> Decoder:
+    if name not in DECODERS:
+        raise ValueError(f"unknown decoder {name!r}: choose one of {', '.join(DECODERS)}")
+    return DECODERS[name]
+
+
+def get_rule(name: str) -> Rule:
+    if name not in RULES:
+        raise ValueError(f"unknown rule {name!r}: choose one of {', '.join(RULES)}")
+    return RULES[name]
+
+
+def decoder_names() -> tuple[str, ...]:
+    return tuple(DECODERS)
+
+
+def rule_names() -> tuple[str, ...]:
+    return tuple(RULES)
+
+
+for _rule in (
+    Rule("draft_rank", "top-B pool nodes by cumulative draft log-prob (EAGLE-2)"),
+    Rule("target_rerank", "draft_rank with first-level log-probs from the exact root row",
+         baseline="draft_rank"),
+    Rule("stale_rerank", "draft_rank with first-level log-probs from the previous context's "
+         "row (inexact reuse; scoring only)", baseline="draft_rank"),
+    Rule("pearl", "a B-node draft_rank tree drafted before t0, pruned to t0's subtree",
+         commits_t0=True, tree="pruned"),
+    Rule("first_token", "t0 from the exact root row, then a B-node draft_rank tree drafted "
+         "under t0", commits_t0=True, baseline="pearl", tree="redraft"),
+):
+    register(_rule)
+
+for _decoder in (
+    Decoder("ar", "the target alone, one token per pass", planners.plan_ar, None),
+    Decoder("draft_rank", "EAGLE-2 dynamic tree", planners.plan_draft_rank, "draft_rank"),
+    Decoder("rerank", "first-level branches re-scored by the root row", planners.plan_rerank,
+            "target_rerank", root_pass=True),
+    Decoder("fts", "first-token sampling: t0 from the root row, the budget under t0",
+            planners.plan_fts, "first_token", root_pass=True, guesses_pool=True,
+            baseline="pearl"),
+    Decoder("pearl", "PEARL-style: a predetermined tree pruned to t0's subtree",
+            planners.plan_pearl, "pearl", root_pass=True),
+):
+    register(_decoder)

@@ -1,0 +1,123 @@
+"""What one round hands around: the state a planner sees, its statistics, and the plan it returns.
+
+A round: a planner chooses a tree under the root context (every committed token), the target
+scores every node in one verify pass, verification walks the tree and commits the accepted path
+plus a bonus token. Decoders that commit a first token t0 draw it from the exact row of a
+separate **root pass**, which runs alongside drafting when target and draft live on different
+devices (`root_pass_alongside`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from targetrows.core.rows import RowStore
+from targetrows.core.tree import Tree
+
+from .model import synchronize
+
+
+@dataclass
+class RoundStats:
+    committed: int = 0  # tokens committed this round (t0 + accepted path + bonus)
+    accepted: int = 0  # accepted non-root nodes of the verified tree
+    nodes: int = 0  # non-root nodes verified
+    target_passes: int = 0
+    draft_passes: int = 0
+    t_draft: float = 0.0  # seconds of draft work (inside the overlap when there is one)
+    t_root: float = 0.0  # seconds of the separate root pass
+    t_drafting: float = 0.0  # wall time until the tree is drafted (root pass alongside)
+    t_verify: float = 0.0  # verify pass and its draws
+    t_bookkeeping: float = 0.0  # selection, verification walk, commits: the rest of the round
+    t_round: float = 0.0
+
+
+@dataclass
+class Round:
+    """What a planner may use: both models, the committed context, the root-row store, the
+    decode settings, the round's statistics (to fill in) and the executor the root pass runs
+    on alongside drafting."""
+
+    target: Any
+    draft: Any | None
+    context: list[int]
+    store: RowStore
+    config: Any  # a DecodeConfig
+    stats: RoundStats
+    executor: Any
+
+
+@dataclass
+class Plan:
+    """What a planner hands to verification: tokens committed before the tree (t0), and the
+    tree, rooted at the last of context + prefix."""
+
+    prefix: list[int]
+    tree: Tree
+
+
+def root_pass_alongside(r: Round, draft_work):
+    """The target's root pass at the round's context, with `draft_work()` alongside it (or after
+    it on one device). Returns the root row's logits (also put in the store, so the verify pass
+    reuses it) and draft_work's result; fills t_root, t_draft and t_drafting."""
+    target, context, stats = r.target, r.context, r.stats
+
+    def root_pass():
+        t = time.perf_counter()
+        logits = r.store.get(context)
+        if logits is None:
+            logits = target.logits(context, Tree.root_only(context[-1]), [0])
+            target.commit(context)  # the root is now committed cache, verify feeds only the tree
+            stats.target_passes += 1
+        synchronize(target)
+        stats.t_root = time.perf_counter() - t
+        return logits
+
+    def timed_draft():
+        t = time.perf_counter()
+        out = draft_work()
+        synchronize(r.draft)
+        stats.t_draft = time.perf_counter() - t
+        return out
+
+    t = time.perf_counter()
+    future = r.executor.submit(timed_draft)
+    root_logits = root_pass()
+    drafted = future.result()
+    stats.t_drafting = time.perf_counter() - t
+    r.store.put(context, root_logits)
+    return root_logits, drafted
+
+
+def timed_draft_work(r: Round, work):
+    """Draft work that runs on its own (no root pass beside it), timed into t_draft and
+    t_drafting (added, so a second drafting step in a round adds to the first)."""
+    t = time.perf_counter()
+    out = work()
+    synchronize(r.draft)
+    elapsed = time.perf_counter() - t
+    r.stats.t_draft += elapsed
+    r.stats.t_drafting += elapsed
+    return out
+
+
+class NoPool:
+    """Runs submitted work at once, in this thread: the one-device schedule."""
+
+    class _Done:
+        def __init__(self, value):
+            self._value = value
+
+        def result(self):
+            return self._value
+
+    def submit(self, fn):
+        return self._Done(fn())
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False

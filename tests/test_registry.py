@@ -1,0 +1,127 @@
+"""The decoder and rule registry is the one place decoders are defined: the config schema agrees
+with it, unknown names fail naming the known ones, and a decoder registered in one place runs
+through generate, the cost model, the online tables and the figures' ordering with no other edit."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from targetrows.core import select
+from targetrows.core.toy import ToyPair
+from targetrows.decoding import costmodel as cm
+from targetrows.decoding import planners
+from targetrows.decoding.loop import DecodeConfig, generate
+from targetrows.decoding.registry import (
+    DECODERS,
+    RULES,
+    Decoder,
+    decoder_names,
+    get_decoder,
+    get_rule,
+    register,
+    unregister,
+)
+from targetrows.decoding.round import Plan, timed_draft_work
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _schema():
+    return yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
+
+
+def test_config_schema_enums_equal_the_registry():
+    decode = _schema()["properties"]["decode"]["properties"]
+    assert decode["decoders"]["items"]["enum"] == list(decoder_names())
+    own = decode["decoder_budgets"]["propertyNames"]["enum"]
+    assert own == [name for name, d in DECODERS.items() if d.drafts]
+
+
+def test_every_decoder_names_a_registered_rule_and_baseline():
+    for d in DECODERS.values():
+        assert d.rule is None or d.rule in RULES
+        assert d.baseline is None or d.baseline in DECODERS
+    for r in RULES.values():
+        assert r.baseline is None or r.baseline in RULES
+
+
+def test_unknown_names_raise_naming_the_known_ones():
+    with pytest.raises(ValueError, match="unknown decoder 'beam': choose one of ar, draft_rank"):
+        get_decoder("beam")
+    with pytest.raises(ValueError, match="unknown rule 'beam': choose one of draft_rank"):
+        get_rule("beam")
+    with pytest.raises(ValueError, match="unknown decoder 'beam'"):
+        DecodeConfig("beam")
+    with pytest.raises(ValueError, match="unknown decoder 'beam'"):
+        cm.draft_pass_widths("beam", 4, 3)
+
+
+def plan_shallow(r):
+    """A new decoder for the test: draft_rank's rule on a pool of depth 1."""
+    from targetrows.core.pool import expand_model
+
+    def work():
+        r.stats.draft_passes += 1
+        return expand_model(r.draft, r.context, r.config.top_k, 1)
+
+    cand, logq = timed_draft_work(r, work)
+    return Plan([], cand.subtree(select.draft_rank(cand, logq, r.config.budget)))
+
+
+@pytest.fixture
+def shallow():
+    register(Decoder("shallow", "one pool level", plan_shallow, "draft_rank"))
+    yield DECODERS["shallow"]
+    unregister("shallow")
+    assert "shallow" not in DECODERS
+
+
+def test_a_registered_decoder_runs_everywhere(shallow):
+    pair = ToyPair(vocab_size=24, seed=3, closeness=0.9)
+    prompt = [1, 2, 3]
+    # the round loop: lossless like every decoder
+    ar = generate(pair.target, None, prompt, DecodeConfig("ar", max_new_tokens=24))
+    new = generate(pair.target, pair.draft, prompt,
+                   DecodeConfig("shallow", budget=4, top_k=4, max_new_tokens=24))
+    assert new.tokens == ar.tokens
+    assert all(r.draft_passes == 1 for r in new.rounds)
+    # the cost model
+    parts = cm.PartTimes(cm.PassCurve((1, 9), (0.01, 0.018)), cm.PassCurve((1, 4), (0.002, 0.003)),
+                         10)
+    assert cm.draft_pass_widths("shallow", 4, 3) == [1, 4, 4]
+    b = cm.bound("shallow", parts, new.rounds, top_k=4, depth=3)
+    assert b.tokens_per_s > 0
+    # the online tables and their ordering
+    pd = pytest.importorskip("pandas")
+    from targetrows.analysis.frames import in_order
+    from targetrows.analysis.online import conditions, online
+
+    summary = pd.DataFrame({
+        "pair": "p", "task": "t", "temperature": 0.0, "prompt_id": ["1", "1", "1"],
+        "decoder": ["ar", "shallow", "mystery"], "budget": [0, 4, 4],
+        "new_tokens": [24, 24, 24], "wall_time": [1.0, 0.5, 0.8], "rounds": [24, 10, 12],
+        "committed": [24, 24, 24], "accepted": [0, 14, 12], "nodes": [0, 40, 48],
+    })
+    with pytest.raises(ValueError, match="unknown decoder 'mystery'"):
+        conditions(summary, [4], {})  # a decoder nobody registered is an error, not a NaN row
+    plan = conditions(summary[summary["decoder"] != "mystery"], [4], {})
+    table = online(summary[summary["decoder"] != "mystery"], plan)
+    assert set(table["decoder"]) == {"ar", "shallow"}
+    assert table.loc[table["decoder"] == "shallow", "speedup"].item() == pytest.approx(2.0)
+    assert in_order(["mystery", "shallow", "ar"], DECODERS) == ["ar", "shallow", "mystery"]
+
+
+def test_gpus_and_verify_feeds_follow_the_declared_fields():
+    assert {n: d.gpus for n, d in DECODERS.items()} == {
+        n: 2 if d.root_pass else 1 for n, d in DECODERS.items()}
+    assert get_decoder("rerank").verify_feeds == 0  # the root pass gave the root row
+    assert get_decoder("draft_rank").verify_feeds == 1  # the verify pass feeds the root
+    assert get_decoder("pearl").verify_feeds == 1  # t0
+
+
+def test_planners_are_the_registry_entries():
+    for d in DECODERS.values():
+        assert getattr(planners, d.planner.__name__) is d.planner
+    assert np.all([callable(d.planner) for d in DECODERS.values()])
