@@ -2,8 +2,10 @@
 
 Every rule is scored on the same contexts (random prompts and the target's own continuation), with
 the exact edge probabilities of the toy target, as the row-log scorer does for real models.
-`first_token` and `pearl` draw t0 from the root row (one exact sample per context) and commit it
-on top of the accepted draft tokens counted here.
+`pearl`, `first_token` and `first_token_redraft` draw t0 from the root row (one exact sample per
+context) and commit it on top of the accepted draft tokens counted here; `pearl` and
+`first_token` take their tree below t0 from the root pool, `first_token_redraft` from a pool
+drafted anew under t0.
 
     python benchmarks/toy_rules.py [--contexts 2000] [--out benchmarks/results/toy_rules.md]
 """
@@ -11,16 +13,15 @@ on top of the accepted draft tokens counted here.
 from __future__ import annotations
 
 import argparse
-import os
-import tempfile
 
 import numpy as np
 
 from targetrows import Tree, expected_accepted, pool, select
+from targetrows.core.atomic import atomic_write_text
 from targetrows.core.toy import ToyPair
 
 BUDGETS = (2, 4, 8, 16, 32)
-RULES = ("draft_rank", "target_rerank", "first_token", "pearl")
+RULES = ("draft_rank", "target_rerank", "pearl", "first_token", "first_token_redraft")
 
 
 def edge_probs(pair: ToyPair, context: list[int], tree: Tree) -> np.ndarray:
@@ -42,16 +43,16 @@ def score_context(pair, context, rng, top_k, depth):
     for b in BUDGETS:
         dr = select.draft_rank(cand, logq, b)
         rr = select.target_rerank(cand, logq, b, root_row)
-        ft = select.draft_rank(under, under_logq, b)
-        kept = select.prune_to_first(cand, dr, t0)
+        redraft = select.draft_rank(under, under_logq, b)
         out["draft_rank", b] = expected_accepted(cand.subtree(dr), edge[dr])
         out["target_rerank", b] = expected_accepted(cand.subtree(rr), edge[rr])
-        out["first_token", b] = expected_accepted(under.subtree(ft), under_edge[ft])
-        if len(kept):
-            out["pearl", b] = expected_accepted(select.pruned_tree(cand, kept, t0), edge[kept])
-        else:
-            out["pearl", b] = 0.0
-        out["pearl_nodes", b] = max(len(kept) - 1, 0)
+        out["first_token_redraft", b] = expected_accepted(under.subtree(redraft),
+                                                          under_edge[redraft])
+        for rule, kept in (("pearl", select.prune_to_first(cand, dr, t0)),
+                           ("first_token", select.first_token_subtree(cand, logq, b, t0))):
+            tree = select.pruned_tree(cand, kept, t0)
+            out[rule, b] = expected_accepted(tree, edge[kept]) if len(kept) else 0.0
+            out[f"{rule}_nodes", b] = tree.budget
     return out
 
 
@@ -76,23 +77,21 @@ def main():
         f"Toy pair: vocab {args.vocab}, closeness {args.closeness}, pool top_k {args.top_k} x "
         f"depth {args.depth}, {args.contexts} contexts, seed {args.seed} "
         f"(`python benchmarks/toy_rules.py`).",
-        "Mean expected accepted draft tokens per verified tree; `first_token` and `pearl` also "
-        "commit t0. `pearl` verifies fewer nodes (mean in brackets).",
+        "Mean expected accepted draft tokens per round; the rules after t0 also commit t0. "
+        "`pearl` and `first_token` verify fewer nodes than the budget (mean in brackets): "
+        "`first_token`'s tree contains `pearl`'s.",
         "",
         "| rule | " + " | ".join(f"B={b}" for b in BUDGETS) + " |",
         "|---|" + "---|" * len(BUDGETS),
     ]
     for rule in RULES:
         cells = [f"{mean[rule, b]:.3f}" for b in BUDGETS]
-        if rule == "pearl":
-            cells = [f"{c} ({mean['pearl_nodes', b]:.1f})" for c, b in zip(cells, BUDGETS, strict=True)]
+        if (f"{rule}_nodes", BUDGETS[0]) in mean:
+            cells = [f"{c} ({mean[f'{rule}_nodes', b]:.1f})"
+                     for c, b in zip(cells, BUDGETS, strict=True)]
         lines.append(f"| {rule} | " + " | ".join(cells) + " |")
     text = "\n".join(lines) + "\n"
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(args.out) or ".", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, args.out)
+    atomic_write_text(args.out, text)
     print(text)
 
 

@@ -13,6 +13,7 @@ pytest.importorskip("transformers")
 from targetrows.bench import report as bench_report  # noqa: E402
 from targetrows.bench import run as bench  # noqa: E402
 from targetrows.cli import main  # noqa: E402
+from targetrows.decoding.registry import decoder_names  # noqa: E402
 from targetrows.hf.tiny import DRAFT_VOCAB, TARGET_VOCAB, TOKENIZER_SIZE, save_tiny_pair, tiny_model  # noqa: E402
 
 
@@ -66,7 +67,7 @@ def test_bench_end_to_end(pair, prompts_file, tmp_path):
     )
     assert code == 0
     rows = list(csv.DictReader(open(out / "run.csv")))
-    methods = ["hf_generate", "hf_assisted", "ar", "draft_rank", "rerank", "fts", "pearl"]
+    methods = ["hf_generate", "hf_assisted", *decoder_names()]
     assert len(rows) == 2 * 2 * len(methods)
     assert {r["method"] for r in rows} == set(methods)
     assert {r["question_id"] for r in rows} == {"1", "2"}
@@ -75,7 +76,7 @@ def test_bench_end_to_end(pair, prompts_file, tmp_path):
         if r["method"] not in bench.HF_METHODS:
             assert float(r["bound_tokens_per_s"]) > 0 and int(r["rounds"]) >= 1
             assert float(r["mean_t_round"]) >= float(r["mean_t_verify"])
-        if r["method"] in ("draft_rank", "rerank", "fts", "pearl"):
+        if r["method"] not in bench.HF_METHODS and r["method"] != "ar":
             assert r["budget"] == "6"
     # Greedy: every method reproduces HF generate (padding rows suppressed, draft resized)
     greedy = [r for r in rows if float(r["temperature"]) == 0]

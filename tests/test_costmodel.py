@@ -39,9 +39,9 @@ def test_round_seconds_by_hand():
     assert cm.round_seconds("rerank", PARTS, [8], [3], 0.0, 4, 3)[0] == pytest.approx(0.0339)
     # ... with half the shorter part hidden: 6.9 + 10 - 3.45
     assert cm.round_seconds("rerank", PARTS, [8], [3], 0.5, 4, 3)[0] == pytest.approx(0.03045)
-    # fts, 2 guesses: passes of 1, 2, 8, 8 tokens = 2.1 + 2.2 + 2.8 + 2.8 = 9.9 ms; a missed
+    # fts_redraft, 2 guesses: passes of 1, 2, 8, 8 tokens = 2.1 + 2.2 + 2.8 + 2.8 = 9.9 ms; a missed
     # guess (7 passes = 4 + one expansion of 3) adds 6.9 ms; verify feeds t0 + 8 nodes
-    fts = cm.round_seconds("fts", PARTS, [8, 8], [4, 7], 0.0, 4, 3, guesses=2)
+    fts = cm.round_seconds("fts_redraft", PARTS, [8, 8], [4, 7], 0.0, 4, 3, guesses=2)
     np.testing.assert_allclose(fts, [0.0099 + 0.010 + 0.018, 0.0099 + 0.010 + 0.0069 + 0.018])
     assert cm.round_seconds("ar", PARTS, [0, 0], [0, 0], 0.0, 4, 3) == pytest.approx([0.01, 0.01])
 

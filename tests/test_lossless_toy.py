@@ -112,10 +112,11 @@ def test_empty_prompt_and_missing_draft():
 
 
 def test_drafting_stops_at_the_budgets_depth():
-    """A tree of B nodes is at most B deep: with B < depth the round loop drafts B levels."""
+    """A tree of B nodes is at most B deep: with B < depth the round loop drafts B levels (B + 1
+    for fts, whose tree hangs from a first-level node)."""
     pair = ToyPair(vocab_size=16, seed=1, closeness=0.8)
-    for decoder, passes in (("draft_rank", {2}), ("rerank", {2}), ("pearl", {2}),
-                            ("fts", {3, 5})):  # fts: guesses' level + 2, and 2 more on a miss
+    for decoder, passes in (("draft_rank", {2}), ("rerank", {2}), ("pearl", {2}), ("fts", {3}),
+                            ("fts_redraft", {3, 5})):  # guesses' level + 2, and 2 more on a miss
         config = DecodeConfig(decoder, budget=2, depth=5, top_k=3, max_new_tokens=30)
         result = generate(pair.target, pair.draft, [1, 2, 3], config)
         assert {r.draft_passes for r in result.rounds} <= passes, decoder

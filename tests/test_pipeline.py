@@ -10,8 +10,11 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
+
+from targetrows.analysis.conditions import read_conditions
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "workflow" / "scripts"
@@ -156,19 +159,29 @@ def test_slurm_jobs_lock_in_their_own_folder(tmp_path):
     assert lock_folder(str(tmp_path), {"SLURM_JOB_ID": "42"}) == str(tmp_path / "slurm-42")
 
 
-def test_matched_budget_takes_the_baselines_mean_tree_size():
-    import pandas as pd
+def test_a_matched_cap_equals_the_baselines_mean_tree_size():
+    """fts's matched cap: pearl's measured mean nodes at 8 against first_token's size-by-budget
+    curve on the row logs; the closest budget wins, recorded with what it matched."""
+    from test_score import toy_log
 
-    from targetrows.analysis.online import resolve_budgets
+    from targetrows.analysis.conditions import matched_cap, mean_nodes, resolve, size_curve
 
-    summary = pd.DataFrame({"decoder": ["pearl", "pearl", "pearl"], "budget": [59, 8, 59],
-                            "nodes": [84.0, 5.0, 128.0], "rounds": [2, 1, 3]})
-    assert resolve_budgets("fts", ["matched", 8], [59, 8], summary) == [42, 8]  # 212 / 5
-    assert resolve_budgets("fts", [30, "matched"], [59, 8], summary) == [30, 5]
-    with pytest.raises(ValueError, match="no pearl rounds at budget 16"):
-        resolve_budgets("fts", ["matched"], [16], summary)
-    with pytest.raises(ValueError, match="no decoder to match"):
-        resolve_budgets("rerank", ["matched"], [16], summary)
+    answers = [{"budget": 8, "rounds": {"nodes": [2, 3]}}, {"budget": 8, "rounds": {"nodes": [4]}},
+               {"budget": 3, "rounds": {"nodes": [1]}}]
+    assert mean_nodes(answers, 8) == 3.0
+    assert matched_cap(np.array([0.9, 1.8, 2.6, 3.3, 4.0]), 3.0) == 4  # |3.3 - 3| < |2.6 - 3|
+    assert matched_cap(np.array([0.9, 1.8, 2.5, 3.5]), 3.0) == 3  # a tie: the smaller cap
+    logs = [toy_log(1.0, top_k=4, depth=4)]
+    curve = size_curve(logs, "first_token", 8)
+    assert np.all(np.diff(curve) >= 0) and curve[0] <= 1
+    got = resolve("fts", [8, {"matched": 8}], answers, logs)
+    assert [c["budget"] for c in got][0] == 8 and got[1]["baseline_budget"] == 8
+    assert got[1]["budget"] == matched_cap(curve, 3.0)
+    assert got[1]["baseline_mean_nodes"] == 3.0
+    with pytest.raises(ValueError, match="no rounds at budget 16"):
+        resolve("fts", [{"matched": 16}], answers, logs)
+    with pytest.raises(ValueError, match="has no baseline"):
+        resolve("rerank", [{"matched": 8}], answers, logs)
 
 
 def test_bundled_prompts_are_spec_bench_questions():
@@ -231,6 +244,11 @@ def _missing() -> list[str]:
     return missing
 
 
+def decode_conditions(cfg, decoder):
+    return [1] if decoder == "ar" else cfg["decode"]["decoder_budgets"].get(
+        decoder, cfg["decode"]["budgets"])
+
+
 def _tiny_workdir(tmp_path: Path) -> Path:
     from targetrows.hf.tiny import save_tiny
 
@@ -271,21 +289,27 @@ def test_default_dag_end_to_end_on_tiny_models_survives_an_interrupt(tmp_path):
             assert (work / "results" / "figures" / f"{name}.{ext}").stat().st_size > 1000
     assert not [p for p in (work / "results").rglob("*") if p.name.endswith((".tmp", ".partial"))]
 
-    # every decoder ran every prompt at each of its budget conditions
-    n_prompts, n_cond = cfg["prompts"]["n"], len(cfg["decode"]["budgets"])
+    # every decoder ran every prompt at each of its distinct budgets, recorded beside them
+    n_prompts = cfg["prompts"]["n"]
     for answers in (work / "results" / "decode").rglob("*.jsonl"):
-        lines = answers.read_text().splitlines()
-        expected = n_prompts * (1 if answers.stem == "ar" else n_cond)
-        assert len(lines) == expected or (answers.stem == "fts" and len(lines) == n_prompts)
+        decoder, conds = read_conditions(str(answers.with_suffix(".conditions.json")))
+        budgets = {c["budget"] for c in conds}
+        assert decoder == answers.stem and len(conds) == len(decode_conditions(cfg, decoder))
+        assert len(answers.read_text().splitlines()) == n_prompts * len(budgets)
     log = (work / "results" / "logs" / "decode" / "tiny-llama" / "gsm8k" / "T0" / "fts.log")
-    assert "pearl's mean tree sizes" in log.read_text()
+    assert "fts condition 2: {'matched': 8} -> budget" in log.read_text()
+    assert "baseline pearl at 8" in log.read_text()
 
     import pandas as pd
 
+    from targetrows.decoding.registry import rule_names
+
     acc = pd.read_csv(work / "results" / "tables" / "expected_accepted.csv")
-    assert set(acc["rule"]) == {"draft_rank", "target_rerank", "stale_rerank", "first_token",
-                                "pearl"}
-    assert len(acc) == 5 * len(cfg["score"]["budgets"]) * len(cfg["temperatures"])
+    assert set(acc["rule"]) == set(rule_names())
+    assert len(acc) == len(rule_names()) * len(cfg["score"]["budgets"]) * len(cfg["temperatures"])
+    gain = pd.read_csv(work / "results" / "tables" / "online_gain.csv")
+    fts = gain[(gain["decoder"] == "fts") & (gain["metric"] == "nodes")]
+    assert sorted(fts["baseline_budget"]) == [3, 8, 8] * len(cfg["temperatures"])
     online = pd.read_csv(work / "results" / "tables" / "online.csv")
     assert set(online["decoder"]) == set(cfg["decode"]["decoders"])
     assert (online.loc[online["decoder"] == "ar", "speedup"] == 1).all()

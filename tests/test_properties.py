@@ -91,3 +91,31 @@ def test_rules_on_random_pools(seed, top_k, depth, budget, closeness):
     assert tree.tokens[0] == t0 and len(tree) == max(len(kept), 1)
     # the pruned tree is no bigger than the budget and sits inside the selection
     assert set(kept.tolist()) <= set(dr.tolist()) and tree.budget <= budget
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(0, 10_000), st.integers(1, 4), st.integers(1, 4), st.integers(1, 40),
+       st.floats(0.0, 1.0), st.booleans())
+def test_first_tokens_tree_contains_pearls(seed, top_k, depth, budget, closeness, greedy_t0):
+    """At every context and budget, first_token's tree (the top-B below t0 in the root pool)
+    contains pearl's (the global top-B pruned to t0), so it verifies at least as many nodes and
+    accepts at least as many in expectation; both are empty exactly when t0 is not a
+    first-level pool token (pearl's also when t0's node missed the global top-B)."""
+    pair = ToyPair(8, seed, closeness)
+    ctx = [seed % 8, 3]
+    cand, logq = pool.expand(pair.draft_row, ctx, top_k, depth)
+    root_row = pair.target_row(ctx)
+    t0 = select.first_token(root_row, None if greedy_t0 else np.random.default_rng(seed))
+    pearl = select.prune_to_first(cand, select.draft_rank(cand, logq, budget), t0)
+    first = select.first_token_subtree(cand, logq, budget, t0)
+    assert set(pearl.tolist()) <= set(first.tolist())
+    assert (len(first) == 0) == (cand.child_with_token(0, t0) < 0)
+    trees = [select.pruned_tree(cand, kept, t0) for kept in (pearl, first)]
+    assert trees[0].budget <= trees[1].budget <= budget
+    assert trees[1].subtree(np.arange(len(trees[1]))) == trees[1]  # a valid tree, rooted at t0
+    edges = []
+    for tree in trees:
+        rows = [pair.target_row(ctx + [t0] + tree.path_tokens(i)) for i in range(len(tree))]
+        edges.append(np.r_[1.0, [rows[p][t] for p, t in zip(tree.parents[1:], tree.tokens[1:],
+                                                                strict=True)]])
+    assert expected_accepted(trees[0], edges[0]) <= expected_accepted(trees[1], edges[1]) + 1e-12

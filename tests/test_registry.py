@@ -78,7 +78,7 @@ def shallow():
     assert "shallow" not in DECODERS
 
 
-def test_a_registered_decoder_runs_everywhere(shallow):
+def test_a_registered_decoder_runs_everywhere(shallow, tmp_path):
     pair = ToyPair(vocab_size=24, seed=3, closeness=0.9)
     prompt = [1, 2, 3]
     # the round loop: lossless like every decoder
@@ -93,22 +93,29 @@ def test_a_registered_decoder_runs_everywhere(shallow):
     assert cm.draft_pass_widths("shallow", 4, 3) == [1, 4, 4]
     b = cm.bound("shallow", parts, new.rounds, top_k=4, depth=3)
     assert b.tokens_per_s > 0
-    # the online tables and their ordering
+    # the online tables, with the conditions its decode job would record, and their ordering
     pd = pytest.importorskip("pandas")
+    from targetrows.analysis.conditions import resolve, write_conditions
     from targetrows.analysis.frames import in_order
     from targetrows.analysis.online import conditions, online
 
-    summary = pd.DataFrame({
-        "pair": "p", "task": "t", "temperature": 0.0, "prompt_id": ["1", "1", "1"],
-        "decoder": ["ar", "shallow", "mystery"], "budget": [0, 4, 4],
-        "new_tokens": [24, 24, 24], "wall_time": [1.0, 0.5, 0.8], "rounds": [24, 10, 12],
-        "committed": [24, 24, 24], "accepted": [0, 14, 12], "nodes": [0, 40, 48],
-    })
+    paths = []
+    for name in ("ar", "shallow", "mystery"):
+        path = tmp_path / "p" / "t" / "T0" / f"{name}.conditions.json"
+        conds = resolve(name, [4]) if name != "mystery" else [{"condition": 0, "budget": 4}]
+        write_conditions(str(path), name, conds)
+        paths.append(str(path))
     with pytest.raises(ValueError, match="unknown decoder 'mystery'"):
-        conditions(summary, [4], {})  # a decoder nobody registered is an error, not a NaN row
-    plan = conditions(summary[summary["decoder"] != "mystery"], [4], {})
-    table = online(summary[summary["decoder"] != "mystery"], plan)
-    assert set(table["decoder"]) == {"ar", "shallow"}
+        conditions(paths)  # a decoder nobody registered is an error, never a NaN row
+    plan = conditions(paths[:2])
+    summary = pd.DataFrame({
+        "pair": "p", "task": "t", "temperature": 0.0, "prompt_id": ["1", "1"],
+        "decoder": ["ar", "shallow"], "budget": [0, 4], "new_tokens": [24, 24],
+        "wall_time": [1.0, 0.5], "rounds": [24, 10], "committed": [24, 24], "accepted": [0, 14],
+        "nodes": [0, 40],
+    })
+    table = online(summary, plan)
+    assert set(table["decoder"]) == {"ar", "shallow"} and table["condition"].notna().all()
     assert table.loc[table["decoder"] == "shallow", "speedup"].item() == pytest.approx(2.0)
     assert in_order(["mystery", "shallow", "ar"], DECODERS) == ["ar", "shallow", "mystery"]
 

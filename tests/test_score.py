@@ -74,22 +74,25 @@ def brute_force(log, budgets, vocab):
                 a, n = score(select.target_rerank_logp(pool, logq, b, np.log(stale)))
             out[s, t, "stale_rerank", b] = (a, n, a + 1)
             if stop:
-                out[s, t, "first_token", b] = out[s, t, "pearl", b] = (0.0, 0, 1.0)
+                for rule in ("first_token", "first_token_redraft", "pearl"):
+                    out[s, t, rule, b] = (0.0, 0, 1.0)
                 continue
             ntok, npar, nlogq, nedge = log.pool(int(nxt[0]))
             npool = Tree(ntok, npar)
             a, n = score(select.draft_rank(npool, nlogq, b), traj[t + 1 :], nedge, npool)
-            out[s, t, "first_token", b] = (a, n, a + 2)
-            kept = select.prune_to_first(pool, select.draft_rank(pool, logq, b), t0)
-            pruned = select.pruned_tree(pool, kept, t0)
-            if len(kept):
-                local = np.concatenate([[0], kept])
-                _, index_map = pool.subtree(local).reroot(1)
-                pedge = edge[local[index_map]]
-            else:
-                pedge = np.ones(1)
-            a = accept(pruned, pedge, traj[t + 1 :], greedy)
-            out[s, t, "pearl", b] = (a, max(len(kept) - 1, 0), a + 2)
+            out[s, t, "first_token_redraft", b] = (a, n, a + 2)
+            pearl_kept = select.prune_to_first(pool, select.draft_rank(pool, logq, b), t0)
+            for rule, kept in (("pearl", pearl_kept),
+                               ("first_token", select.first_token_subtree(pool, logq, b, t0))):
+                tree = select.pruned_tree(pool, kept, t0)
+                if len(kept):
+                    local = np.concatenate([[0], kept])
+                    _, index_map = pool.subtree(local).reroot(1)
+                    tedge = edge[local[index_map]]
+                else:
+                    tedge = np.ones(1)
+                a = accept(tree, tedge, traj[t + 1 :], greedy)
+                out[s, t, rule, b] = (a, tree.budget, a + 2)
     return out
 
 
@@ -196,3 +199,20 @@ def test_scored_draft_rank_matches_online_decoding(temperature):
     scored = score_log(log, [budget], rules=("draft_rank",))["accepted"]
     assert len(online) >= 5 * len(prompts) and len(scored) == 25 * len(prompts)
     assert abs(np.mean(scored) / np.mean(online) - 1) < 0.10, (np.mean(scored), np.mean(online))
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_first_token_contains_pearl_at_every_position_and_budget(temperature):
+    """On a recorded log, first_token's tree contains pearl's at each position and budget: its
+    accepted draft tokens and non-root nodes are never below pearl's, and somewhere above."""
+    budgets = [1, 2, 3, 5, 8, 13, 21, 40]
+    table = score_log(toy_log(temperature, top_k=5, depth=5, new=16), budgets,
+                      rules=("pearl", "first_token"))
+    ft, pe = (table["rule"] == "first_token"), (table["rule"] == "pearl")
+    for col in ("prompt_id", "turn", "position", "budget"):
+        assert np.array_equal(table[col][ft], table[col][pe])
+    assert np.all(table["nodes"][ft] >= table["nodes"][pe])
+    assert np.all(table["accepted"][ft] >= table["accepted"][pe] - 1e-12)
+    assert np.all(table["nodes"][ft] <= table["budget"][ft])
+    assert table["nodes"][ft].sum() > table["nodes"][pe].sum()
+    assert table["accepted"][ft].sum() > table["accepted"][pe].sum()

@@ -52,6 +52,15 @@ def fmt_temperature(t):
 TEMPERATURES = [fmt_temperature(t) for t in config["temperatures"]]
 
 
+def decode_budgets(decoder, cfg=config):
+    """The budget conditions a decoder runs: its own (decode.decoder_budgets), else
+    decode.budgets; one condition for a decoder without a tree (ar). A condition is a budget
+    or {matched: X} (targetrows.analysis.conditions)."""
+    if not DECODERS[decoder].drafts:
+        return [1]
+    return cfg["decode"]["decoder_budgets"].get(decoder, cfg["decode"]["budgets"])
+
+
 def check_config(cfg):
     """Cross-references the schema cannot express; each error names the config key to fix."""
     models = cfg["models"]
@@ -82,23 +91,25 @@ def check_config(cfg):
                 f"another distilled draft ({spec['target']!r})"
             )
     dec = cfg["decode"]
-    for decoder, budgets in dec.get("decoder_budgets", {}).items():
-        key = f"decode.decoder_budgets.{decoder}"
-        if len(budgets) != len(dec["budgets"]):
-            raise WorkflowError(
-                f"config key {key}: has {len(budgets)} entries but decode.budgets has "
-                f"{len(dec['budgets'])}; give {decoder} one condition per budget condition"
-            )
+    for decoder, budgets in dec["decoder_budgets"].items():
         baseline = DECODERS[decoder].baseline
-        if "matched" in budgets and baseline is None:
+        matched = [b["matched"] for b in budgets if isinstance(b, dict)]
+        key = f"decode.decoder_budgets.{decoder}"
+        if matched and baseline is None:
             raise WorkflowError(
-                f"config key {key}: 'matched' takes a baseline decoder's tree size, and "
+                f"config key {key}: a matched cap takes a baseline decoder's tree size, and "
                 f"{decoder} has none; give it numeric budgets"
             )
-        if "matched" in budgets and baseline not in dec["decoders"]:
+        if matched and baseline not in dec["decoders"]:
             raise WorkflowError(
-                f"config key {key}: 'matched' needs {baseline}'s tree sizes; add {baseline} "
+                f"config key {key}: a matched cap needs {baseline}'s tree sizes; add {baseline} "
                 f"to decode.decoders or give {decoder} numeric budgets"
+            )
+        missing = [x for x in matched if x not in decode_budgets(baseline, cfg)]
+        if missing:
+            raise WorkflowError(
+                f"config key {key}: matched at {missing[0]}, a budget {baseline} does not run; "
+                f"match at one of its budgets ({decode_budgets(baseline, cfg)})"
             )
     pool = cfg["pool"]["top_k"] + (cfg["pool"]["depth"] - 1) * cfg["pool"]["top_k"] ** 2
     for key, budgets in (("decode.budgets", dec["budgets"]), ("score.budgets", cfg["score"]["budgets"])):
@@ -160,25 +171,18 @@ def trust_args(target):
     return ["--trust-remote-code", "all" if len(trusted) == 2 else trusted[0]]
 
 
-def decode_budgets(decoder):
-    """The budget conditions a decoder runs: its own (decode.decoder_budgets), else
-    decode.budgets; one condition for a decoder without a tree (ar)."""
-    if not DECODERS[decoder].drafts:
-        return [1]
-    return config["decode"]["decoder_budgets"].get(decoder, config["decode"]["budgets"])
-
-
 def decode_inputs(wildcards):
     inputs = pair_inputs(wildcards)
-    if "matched" in decode_budgets(wildcards.decoder):
-        # a matched cap waits for the baseline's runs on every task at this target and temperature
+    if any(isinstance(b, dict) for b in decode_budgets(wildcards.decoder)):
+        # a matched cap waits for the baseline's runs and the row logs on every task at this
+        # target and temperature
+        tasks = dict(target=wildcards.target, task=config["tasks"],
+                     temperature=wildcards.temperature)
         inputs["baseline"] = expand(
             "results/decode/{target}/{task}/T{temperature}/{baseline}.jsonl",
-            target=wildcards.target,
-            task=config["tasks"],
-            temperature=wildcards.temperature,
-            baseline=DECODERS[wildcards.decoder].baseline,
+            baseline=DECODERS[wildcards.decoder].baseline, **tasks,
         )
+        inputs["rows"] = expand("results/rows/{target}/{task}/T{temperature}.npz", **tasks)
     return inputs
 
 
@@ -192,9 +196,9 @@ def gpu_lock_dir():
     return config.get("gpu_lock_dir") or ""
 
 
-def decode_outputs():
+def decode_outputs(ext="jsonl"):
     return expand(
-        "results/decode/{target}/{task}/T{temperature}/{decoder}.jsonl",
+        f"results/decode/{{target}}/{{task}}/T{{temperature}}/{{decoder}}.{ext}",
         target=TARGETS,
         task=config["tasks"],
         temperature=TEMPERATURES,

@@ -1,19 +1,21 @@
-# Online decoding: one job per target x task x temperature x decoder. The job runs the decoder's
-# budget conditions one after another (the models load once) and claims its GPUs itself.
+# Online decoding: one job per target x task x temperature x decoder. The job resolves the
+# decoder's budget conditions (a matched cap from the baseline's runs and the row logs), writes
+# them beside the answers, runs them one after another (the models load once) and claims its
+# GPUs itself.
 
 
 rule decode:
     input:
         unpack(decode_inputs),
     output:
-        "results/decode/{target}/{task}/T{temperature}/{decoder}.jsonl",
+        answers="results/decode/{target}/{task}/T{temperature}/{decoder}.jsonl",
+        conditions="results/decode/{target}/{task}/T{temperature}/{decoder}.conditions.json",
     log:
         "results/logs/decode/{target}/{task}/T{temperature}/{decoder}.log",
     benchmark:
         "results/benchmarks/decode/{target}/{task}/T{temperature}/{decoder}.tsv"
     params:
         budgets=lambda w: decode_budgets(w.decoder),
-        base_budgets=config["decode"]["budgets"],
         max_new_tokens=config["decode"]["max_new_tokens"],
         seed=config["decode"]["seed"],
         dtype=config["decode"]["dtype"],

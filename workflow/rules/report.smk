@@ -4,9 +4,11 @@
 
 rule summarise_decoding:
     input:
-        decode_outputs(),
+        answers=decode_outputs(),
+        conditions=decode_outputs("conditions.json"),
     output:
-        "results/summary/online.csv",
+        online="results/summary/online.csv",
+        conditions="results/summary/conditions.csv",
     log:
         "results/logs/summary/online.log",
     localrule: True
@@ -20,6 +22,7 @@ rule tables:
     input:
         scores=score_outputs(),
         online="results/summary/online.csv",
+        conditions="results/summary/conditions.csv",
     output:
         report(
             expand("results/tables/{name}.csv", name=TABLES),
@@ -30,8 +33,6 @@ rule tables:
     log:
         "results/logs/summary/tables.log",
     params:
-        budgets=config["decode"]["budgets"],
-        budgets_of=config["decode"]["decoder_budgets"],
         bootstrap=config["report"]["bootstrap"],
         seed=config["report"]["seed"],
     localrule: True

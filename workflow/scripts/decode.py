@@ -1,14 +1,16 @@
 """Snakemake job: one decoder on one target x task x temperature, all its budget conditions.
 
-Resolves `matched` budgets from the baseline decoder's runs (`targetrows.analysis.online`),
-claims its GPUs and calls `targetrows decode`, which resumes an interrupted job from
-OUT.partial and writes OUT atomically.
+Resolves the conditions (a matched cap from the baseline's runs and the row logs:
+`targetrows.analysis.conditions`) and writes them beside the answers, claims its GPUs and calls
+`targetrows decode`, which resumes an interrupted job from OUT.partial and writes OUT atomically.
 """
 
+import json
 import sys
 
-from targetrows.analysis.online import resolve_budgets, summarise
+from targetrows.analysis.conditions import resolve, write_conditions
 from targetrows.pipeline.gpu_lock import run_claimed
+from targetrows.rowlog import format as rowlog
 
 
 def command(smk, budgets: list[int]):
@@ -23,24 +25,33 @@ def command(smk, budgets: list[int]):
             "--max-new-tokens", str(smk.params.max_new_tokens), "--seed", str(smk.params.seed),
             "--top-k", str(smk.params.top_k), "--depth", str(smk.params.depth),
             "--model-id", smk.wildcards.target, "--no-progress",
-            *smk.params.trust, *smk.params.args, "--out", smk.output[0],
+            *smk.params.trust, *smk.params.args, "--out", smk.output.answers,
         ]
     return argv
 
 
 def main(smk) -> None:
-    budgets = smk.params.budgets
+    decoder, specs = smk.wildcards.decoder, smk.params.budgets
+    baseline, logs = [], []
+    if "baseline" in smk.input.keys():
+        for path in smk.input.baseline:
+            with open(path, encoding="utf-8") as f:
+                baseline += [json.loads(line) for line in f]
+        logs = [rowlog.read(p) for p in smk.input.rows]
+    conditions = resolve(decoder, specs, baseline, logs)
     with open(smk.log[0], "w") as log:
-        if "matched" in budgets:
-            baseline = summarise(list(smk.input.baseline))
-            budgets = resolve_budgets(smk.wildcards.decoder, budgets, smk.params.base_budgets,
-                                      baseline)
-            print(f"{smk.wildcards.decoder} budgets {smk.params.budgets} -> {budgets} "
-                  "(the baseline's mean tree sizes)", file=log)
+        for c in conditions:
+            print(f"{decoder} condition {c['condition']}: {c['spec']} -> budget {c['budget']}"
+                  + (f" (baseline {c['baseline']} at {c['baseline_budget']}: "
+                     f"{c['baseline_mean_nodes']:.2f} mean nodes; this rule's trees at the cap: "
+                     f"{c['rule_mean_nodes']:.2f})" if "baseline_mean_nodes" in c else ""),
+                  file=log)
+    budgets = list(dict.fromkeys(c["budget"] for c in conditions))
     rc = run_claimed(command(smk, budgets), smk.resources.gpu, smk.log[0],
                      smk.params.lock_dir or None)
     if rc:
         sys.exit(f"targetrows decode failed with status {rc}; see {smk.log[0]}")
+    write_conditions(smk.output.conditions, decoder, conditions)
 
 
 if "snakemake" in globals():

@@ -1,18 +1,19 @@
-"""Snakemake job: per-prompt totals of every online run in one CSV
-(`targetrows.analysis.online.summarise`)."""
+"""Snakemake job: per-prompt totals of every online run, and every run's budget conditions, in
+two CSVs (`targetrows.analysis.online`)."""
 
 import sys
 
-from targetrows.analysis.online import summarise
+from targetrows.analysis.online import conditions, summarise
 from targetrows.analysis.output import write_csv
 
 
 def main(smk) -> None:
     with open(smk.log[0], "w") as log:
         sys.stderr = log
-        summary = summarise(list(smk.input))
-        write_csv(summary, smk.output[0])
-        print(f"{len(summary)} answers from {len(smk.input)} files", file=log)
+        summary = summarise(list(smk.input.answers))
+        write_csv(summary, smk.output.online)
+        write_csv(conditions(list(smk.input.conditions)), smk.output.conditions)
+        print(f"{len(summary)} answers from {len(smk.input.answers)} files", file=log)
 
 
 if "snakemake" in globals():

@@ -12,9 +12,10 @@ def main(smk) -> None:
     with open(smk.log[0], "w") as log:
         sys.stderr = log
         decoding = pd.read_csv(smk.input.online, dtype={"prompt_id": str, "task": str})
+        plan = pd.read_csv(smk.input.conditions)
         folder = os.path.dirname(smk.output[0])
-        write_all(list(smk.input.scores), decoding, folder, smk.params.budgets,
-                  smk.params.budgets_of, smk.params.bootstrap, smk.params.seed)
+        write_all(list(smk.input.scores), decoding, plan, folder, smk.params.bootstrap,
+                  smk.params.seed)
         print(f"wrote tables to {folder}", file=log)
 
 

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pandas as pd
 
 from targetrows.decoding.registry import DECODERS, get_decoder
 
 from . import stats
-from .frames import tidy
+from .conditions import read_conditions
 
 ROUND_SUMS = ["committed", "accepted", "nodes", "target_passes", "draft_passes"]
 
@@ -52,49 +53,26 @@ def summarise(paths: list[str]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def mean_nodes(summary: pd.DataFrame, decoder: str, budget: int) -> float:
-    """Mean non-root nodes verified per round by `decoder`'s runs at `budget` (all prompts and
-    tasks of the summary, each round weighted once)."""
-    runs = summary[(summary["decoder"] == decoder) & (summary["budget"] == budget)]
-    rounds = runs["rounds"].sum()
-    if rounds == 0:
-        raise ValueError(f"no {decoder} rounds at budget {budget} "
-                         f"({len(runs)} answers); cannot match a budget to its tree size")
-    return float(runs["nodes"].sum() / rounds)
-
-
-def matched_budget(mean: float) -> int:
-    """The budget matched to a mean tree size: the nearest integer, at least 1."""
-    return max(1, round(mean))
-
-
-def resolve_budgets(decoder: str, budgets: list, base: list[int], summary: pd.DataFrame | None):
-    """A decoder's budget conditions with each `matched` entry i resolved to the mean tree size
-    of the decoder it is compared with (`Decoder.baseline`) at the base condition base[i]."""
-    if "matched" not in budgets:
-        return [int(b) for b in budgets]
-    baseline = get_decoder(decoder).baseline
-    if baseline is None:
-        raise ValueError(f"decoder {decoder!r} has no decoder to match its budget to; give "
-                         "numeric budgets")
-    return [matched_budget(mean_nodes(summary, baseline, base[i])) if b == "matched" else int(b)
-            for i, b in enumerate(budgets)]
-
-
-def conditions(decoding: pd.DataFrame, budgets: list[int], budgets_of: dict) -> pd.DataFrame:
-    """Which run is budget condition i of each decoder: budgets_of[decoder][i] where the config
-    gives the decoder its own conditions (`matched` resolved by `resolve_budgets`), else
-    budgets[i]; the single run of a decoder without a tree (ar). Columns: pair, temperature,
-    decoder, budget, condition."""
+def conditions(paths: list[str]) -> pd.DataFrame:
+    """The decode jobs' condition files (`targetrows.analysis.conditions`) as one table: pair,
+    temperature, decoder, condition, budget, baseline, baseline_budget (one row per condition;
+    every task of a target and temperature runs the same conditions)."""
     rows = []
-    for (pair, temp), runs in decoding.groupby(["pair", "temperature"]):
-        for decoder in runs["decoder"].unique():
-            if not get_decoder(decoder).drafts:
-                plan = [int(runs.loc[runs["decoder"] == decoder, "budget"].iloc[0])]
-            else:
-                plan = resolve_budgets(decoder, budgets_of.get(decoder, budgets), budgets, runs)
-            rows += [(pair, temp, decoder, b, i) for i, b in enumerate(plan)]
-    return pd.DataFrame(rows, columns=["pair", "temperature", "decoder", "budget", "condition"])
+    for path in paths:
+        parts = path.replace("\\", "/").split("/")
+        pair, temperature = parts[-4], float(parts[-2].removeprefix("T"))
+        decoder, conds = read_conditions(path)
+        for c in conds:
+            rows.append({"pair": pair, "temperature": temperature, "decoder": decoder,
+                         "condition": c["condition"], "budget": c["budget"],
+                         "baseline": c.get("baseline"),
+                         "baseline_budget": c.get("baseline_budget")})
+    frame = pd.DataFrame(rows, columns=["pair", "temperature", "decoder", "condition", "budget",
+                                        "baseline", "baseline_budget"])
+    for name in frame["decoder"].unique():
+        get_decoder(name)  # an unknown decoder is an error, never a silent NaN row
+    return frame.drop_duplicates(["pair", "temperature", "decoder", "condition"],
+                                 ignore_index=True)
 
 
 def online(decoding: pd.DataFrame, plan: pd.DataFrame) -> pd.DataFrame:
@@ -117,42 +95,61 @@ def online(decoding: pd.DataFrame, plan: pd.DataFrame) -> pd.DataFrame:
     return table.merge(plan, on=keys, how="left")
 
 
+METRICS = {"accepted": "accepted draft tokens per round",
+           "nodes": "non-root nodes per round",
+           "tokens_per_s": "tokens/s"}
+
+
+def per_prompt(decoding: pd.DataFrame) -> pd.DataFrame:
+    """Each run's per-prompt values of the compared metrics (a prompt: task and question)."""
+    return decoding.assign(
+        prompt=decoding["task"] + "/" + decoding["prompt_id"].astype(str),
+        accepted_pr=decoding["accepted"] / decoding["rounds"],
+        nodes_pr=decoding["nodes"] / decoding["rounds"],
+        tokens_per_s=decoding["new_tokens"] / decoding["wall_time"],
+    )
+
+
 def online_gains(decoding: pd.DataFrame, plan: pd.DataFrame, n_boot: int, seed: int):
-    """Each decoder over its baseline (`Decoder.baseline`), condition by condition: each
-    prompt's accepted draft tokens per round, paired by prompt."""
-    present = set(decoding["decoder"])
-    pairs = [(d.name, d.baseline) for d in DECODERS.values()
-             if d.baseline is not None and {d.name, d.baseline} <= present]
-    parts = [online_gain(decoding, plan, name, base, n_boot, seed) for name, base in pairs]
-    parts = [p for p in parts if len(p)]
-    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
-
-
-def online_gain(decoding: pd.DataFrame, plan: pd.DataFrame, decoder: str, baseline: str,
-                n_boot: int, seed: int):
-    """`decoder` over `baseline`, condition by condition (see `online_gains`)."""
-    keys = ["pair", "temperature", "decoder", "budget"]
-    runs = decoding.merge(plan, on=keys)
-    runs = runs[runs["decoder"].isin([decoder, baseline]) & (runs["rounds"] > 0)]
-    if runs["decoder"].nunique() < 2:
-        return pd.DataFrame()
-    budgets = runs.groupby(["pair", "temperature", "condition", "decoder"])["budget"].first()
-    rows = pd.DataFrame({
-        "pair": runs["pair"].to_numpy(str), "task": runs["task"].to_numpy(str),
-        "temperature": runs["temperature"].to_numpy(float),
-        "prompt_id": (runs["task"] + "/" + runs["prompt_id"].astype(str)).to_numpy(str),
-        "turn": 0, "position": 0, "rule": runs["decoder"].to_numpy(str),
-        "budget": runs["condition"].to_numpy(int),
-        "accepted": (runs["accepted"] / runs["rounds"]).to_numpy(float),
-    })
-    out = tidy(stats.paired_gain({k: rows[k].to_numpy() for k in rows}, decoder, baseline,
-                                 by=("pair", "temperature", "budget"), n_boot=n_boot, seed=seed))
-    out = out.rename(columns={"budget": "condition"}).drop(columns=["n_positions"])
-    for column, name in (("budget", decoder), ("baseline_budget", baseline)):
-        out[column] = [
-            int(budgets[(p, t, c, name)])
-            for p, t, c in zip(out["pair"], out["temperature"], out["condition"], strict=True)]
-    return out
+    """Each decoder over its baseline, condition by condition: a condition is compared with the
+    baseline's run at its `baseline_budget` (the same budget, or the budget a matched cap was
+    matched at). Per metric (`METRICS`), the ratio of per-prompt values summed over prompts
+    minus 1, with a 95% bootstrap interval resampled by prompt; `n_undefined` counts the
+    replicates whose baseline total was zero (dropped from the interval)."""
+    runs = per_prompt(decoding[decoding["rounds"] > 0])
+    values = {"accepted": "accepted_pr", "nodes": "nodes_pr", "tokens_per_s": "tokens_per_s"}
+    out = []
+    compared = plan[plan["baseline"].notna() & plan["baseline"].isin(runs["decoder"])]
+    for row in compared.itertuples(index=False):
+        mine = runs[(runs["pair"] == row.pair) & (runs["temperature"] == row.temperature)]
+        a = mine[(mine["decoder"] == row.decoder) & (mine["budget"] == row.budget)]
+        b = mine[(mine["decoder"] == row.baseline) & (mine["budget"] == row.baseline_budget)]
+        both = a.merge(b, on="prompt", suffixes=("", "_base"))
+        if both.empty:
+            continue
+        for metric, col in values.items():
+            table = {
+                "pair": np.full(2 * len(both), row.pair, dtype=object),
+                "task": np.zeros(2 * len(both), dtype=object) + "",
+                "temperature": np.full(2 * len(both), row.temperature),
+                "prompt_id": np.concatenate([both["prompt"], both["prompt"]]).astype(object),
+                "turn": np.zeros(2 * len(both), dtype=np.int64),
+                "position": np.zeros(2 * len(both), dtype=np.int64),
+                "rule": np.repeat(np.array(["new", "base"], dtype=object), len(both)),
+                "budget": np.zeros(2 * len(both), dtype=np.int64),
+                metric: np.concatenate([both[col], both[col + "_base"]]).astype(float),
+            }
+            g = stats.paired_gain(table, "new", "base", metric=metric,
+                                  by=("pair", "temperature"), n_boot=n_boot, seed=seed)
+            out.append({
+                "pair": row.pair, "temperature": row.temperature, "decoder": row.decoder,
+                "condition": row.condition, "budget": row.budget, "baseline": row.baseline,
+                "baseline_budget": int(row.baseline_budget), "metric": metric,
+                "value": float(both[col].mean()), "baseline_value": float(both[col + "_base"].mean()),
+                "gain": float(g["gain"][0]), "lo": float(g["lo"][0]), "hi": float(g["hi"][0]),
+                "n_undefined": int(g["n_undefined"][0]), "n_prompts": int(g["n_prompts"][0]),
+            })
+    return pd.DataFrame(out)
 
 
 def consistency(acc: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:

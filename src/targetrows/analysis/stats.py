@@ -27,7 +27,9 @@ GROUP = ("pair", "task", "temperature", "budget")
 def paired_gain(table: dict, rule: str, baseline: str, metric: str = "accepted",
                 by=GROUP, n_boot: int = 2000, level: float = 0.95, seed: int = 0) -> dict:
     """Relative gain of `rule` over `baseline` in `metric` for each group of `by`, with a
-    `level` bootstrap interval resampled by prompt. Returns a tidy table (dict of columns)."""
+    `level` bootstrap interval resampled by prompt. Returns a tidy table (dict of columns);
+    `n_undefined` counts replicates with no ratio (the baseline's total was 0), which the
+    interval leaves out."""
     by = tuple(by)
     groups, code, cluster, a, b = _paired(table, rule, baseline, metric, by)
     rng = np.random.default_rng(seed)
@@ -42,12 +44,12 @@ def paired_gain(table: dict, rule: str, baseline: str, metric: str = "accepted",
             boot = weights @ sum_a / (weights @ sum_b) - 1.0
             gain = sum_a.sum() / sum_b.sum() - 1.0
         lo, hi = _interval(boot, level, len(ids))
-        rows.append((gain, lo, hi, len(ids), int(mine.sum())))
+        rows.append((gain, lo, hi, int((~np.isfinite(boot)).sum()), len(ids), int(mine.sum())))
     out = {k: groups[k] for k in by}
     out.update(rule=np.full(len(rows), rule, dtype=object),
                baseline=np.full(len(rows), baseline, dtype=object),
                metric=np.full(len(rows), metric, dtype=object))
-    for j, name in enumerate(("gain", "lo", "hi", "n_prompts", "n_positions")):
+    for j, name in enumerate(("gain", "lo", "hi", "n_undefined", "n_prompts", "n_positions")):
         out[name] = np.array([r[j] for r in rows])
     return out
 
@@ -81,9 +83,11 @@ def equal_size_gain(table: dict, rule: str, baseline: str, by=GROUP[:3], n_boot:
             lo, hi = _interval(gains[1:, j], level, len(ids))
             rows.append(dict({k: keys[k][g] for k in by}, budget=budget,
                              nodes=nodes_b[:, j].sum() / count_b[:, j].sum(),
-                             gain=gains[0, j], lo=lo, hi=hi, n_prompts=len(ids)))
+                             gain=gains[0, j], lo=lo, hi=hi,
+                             n_undefined=int((~np.isfinite(gains[1:, j])).sum()),
+                             n_prompts=len(ids)))
     out = {k: np.array([r[k] for r in rows], dtype=object if k in ("pair", "task") else None)
-           for k in (*by, "budget", "nodes", "gain", "lo", "hi", "n_prompts")}
+           for k in (*by, "budget", "nodes", "gain", "lo", "hi", "n_undefined", "n_prompts")}
     out["rule"] = np.full(len(rows), rule, dtype=object)
     out["baseline"] = np.full(len(rows), baseline, dtype=object)
     return out

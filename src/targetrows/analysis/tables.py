@@ -14,9 +14,10 @@ From the online runs (results/summary/online.csv, `targetrows.analysis.online`):
 
 online             tokens/s, speedup over ar, accepted draft tokens, non-root nodes and tokens
                    committed per round, by decoder and budget condition.
-online_gain        each decoder over its baseline (`Decoder.baseline`) in accepted draft tokens
-                   per round (each prompt's mean over its rounds; paired by prompt), condition
-                   by condition, with 95% CIs.
+online_gain        each decoder over its baseline (`Decoder.baseline`), condition by condition
+                   (a matched cap against the budget it was matched at): accepted draft tokens
+                   per round, non-root nodes per round and tokens/s, paired by prompt, with 95%
+                   CIs and the count of undefined bootstrap replicates.
 consistency        each decoder online against the scored expectation of its rule, same budget.
 
 Rules and decoders appear in the registry's order; a name the registry does not know still gets
@@ -35,7 +36,7 @@ from targetrows.decoding.registry import DECODERS, RULES
 
 from . import stats
 from .frames import ordered, tidy, with_ci
-from .online import conditions, consistency, online, online_gains
+from .online import METRICS, consistency, online, online_gains
 from .output import write_table
 
 SCORE_PATH = re.compile(r"(?P<target>[^/]+)/(?P<task>[^/]+)/T(?P<temperature>[^/]+)\.csv$")
@@ -87,32 +88,32 @@ def row_log_tables(paths: list[str], n_boot: int, seed: int):
             pd.concat(equal, ignore_index=True) if equal else pd.DataFrame())
 
 
-def write_all(score_paths: list[str], decoding: pd.DataFrame, folder: str, budgets: list[int],
-              budgets_of: dict, n_boot: int, seed: int) -> None:
-    """Every table, from the score tables and the online summary (see the module docstring).
-    `budgets` are the decode budget conditions, `budgets_of` a decoder's own conditions."""
+def write_all(score_paths: list[str], decoding: pd.DataFrame, plan: pd.DataFrame, folder: str,
+              n_boot: int, seed: int) -> None:
+    """Every table, from the score tables, the online summary and the runs' conditions (`plan`,
+    `online.conditions`); see the module docstring."""
     acc, gains, equal = row_log_tables(score_paths, n_boot, seed)
     shown = ordered(acc, "rule", RULES).pivot_table(
         index=["pair", "temperature", "budget"], columns="rule", values="accepted",
         observed=True)
     write_table(acc, shown, f"{folder}/expected_accepted",
-                "Expected accepted draft tokens per verify pass (row logs; tasks pooled).")
+                "Expected accepted draft tokens per round (row logs; tasks pooled).")
 
     shown = gains.assign(comparison=gains["rule"] + " / " + gains["baseline"],
                          gain_ci=with_ci(gains))
     shown = shown.pivot_table(index=["pair", "temperature", "budget"], columns="comparison",
                               values="gain_ci", aggfunc="first")
     write_table(gains, shown, f"{folder}/relative_gains",
-                "Relative gain in expected accepted draft tokens (95% CI, prompts resampled).")
+                "Relative gain in expected accepted draft tokens at equal budget (95% CI, "
+                "prompts resampled).")
 
     shown = equal.assign(gain_ci=with_ci(equal))[
         ["pair", "temperature", "rule", "baseline", "budget", "nodes", "gain_ci", "n_prompts"]
     ] if len(equal) else equal
     write_table(equal, shown, f"{folder}/equal_size",
-                "Each rule over its baseline at the baseline's mean non-root nodes "
-                "(interpolated; 95% CI).")
+                "Each rule over its baseline at the baseline's mean non-root nodes (the "
+                "baseline's budget and mean tree size shown; interpolated; 95% CI).")
 
-    plan = conditions(decoding, budgets, budgets_of)
     table = online(decoding, plan)
     shown = ordered(table, "decoder", DECODERS).sort_values(
         ["pair", "temperature", "decoder", "condition"])[
@@ -123,12 +124,20 @@ def write_all(score_paths: list[str], decoding: pd.DataFrame, folder: str, budge
                 "round accepted draft tokens, non-root nodes and committed tokens.")
 
     gain = online_gains(decoding, plan, n_boot, seed)
-    shown = gain.assign(gain_ci=with_ci(gain))[
-        ["pair", "temperature", "rule", "budget", "baseline", "baseline_budget", "gain_ci",
-         "n_prompts"]].rename(columns={"rule": "decoder"}) if len(gain) else gain
+    if len(gain):
+        gain = ordered(gain, "decoder", DECODERS).sort_values(
+            ["pair", "temperature", "decoder", "condition"])
+        shown = gain.assign(gain_ci=with_ci(gain)).pivot_table(
+            index=["pair", "temperature", "decoder", "budget", "baseline", "baseline_budget"],
+            columns="metric", values="gain_ci", aggfunc="first", observed=True, sort=False)
+        shown = shown[[m for m in METRICS if m in shown.columns]]
+    else:
+        shown = gain
     write_table(gain, shown, f"{folder}/online_gain",
-                "Online: each decoder over its baseline, accepted draft tokens per round "
-                "(95% CI by prompt), at the budgets shown.")
+                "Online: each decoder at budget B over its baseline at baseline_budget (a "
+                "matched cap against the budget it was matched at): relative gain in accepted "
+                "draft tokens per round, non-root nodes per round and tokens/s (95% CI by "
+                "prompt; n_undefined in the CSV counts replicates without a ratio).")
 
     cons = consistency(acc, table)
     write_table(cons, cons, f"{folder}/consistency",

@@ -230,7 +230,8 @@ def run_bench(
                 parts,
                 result.rounds,
                 settings.top_k,
-                costmodel.pool_depth(settings.depth, row["budget"] or settings.depth),
+                get_decoder(row["method"]).pool_depth(settings.depth,
+                                                      row["budget"] or settings.depth),
                 settings.guesses,
             )
             row.update(

@@ -23,10 +23,11 @@ def pool_size(top_k: int, depth: int) -> int:
     return top_k + (depth - 1) * top_k * top_k
 
 
-def pool_depth(depth: int, budget: int) -> int:
+def pool_depth(depth: int, budget: int, below_first: bool = False) -> int:
     """Pool levels worth drafting for a tree of `budget` non-root nodes: every rule picks an
-    ancestor-closed set, at most `budget` deep, so deeper levels could never be chosen."""
-    return min(depth, budget)
+    ancestor-closed set, at most `budget` deep, so deeper levels could never be chosen; a tree
+    hanging from a first-level node (`below_first`: first-token sampling's) reaches one deeper."""
+    return min(depth, budget + 1 if below_first else budget)
 
 
 def topk_tokens(logp: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1,8 +1,9 @@
 """Selection rules: which B nodes of the draft's candidate pool the target verifies.
 
-Every rule returns sorted pool node indices including the root (0) and is ancestor-closed: a
-node's score never exceeds its parent's (cumulative log-probs only go down), and ties go to the
-lower index, which a parent always has.
+Every rule returns sorted pool node indices and is ancestor-closed: a node's score never exceeds
+its parent's (cumulative log-probs only go down), and ties go to the lower index, which a parent
+always has. Rules at the root include the root (0); the rules after t0 (`prune_to_first`,
+`first_token_subtree`) include t0's first-level node, the verified tree's root.
 """
 
 from __future__ import annotations
@@ -71,8 +72,26 @@ def prune_to_first(pool: Tree, selected: np.ndarray, token: int) -> np.ndarray:
     return np.intersect1d(pool.descendants(node), selected)
 
 
+def first_token_subtree(pool: Tree, logq: np.ndarray, budget: int, token: int) -> np.ndarray:
+    """First-token sampling's step: the first-level node carrying t0 (`token`) and the top
+    `budget` nodes below it by cumulative draft log-prob, from the same pool, sorted; that node
+    is the verified tree's root. Empty if t0 is not a first-level pool token.
+
+    `prune_to_first` keeps the nodes below t0 that made the global top-B; this keeps the top-B
+    below t0, in the same order (ties to the lower index), so it always contains pearl's tree."""
+    logq = _check_logq(pool, logq)
+    budget = _check_budget(budget)
+    node = pool.child_with_token(0, token)
+    if node < 0:
+        return np.zeros(0, dtype=np.int64)
+    below = pool.descendants(node)[1:]
+    chosen = below[np.argsort(-logq[below], kind="stable")[:budget]]
+    return np.sort(np.concatenate([[node], chosen]))
+
+
 def pruned_tree(pool: Tree, nodes: np.ndarray, token: int) -> Tree:
-    """The tree verified after pruning: rooted at t0, holding `prune_to_first`'s nodes."""
+    """The tree verified after t0: rooted at t0, holding `prune_to_first`'s or
+    `first_token_subtree`'s nodes (just t0 when they are empty)."""
     if len(nodes) == 0:
         return Tree.root_only(token)
     local = np.concatenate([[0], nodes])

@@ -24,7 +24,7 @@ import numpy as np
 
 from targetrows.core import select
 from targetrows.core.acceptance import reach_probability
-from targetrows.core.pool import expand_model, pool_depth, pool_size
+from targetrows.core.pool import expand_model, pool_size
 from targetrows.core.tree import Tree
 from targetrows.core.verify import walk
 
@@ -82,10 +82,13 @@ def round_seconds(
     top_k: int,
     depth: int,
     guesses: int = 2,
+    verify_empty: bool = True,
 ) -> np.ndarray:
     """Zero-overhead seconds of rounds that verified `nodes` non-root nodes with `draft_passes`
     draft passes each (arrays, one entry per round). `overlap` in [0, 1] is the share of the
-    shorter of drafting and the root pass hidden behind the other (0 on one device)."""
+    shorter of drafting and the root pass hidden behind the other (0 on one device).
+    `verify_empty`: as `DecodeConfig.verify_empty` (an empty tree after t0 verified for its
+    bonus token)."""
     entry = get_decoder(decoder)
     nodes = np.asarray(nodes, dtype=np.float64)
     if not entry.drafts:
@@ -95,6 +98,8 @@ def round_seconds(
     widths = entry.draft_widths(top_k, depth, guesses)
     drafting = float(sum(parts.draft(w) for w in widths))
     verify = parts.target(nodes + entry.verify_feeds)
+    if entry.commits_t0 and not verify_empty:  # an empty tree after t0 is not verified
+        verify = np.where(nodes > 0, verify, 0.0)
     if not entry.root_pass:
         return drafting + verify
     root = parts.target(1)
@@ -178,7 +183,9 @@ def predicted_tokens_per_s(
     nodes verified per round predicted there (fts is assumed to guess t0). With `budgets`, each
     budget's pool is `min(depth, budget)` levels deep, as the round loop drafts it."""
     nodes = np.asarray(nodes, dtype=np.float64)
-    depths = [depth] * nodes.size if budgets is None else [pool_depth(depth, b) for b in budgets]
+    entry = get_decoder(decoder)
+    depths = ([depth] * nodes.size if budgets is None
+              else [entry.pool_depth(depth, b) for b in budgets])
     seconds = np.array([
         round_seconds(decoder, parts, [n], [len(draft_pass_widths(decoder, top_k, d, guesses))],
                       overlap, top_k, d, guesses)[0]
@@ -215,8 +222,9 @@ def acceptance_curve(
     a smaller budget's tree is its top nodes by draft log-prob, so a cumulative sum of reach
     probabilities gives every budget's expected accepted nodes. By the decoder's rule's tree
     (`Rule.tree`): a root-pool tree is predicted as draft_rank's (a lower bound for rerank); a
-    pruned tree keeps t0's branch, whose probability is the first-level edge's; a redrafted
-    tree is draft_rank's under t0, plus t0.
+    tree after t0 (pruned, or the top nodes below t0) is averaged over t0, which takes each
+    first-level branch with its edge's probability (`_after_t0_curve`); a redrafted tree is
+    draft_rank's under t0, plus t0.
     """
     shape = get_rule(get_decoder(decoder).rule).tree
     budgets = np.asarray(budgets, dtype=np.int64)
@@ -234,13 +242,10 @@ def acceptance_curve(
         rank = np.argsort(-tlogq[1:], kind="stable") + 1  # draft_rank order: ancestors first
         take = np.minimum(budgets, len(tree) - 1)  # a pool smaller than the budget
         expected = np.concatenate([[0.0], np.cumsum(reach_probability(tree, edge)[rank])])[take]
-        if shape == "pruned":
-            first = select.first_level_ancestor(tree)[rank]
-            is_first = tree.depth[rank] == 1
-            p_first = np.concatenate([[0.0], np.cumsum(np.where(is_first, edge[rank], 0.0))])
-            under = np.concatenate([[0.0], np.cumsum(np.where(is_first, 0.0, edge[first]))])
-            committed += 2 + expected - p_first[take]
-            nodes += under[take]
+        if shape in ("pruned", "below_t0"):
+            c, n = _after_t0_curve(tree, edge, rank, take, shape)
+            committed += c
+            nodes += n
         else:
             committed += expected + (2 if shape == "redraft" else 1)
             nodes += take
@@ -251,6 +256,26 @@ def acceptance_curve(
     target.reset(seed)
     draft.reset(seed)
     return committed / contexts, nodes / contexts
+
+
+def _after_t0_curve(tree: Tree, edge: np.ndarray, rank: np.ndarray, take: np.ndarray,
+                    shape: str) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens committed, nodes verified) per round at each budget for a tree after t0, averaged
+    over t0 (first-level node f drawn with probability edge[f]). "pruned" keeps f's nodes among
+    the top `take` of `rank`; "below_t0" keeps f's first `take` nodes in rank order. A round
+    commits t0, the accepted nodes and the bonus (`DecodeConfig.verify_empty`)."""
+    reach = reach_probability(tree, edge)[rank]
+    first = select.first_level_ancestor(tree)[rank]
+    below = tree.depth[rank] > 1
+    if shape == "pruned":  # position in the global order
+        order = np.arange(len(rank))
+    else:  # position among the nodes below the same first-level node
+        order = np.zeros(len(rank), dtype=np.int64)
+        for f in np.unique(first[below]):
+            mine = below & (first == f)
+            order[mine] = np.arange(mine.sum())
+    kept = below[:, None] & (order[:, None] < take[None, :])  # [nodes in rank order, budgets]
+    return 2.0 + reach @ kept, edge[first] @ kept
 
 
 def _edge_probs(target, logits, tree: Tree, draws: np.ndarray, temperature: float) -> np.ndarray:

@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 
-from targetrows.core.pool import pool_depth
 from targetrows.core.rows import RowStore
 from targetrows.core.tree import Tree
 from targetrows.core.verify import walk
@@ -37,10 +36,14 @@ class DecodeConfig:
     max_new_tokens: int = 128
     top_k: int = 10  # candidate pool: top_k children per frontier node
     depth: int = 6  # candidate pool levels
-    guesses: int = 2  # fts: pools pre-expanded under the draft's likeliest t0s
+    guesses: int = 2  # fts_redraft: pools pre-expanded under the draft's likeliest t0s
     seed: int = 0
     stop_ids: frozenset[int] = frozenset()
     overlap: bool | None = None  # root pass alongside drafting; None: when on two devices
+    # after t0, a tree without draft nodes is still verified for its bonus token (one more
+    # one-token pass buys one more token: measured faster than leaving the row to the next
+    # round's root pass); False commits t0 alone
+    verify_empty: bool = True
 
     def __post_init__(self):
         get_decoder(self.decoder)  # an unknown name raises, naming the known ones
@@ -55,8 +58,8 @@ class DecodeConfig:
 
     @property
     def pool_depth(self) -> int:
-        """Pool levels the round loop drafts (`pool.pool_depth`)."""
-        return pool_depth(self.depth, self.budget)
+        """Pool levels the round loop drafts (`Decoder.pool_depth`)."""
+        return get_decoder(self.decoder).pool_depth(self.depth, self.budget)
 
 
 @dataclass
@@ -102,7 +105,9 @@ def generate(
             t0 = time.perf_counter()
             stats = RoundStats()
             plan = decoder.planner(Round(target, draft, context, store, config, stats, executor))
-            tokens = plan.prefix + _verify(target, context + plan.prefix, plan.tree, store, config, stats)
+            tokens = list(plan.prefix)
+            if plan.tree is not None:
+                tokens += _verify(target, context + plan.prefix, plan.tree, store, config, stats)
             tokens, stop_reason = _truncate(tokens, config, len(new))
             new.extend(tokens)
             context.extend(tokens)

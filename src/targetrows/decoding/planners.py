@@ -46,9 +46,31 @@ def _draw_t0(r: Round, root_logits) -> int:
     return int(r.target.draw(root_logits, r.config.temperature)[0])
 
 
+def _after_t0(r: Round, t0: int, tree: Tree) -> Plan:
+    """Commit t0, then verify `tree` (rooted at t0); a tree without draft nodes only for its
+    bonus token, unless the config leaves that row to the next round's root pass."""
+    if tree.budget == 0 and not r.config.verify_empty:
+        return Plan([t0], None)
+    return Plan([t0], tree)
+
+
 def plan_fts(r: Round) -> Plan:
-    """First-token sampling with a pool drafted under t0: while the root pass runs, the draft
-    pre-expands pools under its likeliest first tokens; on a miss it drafts under t0 after."""
+    """First-token sampling (the paper's): the root pool is drafted while the root pass runs;
+    t0 is drawn from the exact root row, and the tree is the top-B nodes below t0's first-level
+    node of that same pool (empty when t0 is not a first-level token)."""
+    cfg = r.config
+    root_logits, (cand, logq) = root_pass_alongside(r, lambda: _root_pool(r))
+    t0 = _draw_t0(r, root_logits)
+    if t0 in cfg.stop_ids:  # nothing to draft after a stop token
+        return Plan([t0], None)
+    kept = select.first_token_subtree(cand, logq, cfg.budget, t0)
+    return _after_t0(r, t0, select.pruned_tree(cand, kept, t0))
+
+
+def plan_fts_redraft(r: Round) -> Plan:
+    """First-token sampling with a pool drafted anew under t0 (an extension, not the paper's):
+    while the root pass runs, the draft pre-expands pools under its likeliest first tokens; on
+    a miss it drafts under t0 after."""
     cfg = r.config
 
     def draft_work():
@@ -58,7 +80,7 @@ def plan_fts(r: Round) -> Plan:
     root_logits, (guessed, logq) = root_pass_alongside(r, draft_work)
     t0 = _draw_t0(r, root_logits)
     if t0 in cfg.stop_ids:  # nothing to draft after a stop token
-        return Plan([t0], Tree.root_only(t0))
+        return Plan([t0], None)
     hit = pool_under(guessed, logq, t0)
     if hit is None:  # t0 was not among the guesses: draft under it now
 
@@ -82,6 +104,6 @@ def plan_pearl(r: Round) -> Plan:
     root_logits, (cand, chosen) = root_pass_alongside(r, draft_work)
     t0 = _draw_t0(r, root_logits)
     if t0 in cfg.stop_ids:
-        return Plan([t0], Tree.root_only(t0))
+        return Plan([t0], None)
     kept = select.prune_to_first(cand, chosen, t0)
-    return Plan([t0], select.pruned_tree(cand, kept, t0))
+    return _after_t0(r, t0, select.pruned_tree(cand, kept, t0))

@@ -16,7 +16,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from targetrows.core.pool import pool_depth
+
 from . import planners
+
+TREES = ("pool", "pruned", "below_t0", "redraft")
 
 
 @dataclass(frozen=True)
@@ -26,15 +30,15 @@ class Rule:
     commits_t0: bool = False  # t0 from the root row is committed before the tree
     baseline: str | None = None  # the rule the tables compare it with (paired gains)
     paper: bool = True  # one of the paper's rules (an extension says False)
-    # where the verified tree comes from, for the cost model's acceptance prediction:
-    # "pool" (top nodes of the root pool), "pruned" (a root-pool tree cut to t0's subtree),
-    # "redraft" (a pool drafted under t0)
+    # where the verified tree comes from (the cost model predicts acceptance from it):
+    # "pool": the top nodes of the root pool; "pruned": a root-pool tree cut to t0's subtree;
+    # "below_t0": the top nodes below t0's first-level node of the root pool; "redraft": a
+    # pool drafted anew under t0
     tree: str = "pool"
 
     def __post_init__(self):
-        if self.tree not in ("pool", "pruned", "redraft"):
-            raise ValueError(f"rule {self.name!r}: tree must be pool, pruned or redraft, "
-                             f"got {self.tree!r}")
+        if self.tree not in TREES:
+            raise ValueError(f"rule {self.name!r}: tree must be one of {TREES}, got {self.tree!r}")
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,11 @@ class Decoder:
         if not self.drafts:
             return 1
         return 1 if (self.commits_t0 or not self.root_pass) else 0
+
+    def pool_depth(self, depth: int, budget: int) -> int:
+        """Pool levels a round drafts (`targetrows.core.pool.pool_depth`)."""
+        below = self.drafts and get_rule(self.rule).tree == "below_t0"
+        return pool_depth(depth, budget, below_first=below)
 
     def draft_widths(self, top_k: int, depth: int, guesses: int = 2) -> list[int]:
         """New tokens per draft pass of one round's pool expansion: the root, then the top_k
@@ -129,8 +138,11 @@ for _rule in (
          "row (inexact reuse; scoring only)", baseline="draft_rank"),
     Rule("pearl", "a B-node draft_rank tree drafted before t0, pruned to t0's subtree",
          commits_t0=True, tree="pruned"),
-    Rule("first_token", "t0 from the exact root row, then a B-node draft_rank tree drafted "
-         "under t0", commits_t0=True, baseline="pearl", tree="redraft"),
+    Rule("first_token", "t0 from the exact root row, then the top-B nodes below t0 in the same "
+         "root pool", commits_t0=True, baseline="pearl", tree="below_t0"),
+    Rule("first_token_redraft", "t0 from the exact root row, then a B-node draft_rank tree from a "
+         "pool drafted anew under t0 (an extension, not the paper's rule)", commits_t0=True,
+         baseline="pearl", tree="redraft", paper=False),
 ):
     register(_rule)
 
@@ -139,10 +151,12 @@ for _decoder in (
     Decoder("draft_rank", "EAGLE-2 dynamic tree", planners.plan_draft_rank, "draft_rank"),
     Decoder("rerank", "first-level branches re-scored by the root row", planners.plan_rerank,
             "target_rerank", root_pass=True),
-    Decoder("fts", "first-token sampling: t0 from the root row, the budget under t0",
-            planners.plan_fts, "first_token", root_pass=True, guesses_pool=True,
-            baseline="pearl"),
+    Decoder("fts", "first-token sampling: t0 from the root row, the budget below t0 in the "
+            "root pool", planners.plan_fts, "first_token", root_pass=True, baseline="pearl"),
     Decoder("pearl", "PEARL-style: a predetermined tree pruned to t0's subtree",
             planners.plan_pearl, "pearl", root_pass=True),
+    Decoder("fts_redraft", "first-token sampling with a pool drafted anew under t0 (an "
+            "extension)", planners.plan_fts_redraft, "first_token_redraft", root_pass=True,
+            guesses_pool=True, baseline="pearl"),
 ):
     register(_decoder)

@@ -52,10 +52,11 @@ class Round:
 @dataclass
 class Plan:
     """What a planner hands to verification: tokens committed before the tree (t0), and the
-    tree, rooted at the last of context + prefix."""
+    tree, rooted at the last of context + prefix; None when there is nothing to verify (the
+    round commits the prefix alone)."""
 
     prefix: list[int]
-    tree: Tree
+    tree: Tree | None
 
 
 def root_pass_alongside(r: Round, draft_work):

@@ -13,12 +13,16 @@ Rules (the numbers equal `targetrows.select` + `expected_accepted` on each pool)
     stale_rerank   the same with the target's row at the previous context (the inexact reuse
                    that needs no extra pass); with no previous row (a one-token prompt at its
                    first position) it is draft_rank.
-    first_token    t0 = the trajectory's next token (an exact draw from the root row), committed;
-                   a draft_rank tree of B nodes from the pool logged under t0 at position t + 1.
-    pearl          the draft_rank tree of B nodes pruned to the subtree under t0; t0 committed.
-Tokens committed per verify pass: accepted + bonus, + t0 for first_token and pearl (just t0 when
-t0 is the stop token that ended the trajectory; a stop token inside the accepted path is not
-special-cased).
+    pearl          t0 = the trajectory's next token (an exact draw from the root row),
+                   committed; the draft_rank tree of B nodes pruned to the subtree under t0.
+    first_token    t0 as for pearl; the top-B nodes below t0's first-level node of the same
+                   pool (nothing when t0 is not a first-level token). Contains pearl's tree.
+    first_token_redraft  t0 as for pearl; a draft_rank tree of B nodes from the pool logged
+                   under t0 at position t + 1 (a pool drafted anew under t0: an extension).
+Tokens committed per round: accepted + bonus, + t0 for the rules that commit it (a tree after
+t0 without draft nodes is verified for its bonus, as the decoders do by default); just t0 when
+t0 is the stop token that ended the trajectory. A stop token inside the accepted path is not
+special-cased.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from targetrows.decoding.registry import get_rule, rule_names
 from targetrows.rowlog import format as rowlog
 
 RULES = rule_names()  # every registered rule; each has its scorer below
+# rules scored on the position's own pool (first_token_redraft reads the next position's)
+_SAME_POOL = ("draft_rank", "target_rerank", "stale_rerank", "pearl", "first_token")
 COLUMNS = ("pair", "task", "temperature", "prompt_id", "turn", "position", "rule", "budget",
            "accepted", "nodes", "committed")
 _INT_COLUMNS = ("turn", "position", "budget", "nodes")
@@ -55,25 +61,26 @@ def score_log(log: rowlog.RowLog, budgets, rules=RULES, pair: str | None = None,
         raise ValueError("row log has a scored position without its next trajectory token")
     stop_t0 = log.seg_stopped[seg] & (pos == traj_len - 1)
     nxt = log.record_index(seg, pos + 1)
-    if "first_token" in rules and np.any((nxt < 0) & ~stop_t0):
+    redraft = "first_token_redraft" in rules
+    if redraft and np.any((nxt < 0) & ~stop_t0):
         bad = int(np.flatnonzero((nxt < 0) & ~stop_t0)[0])
         raise ValueError(f"row log has no pool at position {int(pos[bad]) + 1} of segment "
-                         f"{int(seg[bad])}, which first_token needs")
+                         f"{int(seg[bad])}, which first_token_redraft needs")
     need = scored  # every pool is scored once: at S = 1 the next position's pool is scored too
-    if "first_token" in rules:
+    if redraft:
         need = np.unique(np.concatenate([scored, nxt[nxt >= 0]]))
-    inner = [r for r in ("draft_rank", "target_rerank", "stale_rerank", "pearl") if r in rules]
-    if "first_token" in rules and "draft_rank" not in inner:
-        inner.insert(0, "draft_rank")  # first_token is draft_rank on the next pool
+    inner = [r for r in _SAME_POOL if r in rules]
+    if redraft and "draft_rank" not in inner:
+        inner.insert(0, "draft_rank")  # first_token_redraft is draft_rank on the next pool
     got = _by_chunks(pools, need, budgets, inner, chunk)
     here = np.searchsorted(need, scored)
     results = {r: (a[here], b[here]) for r, (a, b) in got.items()}
-    if "first_token" in rules:
+    if redraft:
         have = np.flatnonzero(nxt >= 0)
         acc, nodes = np.zeros((len(scored), len(budgets))), np.zeros((len(scored), len(budgets)))
         there = np.searchsorted(need, nxt[have])
         acc[have], nodes[have] = got["draft_rank"][0][there], got["draft_rank"][1][there]
-        results["first_token"] = (acc, nodes)
+        results["first_token_redraft"] = (acc, nodes)
     return _table(log, scored, stop_t0, budgets, rules, results, pair)
 
 
@@ -127,7 +134,7 @@ class _Pools:
 def _by_chunks(pools: _Pools, idx: np.ndarray, budgets: np.ndarray, rules, chunk: int):
     parts = [_score_chunk(pools, idx[s : s + chunk], budgets, rules)
              for s in range(0, len(idx), chunk)]
-    names = [r for r in ("draft_rank", "target_rerank", "stale_rerank", "pearl") if r in rules]
+    names = [r for r in _SAME_POOL if r in rules]
     empty = np.zeros((0, len(budgets)))
     return {r: (np.concatenate([p[r][0] for p in parts]) if parts else empty,
                 np.concatenate([p[r][1] for p in parts]) if parts else empty) for r in names}
@@ -170,7 +177,7 @@ def _score_chunk(pools: _Pools, idx: np.ndarray, budgets: np.ndarray, rules):
             none = np.isnan(score).any(axis=1)  # no previous row: rank by the draft alone
             score[none] = logq[none]
             out["stale_rerank"] = take(_top_order(score[:, 1:], k) + 1)
-    if "pearl" in rules:
+    if "pearl" in rules or "first_token" in rules:
         log = pools.log
         seg, pos = log.rec_segment[idx], log.rec_position[idx]
         inside = pos < log.traj_offsets[seg + 1] - log.traj_offsets[seg]
@@ -178,14 +185,23 @@ def _score_chunk(pools: _Pools, idx: np.ndarray, budgets: np.ndarray, rules):
         t0 = np.where(inside, log.traj_tokens[at], -1)
         hit = (par == 0) & (tok == t0[:, None])
         t0_node = np.where(hit.any(axis=1), hit.argmax(axis=1), -1)[:, None]
-        under = (_gather(anc1, draft) == t0_node) & (draft != t0_node)
+        below = (anc1 == t0_node) & (np.arange(n) != t0_node)  # [pools, nodes]
         # reached from t0's node: reach / reach(t0's node), which t0, a draw of the target's
         # own, reaches with probability > 0 (1 at temperature 0)
         from_t0 = np.take_along_axis(reach, np.maximum(t0_node, 0), 1)
         with np.errstate(divide="ignore", invalid="ignore"):
-            gained = np.where(under, _gather(reach, draft) / from_t0, 0.0)
-        acc = np.cumsum(np.nan_to_num(gained), axis=1)
-        out["pearl"] = (acc[:, col], np.cumsum(under, axis=1)[:, col].astype(np.float64))
+            gained = np.nan_to_num(np.where(below, reach / from_t0, 0.0))
+
+        def after_t0(order):  # accepted and nodes of the kept nodes below t0, by budget
+            kept = _gather(below, order)
+            acc = np.cumsum(_gather(gained, order), axis=1)
+            return acc[:, col], np.cumsum(kept, axis=1)[:, col].astype(np.float64)
+
+        if "pearl" in rules:  # the global top-B, pruned: nodes below t0 in draft_rank's order
+            out["pearl"] = after_t0(draft)
+        if "first_token" in rules:  # the top-B below t0: the same order, others pushed last
+            only_below = np.where(below, logq, -np.inf)
+            out["first_token"] = after_t0(_top_order(only_below[:, 1:], k) + 1)
     return out
 
 

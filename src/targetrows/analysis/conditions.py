@@ -1,0 +1,99 @@
+"""Budget conditions of the online runs, and the matched cap: one place for both.
+
+A decoder runs a list of budget conditions (config `decode.budgets`, or its own
+`decode.decoder_budgets`). Each condition is a budget (non-root nodes per tree) or
+``{"matched": X}``: the cap at which the decoder's mean non-root nodes per round equals its
+baseline's (`Decoder.baseline`) measured online at budget X, found from the row logs' curve of
+the decoder's rule's mean tree size against budget (`matched_cap`). The paper's speed
+comparison is PEARL capped at 59 against first-token sampling at its matched cap (40-43 there):
+first-token trees are larger at equal cap, so an equal cap would not compare equal work.
+
+Every decode job writes its resolved conditions next to its answers (`write_conditions`); the
+tables read them back (`read_conditions`), so they always label a run with what it ran.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import numpy as np
+
+from targetrows.core.atomic import atomic_write_text
+from targetrows.decoding.registry import get_decoder
+
+
+def is_matched(spec) -> bool:
+    return isinstance(spec, dict)
+
+
+def baseline_budget(spec) -> int:
+    """The baseline's budget a condition is compared with: its own, or the matched one's X."""
+    return int(spec["matched"]) if is_matched(spec) else int(spec)
+
+
+def mean_nodes(answers: Sequence[dict], budget: int) -> float:
+    """Mean non-root nodes verified per round over decoder answer records at `budget`."""
+    nodes = [n for a in answers if a.get("budget") == budget
+             for n in (a.get("rounds") or {}).get("nodes", [])]
+    if not nodes:
+        raise ValueError(f"no rounds at budget {budget} in {len(answers)} answers; cannot "
+                         "match a cap to the baseline's tree size")
+    return float(np.mean(nodes))
+
+
+def size_curve(logs, rule: str, max_budget: int) -> np.ndarray:
+    """Mean non-root nodes of `rule`'s trees at budgets 1..max_budget over every scored
+    position of the row logs (index b - 1 holds budget b)."""
+    from targetrows.rowlog.score import score_log
+
+    budgets = np.arange(1, max_budget + 1)
+    tables = [score_log(log, budgets, rules=(rule,)) for log in logs]
+    nodes = np.concatenate([t["nodes"] for t in tables]).reshape(-1, len(budgets))
+    if len(nodes) == 0:
+        raise ValueError("the row logs hold no scored positions to match a cap on")
+    return nodes.mean(axis=0)
+
+
+def matched_cap(curve: np.ndarray, target_nodes: float) -> int:
+    """The budget whose mean tree size (`curve[b - 1]`) is closest to `target_nodes` (ties to
+    the smaller budget): the cap at which the rule's trees match the baseline's in size."""
+    return int(np.argmin(np.abs(np.asarray(curve) - target_nodes)) + 1)
+
+
+def resolve(decoder: str, specs: Sequence, baseline_answers: Sequence[dict] = (),
+            logs=()) -> list[dict]:
+    """Each condition of `decoder` as {condition, spec, budget, baseline, baseline_budget} plus,
+    for a matched one, the baseline's mean nodes and the rule's mean nodes at the chosen cap."""
+    entry = get_decoder(decoder)
+    out = []
+    curve = None
+    for i, spec in enumerate(specs):
+        row = {"condition": i, "spec": spec, "baseline": entry.baseline}
+        if entry.drafts and entry.baseline is not None:
+            row["baseline_budget"] = baseline_budget(spec)
+        if is_matched(spec):
+            if entry.baseline is None:
+                raise ValueError(f"decoder {decoder!r} has no baseline to match its cap to; "
+                                 "give it numeric budgets")
+            at = int(spec["matched"])
+            target = mean_nodes(baseline_answers, at)
+            if curve is None or len(curve) < at:
+                curve = size_curve(logs, entry.rule, at)
+            row.update(budget=matched_cap(curve[:at], target), baseline_mean_nodes=target)
+            row["rule_mean_nodes"] = float(curve[row["budget"] - 1])
+        else:
+            row["budget"] = int(spec) if entry.drafts else 0  # ar's answers say budget 0
+        out.append(row)
+    return out
+
+
+def write_conditions(path: str, decoder: str, conditions: list[dict]) -> None:
+    atomic_write_text(path, json.dumps({"decoder": decoder, "conditions": conditions},
+                                       indent=1) + "\n")
+
+
+def read_conditions(path: str) -> tuple[str, list[dict]]:
+    with open(path, encoding="utf-8") as f:
+        doc = json.load(f)
+    return doc["decoder"], doc["conditions"]
