@@ -9,9 +9,7 @@ import dataclasses
 import os
 import sys
 
-from targetrows.decoding.registry import decoder_names
-
-from .common import add_model_arguments, budget_arg, check_draft
+from .common import add_decoding_arguments, add_model_arguments, budget_arg, check_draft
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,12 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="one condition each (0: greedy; > 0: pure sampling)")
     parser.add_argument("--budget", type=budget_arg, default="auto",
                         help="non-root nodes per tree, or auto (picked per decoder from timings)")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--top-k", type=int, default=10)
-    parser.add_argument("--depth", type=int, default=6)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--decoders", nargs="+", default=list(decoder_names()),
-                        choices=decoder_names())
+    add_decoding_arguments(parser, max_new_tokens=64)
     parser.add_argument("--no-hf", dest="hf", action="store_false",
                         help="skip the Hugging Face baselines")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from targetrows.decoding.registry import get_decoder
+from targetrows.decoding.registry import decoder_names, get_decoder
 
 
 class UsageError(Exception):
@@ -25,6 +25,19 @@ def budget_arg(value: str) -> int | str:
         return int(value)
     except ValueError:
         raise BudgetError(f"budget {value!r} is neither a positive integer nor 'auto'") from None
+
+
+def add_decoding_arguments(parser: argparse.ArgumentParser, max_new_tokens: int = 128,
+                           decoders: bool = True) -> None:
+    """--max-new-tokens --seed --top-k --depth (the candidate pool) and, with `decoders`,
+    --decoders (default: every registered decoder)."""
+    parser.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--top-k", type=int, default=10, help="pool: children per frontier node")
+    parser.add_argument("--depth", type=int, default=6, help="pool: levels")
+    if decoders:
+        parser.add_argument("--decoders", nargs="+", default=list(decoder_names()),
+                            choices=decoder_names())
 
 
 def check_budgets(budgets, option: str = "--budget") -> None:

@@ -7,24 +7,19 @@ import argparse
 import json
 import sys
 
-from targetrows.decoding.registry import decoder_names, get_decoder
+from targetrows.decoding.registry import get_decoder
 
-from .common import add_model_arguments, budget_arg, check_budgets, check_draft, check_temperature
+from . import common
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_model_arguments(parser)
+    common.add_model_arguments(parser)
     parser.add_argument("--prompt", required=True, help="the user message")
     parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--budget", type=budget_arg, default=59,
+    parser.add_argument("--budget", type=common.budget_arg, default=59,
                         help="non-root nodes per tree, or auto: the best predicted tokens/s on "
                              "this machine for the first tree decoder listed")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--top-k", type=int, default=10)
-    parser.add_argument("--depth", type=int, default=6)
-    parser.add_argument("--decoders", nargs="+", default=list(decoder_names()),
-                        choices=decoder_names())
+    common.add_decoding_arguments(parser)
     parser.add_argument("--json", dest="json_out", default=None,
                         help="also write the results, with token ids and text, to this file")
 
@@ -36,14 +31,12 @@ def run(args: argparse.Namespace) -> int:
     from targetrows.decoding.costmodel import auto_budget
     from targetrows.decoding.loop import DecodeConfig
 
-    from .common import load_from_args
-
     if not args.prompt.strip():
         raise ValueError("--prompt is empty: give the text of a user message")
-    check_budgets([args.budget])
-    check_temperature([args.temperature])
-    check_draft(args.decoders, args.draft)
-    target, draft, tokenizer = load_from_args(args)
+    common.check_budgets([args.budget])
+    common.check_temperature([args.temperature])
+    common.check_draft(args.decoders, args.draft)
+    target, draft, tokenizer = common.load_from_args(args)
     prompt_ids = encode_prompt(tokenizer, args.prompt)
     budget = args.budget
     if budget == "auto":

@@ -8,21 +8,18 @@ import os
 
 from targetrows.decoding.registry import decoder_names
 
-from .common import add_model_arguments, budget_arg, check_budgets, check_draft, check_temperature
+from . import common
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_model_arguments(parser)
+    common.add_model_arguments(parser)
     parser.add_argument("--prompts", required=True, help="prompts JSONL (Spec-Bench question format)")
     parser.add_argument("--decoder", required=True, choices=decoder_names())
-    parser.add_argument("--budgets", type=budget_arg, nargs="+", default=[59],
+    parser.add_argument("--budgets", type=common.budget_arg, nargs="+", default=[59],
                         help="non-root nodes per tree, one condition each (ignored by ar); "
                              "auto: the best predicted tokens/s on this machine")
     parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--top-k", type=int, default=10)
-    parser.add_argument("--depth", type=int, default=6)
+    common.add_decoding_arguments(parser, decoders=False)
     parser.add_argument("--model-id", default=None, help="model_id in the answers (default: target name)")
     parser.add_argument("--out", required=True, help="answers JSONL to write")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
@@ -32,18 +29,16 @@ def run(args: argparse.Namespace) -> int:
     from targetrows.decoding.answer_file import AnswerSettings, answer_file
     from targetrows.decoding.answers import read_questions
 
-    from .common import load_from_args
-
     read_questions(args.prompts)  # a bad file fails before any model loads
-    check_budgets(args.budgets, "--budgets")
-    check_temperature([args.temperature])
-    check_draft([args.decoder], args.draft)
+    common.check_budgets(args.budgets, "--budgets")
+    common.check_temperature([args.temperature])
+    common.check_draft([args.decoder], args.draft)
     settings = AnswerSettings(
         decoder=args.decoder, budgets=tuple(args.budgets), temperature=args.temperature,
         max_new_tokens=args.max_new_tokens, seed=args.seed, top_k=args.top_k, depth=args.depth,
         model_id=args.model_id or os.path.basename(os.path.normpath(args.target)),
         draft_name=args.draft, dtype=args.dtype, progress=args.progress,
     )
-    target, draft, tokenizer = load_from_args(args)
+    target, draft, tokenizer = common.load_from_args(args)
     answer_file(target, draft, tokenizer, args.prompts, args.out, settings)
     return 0
