@@ -9,11 +9,15 @@ import json
 import sys
 
 from targetrows.analysis.conditions import resolve, write_conditions
+from targetrows.decoding.registry import get_decoder
 from targetrows.pipeline.gpu_lock import run_claimed
 from targetrows.rowlog import format as rowlog
 
 
 def command(smk, budgets: list[int]):
+    # ar verifies no tree: it runs once, and its answers say budget 0
+    budget_args = ["--budgets", *map(str, budgets)] if get_decoder(smk.wildcards.decoder).drafts else []
+
     def argv(target_device: str, draft_device: str) -> list[str]:
         return [
             sys.executable, "-m", "targetrows.cli", "decode",
@@ -21,7 +25,7 @@ def command(smk, budgets: list[int]):
             "--target-device", target_device, "--draft-device", draft_device,
             "--dtype", smk.params.dtype,
             "--prompts", smk.input.prompts, "--decoder", smk.wildcards.decoder,
-            "--budgets", *map(str, budgets), "--temperature", smk.wildcards.temperature,
+            *budget_args, "--temperature", smk.wildcards.temperature,
             "--max-new-tokens", str(smk.params.max_new_tokens), "--seed", str(smk.params.seed),
             "--top-k", str(smk.params.top_k), "--depth", str(smk.params.depth),
             "--model-id", smk.wildcards.target, "--no-progress",
