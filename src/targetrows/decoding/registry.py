@@ -7,8 +7,9 @@ rest of the project what it costs and needs, so the round loop, the cost model, 
 `decode`, `bench`, the pipeline's GPU counts, its config schema, its tables and its figures
 all read this file and nothing else names a decoder.
 
-Adding a decoder: write its planner, add one `Decoder(...)` line to `DECODERS` (or call
-`register` from your own code), and name it in the pipeline config.
+Adding a decoder: write its planner, add one `Decoder(...)` entry below (or call `register`
+from your own code), and name it in the pipeline config (its schema lists the decoders; a test
+checks that list against this registry).
 """
 
 from __future__ import annotations
@@ -49,8 +50,9 @@ class Decoder:
     rule: str | None  # the selection rule its trees follow; None for ar (no tree)
     root_pass: bool = False  # runs the separate root pass, alongside drafting
     guesses_pool: bool = False  # drafts pools under the draft's `guesses` likeliest first tokens
-    baseline: str | None = None  # the decoder it is compared with online; a `matched` budget
-    # takes the baseline's mean tree size at the same condition
+    # the decoder it is compared with online; a matched cap ({matched: X} in the config) is
+    # the budget whose trees are as large as the baseline's at X
+    baseline: str | None = None
 
     @property
     def drafts(self) -> bool:
