@@ -1,7 +1,7 @@
 """Snakemake job: every table under results/tables/ (`targetrows.analysis.tables`)."""
 
+import contextlib
 import os
-import sys
 
 import pandas as pd
 
@@ -9,8 +9,8 @@ from targetrows.analysis.tables import write_all
 
 
 def main(smk) -> None:
-    with open(smk.log[0], "w") as log:
-        sys.stderr = log
+    # the job's warnings go to its log; an error, after the log is closed, to Snakemake
+    with open(smk.log[0], "w") as log, contextlib.redirect_stderr(log):
         decoding = pd.read_csv(smk.input.online, dtype={"prompt_id": str, "task": str})
         plan = pd.read_csv(smk.input.conditions)
         folder = os.path.dirname(smk.output[0])

@@ -130,7 +130,7 @@ def online_gains(decoding: pd.DataFrame, plan: pd.DataFrame, n_boot: int, seed: 
         for metric, col in values.items():
             table = {
                 "pair": np.full(2 * len(both), row.pair, dtype=object),
-                "task": np.zeros(2 * len(both), dtype=object) + "",
+                "task": np.full(2 * len(both), "", dtype=object),
                 "temperature": np.full(2 * len(both), row.temperature),
                 "prompt_id": np.concatenate([both["prompt"], both["prompt"]]).astype(object),
                 "turn": np.zeros(2 * len(both), dtype=np.int64),
