@@ -87,29 +87,35 @@ def relative_gains(gains: pd.DataFrame):
     return fig
 
 
-def condition_label(decoder: str, budget, drafts: bool) -> str:
-    return f"{decoder} B={int(budget)}" if drafts else decoder
+def condition_label(run) -> str:
+    """'fts B=42', 'fts B=42 (= pearl 59)' for a matched cap, 'ar' for a decoder without a tree."""
+    if run.decoder in DECODERS and not DECODERS[run.decoder].drafts:
+        return run.decoder
+    label = f"{run.decoder} B={int(run.budget)}"
+    matched = getattr(run, "matched", False)
+    if pd.notna(matched) and bool(matched):
+        label += f" (= {run.baseline} {int(run.baseline_budget)})"
+    return label
 
 
 def online(table: pd.DataFrame):
     """Every decoder at every budget condition, each bar labelled with its budget."""
     runs = table.drop_duplicates(["pair", "temperature", "decoder", "budget"])
     runs = runs.sort_values(["decoder", "condition"])
-    drafts = {name: d.drafts for name, d in DECODERS.items()}
-    runs = runs.assign(run=[condition_label(d, b, drafts.get(d, True))
-                            for d, b in zip(runs["decoder"], runs["budget"], strict=True)])
+    runs = runs.assign(run=[condition_label(r) for r in runs.itertuples(index=False)])
     order = [label for d in in_order(runs["decoder"], DECODERS)
              for label in dict.fromkeys(runs.loc[runs["decoder"] == d, "run"])]
     long = runs.melt(id_vars=["pair", "temperature", "run"],
                      value_vars=list(ONLINE_METRICS), var_name="metric")
     long["metric"] = long["metric"].map(ONLINE_METRICS)
     grid = sns.catplot(data=long, x="run", y="value", hue="pair", col="metric",
-                       row="temperature", kind="bar", sharey=False, height=2.8, aspect=1.1,
+                       row="temperature", kind="bar", sharey=False, height=2.8, aspect=1.4,
                        order=order)
     grid.set_titles("{col_name}, T={row_name}")
     grid.set_axis_labels("", "")
     for ax in grid.axes.flat:
-        ax.tick_params(axis="x", labelrotation=45)
+        for label in ax.get_xticklabels():
+            label.set(rotation=45, ha="right", rotation_mode="anchor")
     return grid.figure
 
 

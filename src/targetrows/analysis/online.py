@@ -17,7 +17,7 @@ import pandas as pd
 from targetrows.decoding.registry import DECODERS, get_decoder
 
 from . import stats
-from .conditions import read_conditions
+from .conditions import is_matched, read_conditions
 
 ROUND_SUMS = ["committed", "accepted", "nodes", "target_passes", "draft_passes"]
 
@@ -55,8 +55,8 @@ def summarise(paths: list[str]) -> pd.DataFrame:
 
 def conditions(paths: list[str]) -> pd.DataFrame:
     """The decode jobs' condition files (`targetrows.analysis.conditions`) as one table: pair,
-    temperature, decoder, condition, budget, baseline, baseline_budget (one row per condition;
-    every task of a target and temperature runs the same conditions)."""
+    temperature, decoder, condition, budget, baseline, baseline_budget, matched (a matched cap;
+    one row per condition: every task of a target and temperature runs the same conditions)."""
     rows = []
     for path in paths:
         parts = path.replace("\\", "/").split("/")
@@ -66,9 +66,10 @@ def conditions(paths: list[str]) -> pd.DataFrame:
             rows.append({"pair": pair, "temperature": temperature, "decoder": decoder,
                          "condition": c["condition"], "budget": c["budget"],
                          "baseline": c.get("baseline"),
-                         "baseline_budget": c.get("baseline_budget")})
+                         "baseline_budget": c.get("baseline_budget"),
+                         "matched": is_matched(c["spec"])})
     frame = pd.DataFrame(rows, columns=["pair", "temperature", "decoder", "condition", "budget",
-                                        "baseline", "baseline_budget"])
+                                        "baseline", "baseline_budget", "matched"])
     for name in frame["decoder"].unique():
         get_decoder(name)  # an unknown decoder is an error, never a silent NaN row
     return frame.drop_duplicates(["pair", "temperature", "decoder", "condition"],
