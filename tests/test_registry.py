@@ -102,7 +102,8 @@ def test_a_registered_decoder_runs_everywhere(shallow, tmp_path):
     paths = []
     for name in ("ar", "shallow", "mystery"):
         path = tmp_path / "p" / "t" / "T0" / f"{name}.conditions.json"
-        conds = resolve(name, [4]) if name != "mystery" else [{"condition": 0, "budget": 4}]
+        conds = resolve(name, [4]) if name != "mystery" else [{"condition": 0, "spec": 4,
+                                                                "budget": 4}]
         write_conditions(str(path), name, conds)
         paths.append(str(path))
     with pytest.raises(ValueError, match="unknown decoder 'mystery'"):
