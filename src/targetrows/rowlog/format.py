@@ -22,7 +22,7 @@ segment's trajectory where the draft's candidate pool was logged. Flat arrays wi
                  so that every scored position has a full greedy continuation).
     per record   rec_segment, rec_position t (the pool is at context prompt + traj[:t]),
                  rec_scored (t is a multiple of stride; the other records sit at t + 1 for
-                 first_token); pool_offsets, first_offsets (into stale_p), root_offsets.
+                 first_token_redraft); pool_offsets, first_offsets (into stale_p), root_offsets.
                  Records are sorted by (segment, position).
     per node     pool_tokens (int32), pool_parents (int16; -1 at each pool's root, local
                  indices), pool_logq (float32, cumulative draft log-prob, 0 at the root),
