@@ -204,6 +204,28 @@ def test_paper_datasets_become_spec_bench_prompts(paper_hub, tmp_path):
     assert mt["question_id"] >= 81 and mt["turns"][1] == "Now make it rhyme."
 
 
+def load_split(hub: Hub, home: Path, task: str) -> subprocess.CompletedProcess:
+    code = ("from targetrows.build.datasets import SOURCES, load_split; "
+            f"print(len(load_split(SOURCES[{task!r}], backoff_s=0.05)))")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=hub_env(hub.url, home), timeout=300)
+
+
+def test_dataset_faults_are_retried_or_named(paper_hub, tmp_path):
+    paper_hub.fail_next["openai/gsm8k"] = 2
+    proc = load_split(paper_hub, tmp_path / "hf", "gsm8k")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[-1] == "5" and paper_hub.fail_next["openai/gsm8k"] == 0
+    files = paper_hub.repos.pop(("dataset", "wmt/wmt14"))
+    try:
+        proc = load_split(paper_hub, tmp_path / "hf2", "wmt14_de_en")
+    finally:
+        paper_hub.repos[("dataset", "wmt/wmt14")] = files
+    assert proc.returncode != 0
+    assert f"dataset wmt/wmt14 (de-en / test): wmt/wmt14 was not found on {paper_hub.url}" in \
+        proc.stderr, proc.stderr[-3000:]
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(SNAKEMAKE is None, reason="snakemake is not installed")
 def test_paper_config_on_tiny_models_end_to_end(paper_hub, tmp_path):

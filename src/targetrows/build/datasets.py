@@ -11,6 +11,7 @@ import json
 import os
 import random
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -82,11 +83,32 @@ def sample_rows(size: int, n: int, seed: int) -> list[int]:
     return sorted(random.Random(seed).sample(range(size), n))
 
 
-def from_dataset(task: str, n: int, seed: int) -> list[dict]:
+def load_split(src: Source, tries: int = 4, backoff_s: float = 10.0, log=sys.stderr):
+    """The split of `src`, with transient hub failures retried (as for model downloads) and
+    other failures explained with the dataset's name."""
     import datasets
 
+    from targetrows.build.hub import explain, is_transient, redact
+
+    for attempt in range(1, tries + 1):
+        try:
+            return datasets.load_dataset(src.path, src.name, split=src.split)
+        except Exception as err:  # classified below
+            if not is_transient(err) or attempt == tries:
+                message = explain(err, src.path, gated=False,
+                                  check="that the hub or mirror (HF_ENDPOINT) holds this dataset")
+                raise RuntimeError(f"dataset {src.path} ({src.name or 'default'} / {src.split}): "
+                                   f"{message}") from None
+            wait = backoff_s * 2 ** (attempt - 1)
+            print(redact(f"attempt {attempt}/{tries} to load {src.path} failed "
+                         f"({type(err).__name__}: {err}); retrying in {wait:.0f} s"),
+                  file=log, flush=True)
+            time.sleep(wait)
+
+
+def from_dataset(task: str, n: int, seed: int, log=sys.stderr) -> list[dict]:
     src = SOURCES[task]
-    data = datasets.load_dataset(src.path, src.name, split=src.split)
+    data = load_split(src, log=log)
     records = []
     for i in sample_rows(len(data), n, seed):
         row = data[i]
@@ -107,7 +129,7 @@ def write_jsonl(records: list[dict], out: str) -> None:
 def prepare(task: str, source: str, n: int, seed: int, out: str, bundled_path: str | None = None,
             log=sys.stderr) -> list[dict]:
     """Write `task`'s prompts to `out` (atomically) and return them."""
-    records = bundled(bundled_path, task, n) if source == "bundled" else from_dataset(task, n, seed)
+    records = bundled(bundled_path, task, n) if source == "bundled" else from_dataset(task, n, seed, log)
     if len(records) < n:
         print(f"{task}: {len(records)} prompts available, fewer than n={n}", file=log)
     write_jsonl(records, out)

@@ -41,6 +41,8 @@ def is_transient(err: BaseException) -> bool:
 
     if isinstance(err, (GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError)):
         return False
+    if type(err).__name__ == "DatasetNotFoundError":  # datasets' own (an OSError), not transient
+        return False
     if isinstance(err, HfHubHTTPError):
         status = http_status(err)
         return status is None or status == 429 or status >= 500
@@ -51,8 +53,10 @@ def is_transient(err: BaseException) -> bool:
         "Connect" in name) or "RemoteProtocol" in name or "ReadError" in name
 
 
-def explain(err: BaseException, repo: str, gated: bool, revision: str = "main") -> str:
-    """What went wrong and what to do, for a failure that retrying will not fix."""
+def explain(err: BaseException, repo: str, gated: bool, revision: str = "main",
+            check: str = "the `repo` of this model in the config") -> str:
+    """What went wrong and what to do, for a failure that retrying will not fix; `check` says
+    where a wrong repository id comes from."""
     from huggingface_hub.errors import (
         GatedRepoError,
         RepositoryNotFoundError,
@@ -72,10 +76,9 @@ def explain(err: BaseException, repo: str, gated: bool, revision: str = "main") 
     if isinstance(err, RevisionNotFoundError):
         return (f"{repo} has no revision {revision!r} on {endpoint}: check the `revision` of this "
                 "model in the config")
-    if isinstance(err, RepositoryNotFoundError):
+    if isinstance(err, RepositoryNotFoundError) or type(err).__name__ == "DatasetNotFoundError":
         return (
-            f"{repo} was not found on {endpoint} (or is private): check the `repo` of this model "
-            "in the config"
+            f"{repo} was not found on {endpoint} (or is private): check {check}"
         )
     return redact(f"downloading {repo} failed: {type(err).__name__}: {err}")
 
