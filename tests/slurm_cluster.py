@@ -200,6 +200,22 @@ def start(folder: Path, accounting: bool, gpus: int = 4, cpus: int = 4,
     return e
 
 
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, e.g. MariaDB, our child until reaped, counts as ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    if state == "Z":
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        return False
+    return True
+
+
 def _kill_pidfile(path: Path, timeout_s: float = 30) -> None:
     if not path.exists():
         return
@@ -210,9 +226,7 @@ def _kill_pidfile(path: Path, timeout_s: float = 30) -> None:
         return
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if not _alive(pid):
             return
         time.sleep(0.2)
     os.kill(pid, 9)
