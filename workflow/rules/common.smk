@@ -238,19 +238,19 @@ def weights_mb(folder):
     return sum(f.stat().st_size for f in folder.rglob("*.safetensors")) / 2**20
 
 
-def job_mem_mb(rule, models=()):
-    """A job's memory request: resources.mem_mb.<rule>, else the base plus 2 x the weights of
-    the model folders it loads, so requests fit ordinary nodes and grow with the models."""
-    configured = config.get("resources", {}).get("mem_mb", {}).get(rule)
+def job_mem_mb(rulename, models=()):
+    """A job's memory request: resources.mem_mb.<rulename>, else the base plus 2 x the weights
+    of the model folders it loads, so requests fit ordinary nodes and grow with the models."""
+    configured = config.get("resources", {}).get("mem_mb", {}).get(rulename)
     if configured:
         return configured
-    if rule == "build_target":
+    if rulename == "build_target":
         return BUILD_MEM_MB
     return int(BASE_MEM_MB + 2 * sum(weights_mb(m) for m in models))
 
 
-def job_runtime(rule):
-    return config.get("resources", {}).get("runtime", {}).get(rule) or RUNTIME[rule]
+def job_runtime(rulename):
+    return config.get("resources", {}).get("runtime", {}).get(rulename) or RUNTIME[rulename]
 
 
 def gpu_request(n):
