@@ -59,11 +59,11 @@ def test_slurm_jobs_use_the_gpus_slurm_allocated():
     assert visible_gpus(job) == []
 
 
-def dry_run_resources(work: Path, override: str) -> dict[str, set[str]]:
+def dry_run_resources(work: Path, override: str, *args: str) -> dict[str, set[str]]:
     """rule -> the distinct `resources:` lines of its jobs in a dry run of the tiny DAG."""
     (work / "over.yaml").write_text(override)
     proc = subprocess.run([SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--directory", str(work),
-                           "-n", "--configfile", str(CONFIG), str(work / "over.yaml")],
+                           "-n", *args, "--configfile", str(CONFIG), str(work / "over.yaml")],
                           capture_output=True, text=True, env=snakemake_env(), timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out: dict[str, set[str]] = {}
@@ -94,6 +94,12 @@ def test_job_resources_come_from_the_config_and_scale_with_the_models(tmp_path):
     assert all("gpu=0" in r for r in res["record_rows"])
     res = dry_run_resources(work, "resources: {gpus_per_job: 1}")
     assert all("gpu=1" in r for r in res["decode"])
+    # under the SLURM profile, command-line resources add to the config's instead of replacing
+    res = dry_run_resources(work, "{}", "--workflow-profile", str(PROFILE), "--set-resources",
+                            "decode:gpu=0", "--default-resources", "slurm_account=lab")
+    assert all("gpu=0" in r and "runtime=240" in r and "mem_mb=4048" in r and
+               "slurm_account=lab" in r for r in res["decode"])
+    assert all("gpu=1" in r and "runtime=480" in r for r in res["record_rows"])
 
 
 # -- on a SLURM cluster -------------------------------------------------------------------------
