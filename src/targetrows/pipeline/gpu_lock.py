@@ -5,8 +5,10 @@ on the machine, runs its command with CUDA_VISIBLE_DEVICES set to the claimed GP
 them when the command ends. The kernel drops the locks of a killed job, so a crash never leaves a
 GPU claimed. Without GPUs the same command runs on the CPU.
 
-Under SLURM each job already sees only its own GPUs, renumbered from 0 in every job, so the lock
-folder gets the job id appended: jobs of different allocations never wait for each other.
+Under SLURM the job uses the GPUs SLURM allocated to it and no others: CUDA_VISIBLE_DEVICES when
+SLURM set it (gres with device confinement), else the ids in SLURM_STEP_GPUS / SLURM_JOB_GPUS;
+a job without a GPU allocation runs on the CPU even if the node has GPUs. The lock folder gets the
+job id appended, so jobs of different allocations never wait for each other.
 """
 
 import contextlib
@@ -21,17 +23,49 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 
 
-def visible_gpus(env: Mapping[str, str] = os.environ) -> list[str]:
-    """GPU ids this process may use: CUDA_VISIBLE_DEVICES when set, else nvidia-smi's list."""
+def _ids(value: str) -> list[str]:
+    """'0,1' -> ['0', '1']; "-1" (or any negative id) hides every GPU from CUDA, ids after it too."""
+    visible = []
+    for x in (x.strip() for x in value.split(",")):
+        if not x:
+            continue
+        if x.startswith("-") or x.lower() == "nodevfiles":
+            break
+        visible.append(x)
+    return visible
+
+
+def has_nvidia_driver() -> bool:
+    return shutil.which("nvidia-smi") is not None or os.path.exists("/dev/nvidiactl")
+
+
+def slurm_gpus(env: Mapping[str, str], driver: bool | None = None, log=sys.stderr) -> list[str]:
+    """The GPUs SLURM allocated to this job (none for a job without a GPU allocation). A node
+    without an NVIDIA driver (gres backed by other files, as on a test cluster) runs on the CPU."""
+    for key in ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
+        if key in env:
+            ids = _ids(env[key])
+            break
+    else:
+        if int(env.get("SLURM_GPUS_ON_NODE", "0") or 0) > 0:
+            print(f"SLURM allocated {env['SLURM_GPUS_ON_NODE']} GPU(s) but named none "
+                  "(no CUDA_VISIBLE_DEVICES, SLURM_STEP_GPUS or SLURM_JOB_GPUS; gres without "
+                  "device files?): running on the CPU", file=log)
+        return []
+    if ids and not (has_nvidia_driver() if driver is None else driver):
+        print(f"SLURM allocated GPU(s) {','.join(ids)} ({key}) but this node has no NVIDIA driver "
+              "(no nvidia-smi, no /dev/nvidiactl): running on the CPU", file=log)
+        return []
+    return ids
+
+
+def visible_gpus(env: Mapping[str, str] = os.environ, log=sys.stderr) -> list[str]:
+    """GPU ids this process may use: SLURM's allocation inside a SLURM job, else
+    CUDA_VISIBLE_DEVICES when set, else nvidia-smi's list."""
+    if env.get("SLURM_JOB_ID"):
+        return slurm_gpus(env, log=log)
     if "CUDA_VISIBLE_DEVICES" in env:
-        ids = [x.strip() for x in env["CUDA_VISIBLE_DEVICES"].split(",") if x.strip()]
-        # "-1" (or any negative id) hides every GPU from CUDA; ids after it are ignored too
-        visible = []
-        for x in ids:
-            if x.startswith("-") or x.lower() == "nodevfiles":
-                break
-            visible.append(x)
-        return visible
+        return _ids(env["CUDA_VISIBLE_DEVICES"])
     if shutil.which("nvidia-smi") is None:
         return []
     try:
@@ -73,7 +107,7 @@ def claim(
     """Hold `n` free GPUs (fewer if the machine has fewer) while the block runs; yields their
     ids, or [] on a machine without GPUs. Waits while other jobs hold them; all-or-nothing, so
     two jobs that each want two GPUs never deadlock on one each."""
-    gpus = visible_gpus() if gpus is None else list(gpus)
+    gpus = visible_gpus(log=log) if gpus is None else list(gpus)
     want = min(n, len(gpus))
     if want == 0:
         yield []
