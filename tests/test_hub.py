@@ -51,8 +51,9 @@ def download(endpoint: str, home: Path, repo: str, out: Path, tries: int = 4,
 
 @pytest.fixture(scope="module")
 def tiny_repo(tmp_path_factory):
-    from hf_tiny import save_tiny
     from hub_repos import model_files
+
+    from targetrows.hf.tiny import save_tiny
 
     folder = tmp_path_factory.mktemp("model")
     save_tiny(folder / "m", "qwen2", seed=0, n_layers=1)
@@ -151,8 +152,9 @@ def test_cut_download_leaves_no_folder_and_a_rerun_completes(hub, tiny_repo, tmp
 @pytest.fixture(scope="module")
 def paper_hub(tmp_path_factory):
     """The paper's seven datasets and tiny stand-ins for the Llama pair (gated, as on the hub)."""
-    from hf_tiny import save_tiny_pair
     from hub_repos import dataset_repos, model_files
+
+    from targetrows.hf.tiny import save_tiny_pair
 
     hub = Hub()
     for repo, files in dataset_repos().items():

@@ -30,6 +30,9 @@ IN_CI = os.environ.get("CI") == "true"  # there the cluster must run: a skip wou
 needs_snakemake = pytest.mark.skipif(SNAKEMAKE is None, reason="snakemake is not installed")
 
 CONFIG = REPO / "tests" / "pipeline_config" / "config.yaml"
+# the DAG on the cluster: the test configuration at one temperature (half the jobs: each run
+# then takes about 2 minutes on 2 cores, and there are two)
+ONE_TEMPERATURE = "temperatures: [0]\n"
 PROFILE = REPO / "workflow" / "profiles" / "slurm"
 RESULTS: dict[str, Path] = {}  # accounting or not -> the run's working directory
 
@@ -120,17 +123,23 @@ def cluster(request, tmp_path_factory):
 
 
 def workdir(tmp_path: Path) -> Path:
-    from hf_tiny import save_tiny
+    from targetrows.hf.tiny import save_tiny
 
     work = tmp_path / "run"
     save_tiny(work / "models" / "tiny-llama", "llama", seed=0, n_layers=2)
     return work
 
 
+def dag_config() -> dict:
+    return {**yaml.safe_load(CONFIG.read_text()), **yaml.safe_load(ONE_TEMPERATURE)}
+
+
 def snakemake_slurm(work: Path, env: dict, *extra: str) -> subprocess.Popen:
     """The command of config/README.md "On a cluster", on the test configuration."""
+    (work / "one_temperature.yaml").write_text(ONE_TEMPERATURE)
     argv = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--directory", str(work),
-            "--workflow-profile", str(PROFILE), "--configfile", str(CONFIG), *extra]
+            "--workflow-profile", str(PROFILE), "--configfile", str(CONFIG),
+            str(work / "one_temperature.yaml"), *extra]
     full_env = snakemake_env(SLURM_CONF=env["SLURM_CONF"])
     log = open(work / "snakemake.log", "w")
     return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=full_env,
@@ -170,7 +179,7 @@ def cancel_mid_decode(work: Path, env: dict, proc: subprocess.Popen,
     their first answers to OUT.partial, until `want` were caught so; the profile's retry then
     resubmits them. A job's answers take a fraction of a second, so the SLURM ids are looked up
     ahead (a thread polls squeue) and the answer files are watched every 20 ms."""
-    cfg = yaml.safe_load(CONFIG.read_text())
+    cfg = dag_config()
     jobs: dict[str, str] = {}  # squeue comment -> id of the running job
     done = threading.Event()
 
@@ -211,7 +220,7 @@ def cancel_mid_decode(work: Path, env: dict, proc: subprocess.Popen,
 def test_tiny_dag_on_slurm(cluster, tmp_path):
     accounting, env = cluster
     work = workdir(tmp_path)
-    cfg = yaml.safe_load(CONFIG.read_text())
+    cfg = dag_config()
     # the documented command; status checks start sooner than the plugin's 40 s default
     extra = ["--slurm-init-seconds-before-status-checks", "2", "--seconds-between-status-checks",
              "3"] + ([] if accounting else ["--slurm-status-command", "squeue"])
@@ -239,7 +248,7 @@ def test_tiny_dag_on_slurm(cluster, tmp_path):
     if accounting:  # the plugin's default status command (sacct), answered by slurmdbd
         sacct = subprocess.run(["sacct", "-X", "-n", "-o", "JobID,State"], capture_output=True,
                                text=True, env=env, check=True).stdout
-        assert sacct.count("COMPLETED") >= 20, sacct
+        assert sacct.count("COMPLETED") >= n_decode, sacct
     else:
         assert cancelled, "no decode job was caught mid-run"
         assert "SLURM status is: 'CANCELLED'" in (work / "snakemake.log").read_text()
