@@ -178,6 +178,17 @@ def test_every_decoder_matches_greedy(tmp_path, arch, layout, vocab):
             assert generate(target, draft, prompt, cfg).tokens == reference, (decoder, budget, prompt)
 
 
+def test_drafting_alongside_the_root_pass_in_a_thread(llama_target, tmp_path):
+    """overlap=True: the head drafts in a worker thread while the target's root pass runs; the
+    features it reads come through the target's lock (the first round feeds the prompt)."""
+    folder = save_tiny_head(tmp_path / "h", llama_target.config, draft_vocab_size=150)
+    target, draft = _draft(llama_target, folder)
+    reference = hf_greedy(llama_target, PROMPTS[1], 30)
+    for decoder in ("rerank", "fts", "pearl"):
+        cfg = DecodeConfig(decoder, budget=8, max_new_tokens=30, top_k=3, depth=3, overlap=True)
+        assert generate(target, draft, PROMPTS[1], cfg).tokens == reference, decoder
+
+
 def test_sampling_is_lossless_with_a_reduced_vocabulary(tmp_path):
     """Temperature 1: each decoder's first 3 tokens follow the target's distribution, though the
     head can only propose 3 of the 5 tokens."""

@@ -360,6 +360,9 @@ class HFModel(TorchRows):
             if not held and end:
                 self._logits(ctx, Tree.root_only(int(ctx[-1])), [0])
                 self.commit(ctx)
+            if self._features is None:  # nothing fed yet, nothing asked for
+                return torch.zeros((0, len(self.feature_layers) * self.hidden_size),
+                                   dtype=self.dtype, device=self.device)
             return self._features[start:end].clone()
 
     def _check_finite(self, rows: torch.Tensor, positions: np.ndarray) -> None:
