@@ -162,11 +162,12 @@ def measure(target_hf, folder: str, prompts, n_new: int, budget: int, top_k: int
     for prompt in prompts:
         traj = generate(target, None, prompt, DecodeConfig("ar", max_new_tokens=n_new)).tokens
         seq = list(prompt) + traj
+        target.reset(0)
+        draft.reset(0)
         for i in range(len(prompt), len(seq) - depth - 1):
             c, t0, rest = seq[:i], seq[i], seq[i + 1 :]
-            target.reset(0)
-            draft.reset(0)
-            target.features(c, 0, len(c) - 1)  # the previous round's verify pass: up to n-2
+            # the target holds features up to n-2 (the previous position's root pass); the head
+            # reads no further at context c either way
             guessed, lq = expand_under_guesses(draft, c, 2, top_k, depth)  # fts, alongside
             hit = pool_under(guessed, lq, t0)
             target.logits(c, Tree.root_only(c[-1]), [0])  # the root pass: feature n-1 exists
@@ -205,6 +206,11 @@ def main(argv=None) -> int:
     p.add_argument("--budget", type=int, default=8)
     p.add_argument("--samples", type=int, default=3, help="sampled answers per training prompt")
     p.add_argument("--answer-tokens", type=int, default=128, help="tokens per training answer")
+    p.add_argument("--reuse-head", action="store_true", help="measure the head already in --out")
+    p.add_argument("--eval", choices=["held-out", "train"], default="held-out",
+                   help="measure on the held-out prompts or on the prompts the head was fitted on")
+    p.add_argument("--eval-prompts", type=int, default=7)
+    p.add_argument("--eval-tokens", type=int, default=48)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
@@ -230,14 +236,21 @@ def main(argv=None) -> int:
         seqs = answers(target_hf, tokenizer, train, args.answer_tokens, args.samples, args.seed)
         os.makedirs(args.out, exist_ok=True)
         atomic_write_text(cache, json.dumps(seqs))
-    print(f"{len(seqs)} training answers in {time.perf_counter() - t:.0f} s; fitting a head for "
-          f"{args.steps} steps")
+    print(f"{len(seqs)} training answers in {time.perf_counter() - t:.0f} s")
     head_dir = os.path.join(args.out, "head")
-    losses = fit_head(target_hf, target, seqs, head_dir, args.steps, args.seed)
-    m = measure(target_hf, head_dir, held_out, 48, args.budget, top_k=4, depth=4)
-    rows = per_decoder(target_hf, head_dir, held_out, 48, args.budget, top_k=4, depth=4)
-    print(f"\ntarget {args.target}, head {head_dir} (final losses {losses['loss_level1']:.2f} / "
-          f"{losses['loss_level2']:.2f})")
+    if args.reuse_head and os.path.isdir(head_dir):
+        print(f"reusing the head in {head_dir}")
+    else:
+        print(f"fitting a head for {args.steps} steps")
+        losses = fit_head(target_hf, target, seqs, head_dir, args.steps, args.seed)
+        print(f"final losses {losses['loss_level1']:.2f} / {losses['loss_level2']:.2f}")
+    prompts = held_out if args.eval == "held-out" else train
+    prompts = prompts[: args.eval_prompts]
+    n_new = args.eval_tokens
+    m = measure(target_hf, head_dir, prompts, n_new, args.budget, top_k=4, depth=4)
+    rows = per_decoder(target_hf, head_dir, prompts, n_new, args.budget, top_k=4, depth=4)
+    print(f"\ntarget {args.target}, head {head_dir}; evaluated on {len(prompts)} {args.eval} "
+          f"prompts x {n_new} greedy tokens")
     print(f"\nt0 among the head's 2 guesses at {m['hits']} of {m['positions']} positions "
           f"({m['hits'] / m['positions']:.0%}); there, the pool under t0 (draft_rank tree, "
           f"B={args.budget}, top_k 4, depth 4):")
@@ -246,8 +259,7 @@ def main(argv=None) -> int:
     print(f"| alongside the root pass | the head's own output | {m['before']:.2f} |")
     print(f"| after the root pass | the target's feature | {m['after']:.2f} |")
     print(f"\nafter the root pass, at all {m['positions']} positions: {m['after_all']:.2f}")
-    print(f"\nper decoder, B={args.budget}, top_k=4, depth=4, {len(held_out)} held-out prompts x "
-          "48 tokens, T=0:")
+    print(f"\nper decoder, B={args.budget}, top_k=4, depth=4, T=0:")
     print("| decoder | accepted / round | committed / round |")
     print("|---|---|---|")
     for name, (acc, com) in rows.items():
