@@ -15,6 +15,11 @@ after every stage, so a run cut short keeps what it measured):
    HF assisted generation and our five decoders, part times and the cost-model bound. Acceptance
    means nothing with random weights; the part times do. Temperature 1 runs too when the time
    limit leaves room.
+3. eagle3: every decoder with random EAGLE-3 heads (both checkpoint layouts, float64) on tiny
+   Llama/Qwen2/Qwen3 targets reproduces `generate`; then the Qwen3-8B-config target with a
+   random head of a real Qwen3-8B head's shape (hidden 4096, 32 x 128 heads, 32K draft
+   vocabulary) in bfloat16: our decoders' speed and part times (HF assisted generation takes no
+   heads, so ar is the baseline).
 Results: benchmarks/results/gpu_<date>.md and .csv (written atomically).
 """
 
@@ -224,6 +229,73 @@ def timing_stage(args, device: str, temperatures, state: dict):
     return rows, context, settings, (target, draft)
 
 
+# -- stage 3: EAGLE-3 heads -----------------------------------------------------------------------
+
+
+def eagle3_identity(device: str, smoke: bool, folder: str) -> dict:
+    """Tiny float64 targets with random heads, every decoder against HF greedy generation."""
+    from targetrows.hf.eagle3_checkpoint import load_eagle3
+    from targetrows.hf.eagle3_tiny import save_tiny_head
+    from targetrows.hf.tiny import tiny_model
+
+    mismatches, checked = [], 0
+    cases = [("llama", "eagle", 100)] if smoke else [
+        ("llama", "eagle", 100), ("qwen2", "speculators", 272), ("qwen3", "eagle", 60)]
+    for arch, layout, vocab in cases:
+        target_hf = tiny_model(arch, seed=0, n_layers=6, dtype=torch.float64).to(device)
+        head = save_tiny_head(os.path.join(folder, f"{arch}-{layout}"), target_hf.config,
+                              layout=layout, draft_vocab_size=vocab)
+        target = HFModel(target_hf, name=arch)
+        draft = load_eagle3(head, target)
+        for prompt in [[5, 17, 42], [200, 3, 9]][: 1 if smoke else 2]:
+            ref = target_hf.generate(torch.tensor([prompt], device=device), max_new_tokens=24,
+                                     min_new_tokens=24, do_sample=False, eos_token_id=None,
+                                     pad_token_id=0)[0, len(prompt):].tolist()
+            for decoder, budget in itertools.product(DECODERS, (1, 8) if smoke else (1, 8, 59)):
+                cfg = DecodeConfig(decoder, budget=budget, max_new_tokens=24, top_k=4, depth=4)
+                out = generate(target, draft if decoder != "ar" else None, prompt, cfg).tokens
+                checked += 1
+                if out != ref:
+                    mismatches.append(f"{arch}/{layout} {decoder} B={budget} {prompt}")
+    return {"checked": checked, "mismatches": mismatches}
+
+
+QWEN3_8B_HEAD = dict(hidden=4096, n_heads=32, n_kv=8, head_dim=128, intermediate=12288,
+                     draft_vocab_size=32000)
+
+
+def eagle3_timing(args, device: str, state: dict, folder: str):
+    """The Qwen3-8B-config target (built by the timing stage, or here) with a random head."""
+    from targetrows.hf.eagle3_checkpoint import load_eagle3
+    from targetrows.hf.eagle3_tiny import save_tiny_head
+
+    smoke = args.smoke
+    dtype = torch.float32 if smoke else torch.bfloat16
+    if "pair" in state and not smoke:
+        target = state["pair"][0]
+    else:  # smoke: the tiny timing target has 2 layers; a head reads layers 2, L//2, L-3
+        size = dict(QWEN3_8B, **SMOKE_SIZE, num_hidden_layers=6) if smoke else QWEN3_8B
+        target = HFModel(random_model(size, device, dtype, 0), name="qwen3-8b-config-random")
+    sizes = dict(hidden=None, n_heads=4, n_kv=2, head_dim=16, intermediate=128,
+                 draft_vocab_size=256) if smoke else QWEN3_8B_HEAD
+    t = time.perf_counter()
+    with torch.random.fork_rng(devices=[]):
+        head = save_tiny_head(os.path.join(folder, "qwen3-8b-head"), target.model.config,
+                              scale=0.02, **sizes)
+    draft = load_eagle3(head, target)
+    build_s = time.perf_counter() - t
+    rng = np.random.default_rng(0)
+    prompts = [bench.BenchPrompt(f"random-{i}", "random", tuple(
+        int(x) for x in rng.integers(target.vocab_size, size=16 if smoke else args.prompt_len)))
+        for i in range(1 if smoke else args.prompts)]
+    settings = bench.BenchSettings(
+        temperatures=(0.0,), budget="auto" if args.budget == "auto" else int(args.budget),
+        max_new_tokens=8 if smoke else args.max_new_tokens, top_k=4 if smoke else 10,
+        depth=3 if smoke else 6, repeats=2 if smoke else 3, hf=False)
+    rows, context = bench.run_bench(target, draft, prompts, settings)
+    return rows, context, settings, (target, draft), build_s
+
+
 # -- the run -----------------------------------------------------------------------------------
 
 
@@ -311,6 +383,28 @@ def main(argv=None) -> int:
                     head, bench_report.summarize(rows, settings), context, settings
                 ).replace("# targetrows bench", f"## Timing, T={temps[0]:g}", 1)
             )
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as heads:
+        rep = stage("eagle3 identity", lambda: eagle3_identity(device, args.smoke, heads))
+        if rep is not None:
+            failed |= bool(rep["mismatches"])
+            sections.append(f"## EAGLE-3 heads: identity\n\n{rep['checked']} runs against HF "
+                            f"generate, mismatches: {rep['mismatches'] or 'none'}")
+        left = args.time_limit - (time.perf_counter() - start)
+        if left < 60 and not args.smoke:
+            sections.append(f"## EAGLE-3 heads: timing skipped ({left:.0f} s left of the limit)")
+        else:
+            out = stage("eagle3 timing", lambda: eagle3_timing(args, device, state, heads))
+            if out is not None:
+                rows, context, settings, (target, draft), build_s = out
+                all_rows.extend(dict(r, method=f"eagle3:{r['method']}") for r in rows)
+                head = bench_report.header(None, settings, target, draft,
+                                           len({r["question_id"] for r in rows}))
+                head["models"] = f"random weights (head built in {build_s:.0f} s)"
+                sections.append(bench_report.markdown(
+                    head, bench_report.summarize(rows, settings), context, settings
+                ).replace("# targetrows bench", "## EAGLE-3 head timing, T=0", 1))
     sections.append(f"Total {time.perf_counter() - start:.0f} s.")
     save()
     print(f"gpu_check: wrote {md_path}" + (f" and {csv_path}" if all_rows else ""), file=sys.stderr)

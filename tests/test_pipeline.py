@@ -66,7 +66,7 @@ def test_paper_config_plans_420_decode_jobs_offline(tmp_path):
     counts = job_counts(proc.stdout)
     assert counts["decode"] == 6 * 7 * 2 * 5
     assert counts["record_rows"] == counts["score"] == 6 * 7 * 2
-    assert counts["download_model"] == 9  # six targets, three distinct drafts
+    assert counts["download_model"] == 10  # six targets, three EAGLE-3 heads, one small draft
     assert counts["prepare_prompts"] == 7
     assert counts["tables"] == counts["figures"] == 1
 
@@ -78,6 +78,21 @@ def test_default_config_plans_the_embedded_pair(tmp_path):
     assert counts["build_target"] == counts["distill_draft"] == 1
     assert "download_model" not in counts
     assert counts["decode"] == 7 * 2 * 5
+
+
+def test_a_local_eagle3_head_is_planned_as_the_draft(tmp_path):
+    cfg = default_config()
+    head = tmp_path / "head"
+    head.mkdir()
+    cfg["models"]["smollm2-135m-draft"] = {"source": "eagle3", "path": str(head),
+                                          "target": "smollm2-135m-instruct"}
+    config = tmp_path / "head.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    proc = snakemake("-n", "--configfile", str(config), cwd=tmp_path, check=True)
+    counts = job_counts(proc.stdout)
+    assert "distill_draft" not in counts and counts["build_target"] == 1
+    assert counts["decode"] == 7 * 2 * 5
+    assert str(head) in proc.stdout  # the decode jobs read the head's folder
 
 
 def _mutate(cfg, path, value):
@@ -103,6 +118,9 @@ def _mutate(cfg, path, value):
      r"config key decode\.decoder_budgets: 'beam' is not one of"),
     (("pairs",), [{"target": "../escape", "draft": "smollm2-135m-draft"}],
      r"config key pairs\[0\]\.target: '\.\./escape' does not match"),
+    (("models", "smollm2-135m-draft"),
+     {"source": "eagle3", "repo": "owner/head", "target": "smollm2-135m-draft"},
+     r"config key models\.smollm2-135m-draft\.target: 'smollm2-135m-draft' must be a target"),
 ])
 def test_bad_config_fails_before_any_job_naming_the_key(tmp_path, path, value, expected):
     cfg = default_config()

@@ -90,6 +90,8 @@ def check_config(cfg):
                 f"config key models.{name}.target: distill from a target model, not from "
                 f"another distilled draft ({spec['target']!r})"
             )
+        if spec["source"] == "eagle3":
+            check_eagle3_head(cfg, name, spec)
     dec = cfg["decode"]
     for decoder, budgets in dec["decoder_budgets"].items():
         baseline = DECODERS[decoder].baseline
@@ -120,6 +122,26 @@ def check_config(cfg):
             )
 
 
+def check_eagle3_head(cfg, name, spec):
+    """An EAGLE-3 head drafts only for the target it was trained on: that model must exist and
+    every pair that uses the head must pair it with that target."""
+    models = cfg["models"]
+    if spec["target"] not in models or models[spec["target"]]["source"] == "eagle3":
+        raise WorkflowError(
+            f"config key models.{name}.target: {spec['target']!r} must be a target model defined "
+            "under 'models' (the model whose features the head reads)"
+        )
+    for i, pair in enumerate(cfg["pairs"]):
+        if pair["draft"] == name and pair["target"] != spec["target"]:
+            raise WorkflowError(
+                f"config key pairs[{i}].draft: EAGLE-3 head {name!r} belongs to target "
+                f"{spec['target']!r} (models.{name}.target), not {pair['target']!r}"
+            )
+        if pair["target"] == name:
+            raise WorkflowError(f"config key pairs[{i}].target: {name!r} is an EAGLE-3 head; "
+                                "it can only be a draft")
+
+
 check_config(config)
 
 
@@ -130,6 +152,11 @@ def alternation(names):
 
 def models_from(source):
     return [n for n, spec in config["models"].items() if spec["source"] == source]
+
+
+def hub_heads():
+    """EAGLE-3 heads downloaded from the hub (the download rule serves them too)."""
+    return [n for n in models_from("eagle3") if "repo" in config["models"][n]]
 
 
 # Wildcards only ever take configured values, so no name can reach outside results/ or
@@ -145,7 +172,7 @@ wildcard_constraints:
 def model_dir(name):
     """The folder a model loads from: its configured path when local, else under resources/."""
     spec = config["models"][name]
-    return spec["path"] if spec["source"] == "local" else f"resources/models/{name}"
+    return spec["path"] if "path" in spec else f"resources/models/{name}"
 
 
 def prompts_file(task):

@@ -1,6 +1,6 @@
-# Model folders under resources/models/: downloaded from the hub, or built offline (the embedded
-# SmolLM2 target from its PyPI wheel, and drafts distilled from a target). Local models are used
-# where they are and have no rule.
+# Model folders under resources/models/: downloaded from the hub (models and EAGLE-3 heads), or
+# built offline (the embedded SmolLM2 target from its PyPI wheel, and drafts distilled from a
+# target). Local models and heads are used where they are and have no rule.
 
 
 rule download_model:
@@ -12,8 +12,9 @@ rule download_model:
         repo=lambda w: config["models"][w.model]["repo"],
         revision=lambda w: config["models"][w.model].get("revision", "main"),
         gated=lambda w: config["models"][w.model].get("gated", False),
+        head=lambda w: config["models"][w.model]["source"] == "eagle3",
     wildcard_constraints:
-        model=alternation(models_from("hub")),
+        model=alternation(models_from("hub") + hub_heads()),
     localrule: True  # compute nodes of a cluster often have no internet
     conda:
         ENV

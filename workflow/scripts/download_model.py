@@ -9,7 +9,8 @@ from targetrows.build.hub import download
 def main(smk) -> None:
     with open(smk.log[0], "w") as log:
         sys.stderr = log
-        download(smk.params.repo, smk.params.revision, smk.output[0], smk.params.gated, log=log)
+        download(smk.params.repo, smk.params.revision, smk.output[0], smk.params.gated, log=log,
+                 head=smk.params.head)
 
 
 if "snakemake" in globals():

@@ -172,14 +172,10 @@ def run_bench(
         raise ValueError("no prompts to benchmark")
     if draft is None and any(get_decoder(d).drafts for d in settings.decoders):
         raise ValueError("every decoder but ar needs a draft model (--draft)")
-    methods = [
-        m for m in HF_METHODS if settings.hf and (m == "hf_generate" or draft is not None)
-    ] + list(settings.decoders)
-    assistant = (
-        assistant_for(target.model, draft.model, target.vocab_size)
-        if settings.hf and draft is not None
-        else None
-    )
+    assisted = settings.hf and getattr(draft, "model", None) is not None  # not for EAGLE-3 heads
+    methods = [m for m in HF_METHODS if settings.hf and (m == "hf_generate" or assisted)]
+    methods += list(settings.decoders)
+    assistant = assistant_for(target.model, draft.model, target.vocab_size) if assisted else None
     parts = measure(target, draft, prompts, settings)
     budgets, choices = pick_budgets(target, draft, prompts[0], settings, parts)
     for method in methods:  # warm-up: lazy initialisation is nobody's cost

@@ -17,6 +17,9 @@ import time
 # checkpoints (16 GB for Llama-3.1-8B) or pickled .bin weights.
 ALLOW = ["*.json", "*.safetensors", "*.model", "*.tiktoken", "*.txt", "*.jinja", "*.py"]
 IGNORE = ["original/*", "*.bin", "*.pth", "*.gguf", "*.onnx", "*.msgpack", "*.h5"]
+# EAGLE-3 heads are the exception: many ship only pytorch_model.bin, which targetrows reads
+# with torch's weights-only loader (targetrows.hf.eagle3_checkpoint)
+HEAD_ALLOW = ["config.json", "*.safetensors", "*.safetensors.index.json", "pytorch_model.bin"]
 
 
 def redact(text: str, env=os.environ) -> str:
@@ -84,16 +87,18 @@ def explain(err: BaseException, repo: str, gated: bool, revision: str = "main",
 
 
 def download(repo: str, revision: str, out: str, gated: bool = False, tries: int = 4,
-             backoff_s: float = 10.0, log=sys.stderr) -> None:
-    """Fetch `repo` at `revision` into the folder `out`, which exists only once complete."""
+             backoff_s: float = 10.0, log=sys.stderr, head: bool = False) -> None:
+    """Fetch `repo` at `revision` into the folder `out`, which exists only once complete;
+    `head`: an EAGLE-3 head (its config and weights, a pickle `.bin` included)."""
     from huggingface_hub import snapshot_download
 
+    allow, ignore = (HEAD_ALLOW, ["original/*"]) if head else (ALLOW, IGNORE)
     tmp = f"{out.rstrip('/')}.partial"
     for attempt in range(1, tries + 1):
         try:
             # resumes into the same partial folder after a transient failure or a killed job
             snapshot_download(repo, revision=revision, local_dir=tmp,
-                              allow_patterns=ALLOW, ignore_patterns=IGNORE)
+                              allow_patterns=allow, ignore_patterns=ignore)
             break
         except Exception as err:  # classified below; anything not transient is re-raised
             if not is_transient(err) or attempt == tries:
@@ -103,9 +108,10 @@ def download(repo: str, revision: str, out: str, gated: bool = False, tries: int
                          f"retrying in {wait:.0f} s"), file=log, flush=True)
             time.sleep(wait)
     shutil.rmtree(os.path.join(tmp, ".cache"), ignore_errors=True)
-    if not any(name.endswith(".safetensors") for name in os.listdir(tmp)):
+    names = os.listdir(tmp)
+    if not any(n.endswith(".safetensors") or (head and n == "pytorch_model.bin") for n in names):
         raise RuntimeError(f"{repo}@{revision} has no safetensors weights; targetrows loads "
-                           "safetensors only from the hub")
+                           "safetensors only from the hub (and pytorch_model.bin for heads)")
     if os.path.exists(out):
         shutil.rmtree(out)
     os.replace(tmp, out)

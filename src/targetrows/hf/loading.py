@@ -214,7 +214,15 @@ def load_pair(
 ) -> tuple[HFModel, HFModel | None, object]:
     """(target, draft, tokenizer). The draft goes on `draft_device` (default: the target's
     device); ``draft=None`` gives no draft (autoregressive decoding). Rows of both models are
-    cut to one vocabulary size. `trust_remote_code`: see `trusts`."""
+    cut to one vocabulary size. `trust_remote_code`: see `trusts`. A draft that is an EAGLE-3
+    head (folder or hub id) is checked against the target before its weights load and bound
+    to it (`targetrows.hf.eagle3`)."""
+    if draft is not None:
+        from .eagle3_checkpoint import head_config
+
+        if head_config(draft) is not None:
+            return _load_target_and_head(target, draft, target_device, draft_device, dtype,
+                                         trusts(trust_remote_code, "target"), allow_pickle)
     target_device = resolve_device(target_device)
     draft_device = target_device if draft_device is None else draft_device
     trust_target = trusts(trust_remote_code, "target")
@@ -240,3 +248,17 @@ def load_pair(
     vocab = min(vocab, target_model.vocab_size, draft_model.vocab_size)
     target_model.vocab_size = draft_model.vocab_size = vocab
     return target_model, draft_model, tokenizer
+
+
+def _load_target_and_head(target, head, target_device, head_device, dtype, trust_target,
+                          allow_pickle):
+    """`load_pair` for an EAGLE-3 head: it has no tokenizer of its own (it drafts in the
+    target's ids), so the checks are the head's config against the target's."""
+    from .eagle3_checkpoint import load_eagle3
+
+    target_device = resolve_device(target_device)
+    tokenizer = load_tokenizer(target, trust_target, allow_pickle=allow_pickle)
+    target_model, _ = load_model(target, target_device, dtype, trust_target, allow_pickle,
+                                 tokenizer=tokenizer)
+    draft = load_eagle3(head, target_model, device=head_device, target_name=target)
+    return target_model, draft, tokenizer

@@ -8,10 +8,16 @@ a 4D additive float mask (a bool mask is silently wrong under eager attention). 
 to the committed prefix, the tail, its fed ancestors and itself: never to other tree entries.
 `commit` keeps the prefix plus the fed nodes along the committed path, gathered in place, and
 never re-prefills.
+
+Asked for `feature_layers`, the model also keeps, per cache entry, the residual stream entering
+those decoder layers (Hugging Face ``hidden_states[i]``), captured by hooks in the same pass and
+gathered and cropped with the KV entries: what an EAGLE-3 head drafts from (`targetrows.hf.eagle3`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -21,240 +27,18 @@ from transformers import DynamicCache
 from targetrows.core.tree import Tree
 
 
-class HFModel:
-    """A Hugging Face causal LM seen as a source of rows (implements `targetrows.model.Model`).
+class TorchRows:
+    """Reading rows that are torch logits (draws, top-k, log-probs): shared by every torch
+    backend. Needs `name` and a seeded `_generator` on the rows' device."""
 
-    `vocab_size` (default: the model's logit width) is the tokenizer's vocabulary: rows are cut
-    to it, so a target and a draft whose logit widths differ only by padding compare equal.
-    """
-
-    def __init__(self, model, vocab_size: int | None = None, name: str = "model"):
-        config = model.config
-        width = int(model.get_output_embeddings().weight.shape[0])
-        self.vocab_size = width if vocab_size is None else int(vocab_size)
-        if not 0 < self.vocab_size <= width:
-            raise ValueError(
-                f"{name}: vocab_size {self.vocab_size} must be in 1..{width} (the logit width)"
-            )
-        attn = getattr(config, "_attn_implementation", None)
-        if attn not in ("eager", "sdpa"):
-            raise ValueError(
-                f"{name}: attention implementation {attn!r} ignores custom 4D masks, so tree "
-                "attention would be wrong; load it with attn_implementation='sdpa' or 'eager'"
-            )
-        if getattr(config, "sliding_window", None) is not None or "sliding_attention" in (
-            getattr(config, "layer_types", None) or ()
-        ):
-            raise ValueError(
-                f"{name}: sliding-window attention is not supported (its cache drops entries "
-                "that tree attention needs); use a model with full attention in every layer"
-            )
-        self.model = model.eval()
-        self.name = name
-        # prompts are checked against these before decoding (`specbench.check_prompt`): an id
-        # past the embedding table is an IndexError on the CPU and a device assert on a GPU
-        self.context_window = getattr(config, "max_position_embeddings", None)
-        self.n_embeddings = int(model.get_input_embeddings().weight.shape[0])
-        self.dtype = model.dtype
-        self.device = model.get_output_embeddings().weight.device  # where rows come out
-        self.input_device = model.get_input_embeddings().weight.device
-        self._generator = torch.Generator(device=self.device)
-        self.reset(None)
-
-    # -- cache state ---------------------------------------------------------------------------
-    def reset(self, seed: int | None = None) -> None:
-        self._clear_cache()
-        if seed is None:
-            self._generator.seed()
-        else:
-            self._generator.manual_seed(int(seed))
-
-    def _clear_cache(self) -> None:
-        self._cache = DynamicCache(config=self.model.config)
-        self._prefix = np.zeros(0, dtype=np.int64)  # committed tokens whose KV is cached
-        self._tree: Tree | None = None  # the tree whose nodes follow the prefix in the cache
-        self._tree_ctx_len = 0  # length of the context that tree was fed under
-        self._slot = np.zeros(0, dtype=np.int64)  # cache index of each tree node, -1 if unfed
-        self._anc = np.zeros((0, 0), dtype=bool)
-
-    @property
-    def cached_tokens(self) -> np.ndarray:
-        """The committed tokens whose KV entries the cache holds (a copy)."""
-        return self._prefix.copy()
-
-    @property
-    def kv_cache(self) -> DynamicCache:
-        """The KV cache (read it, don't change it): prefix entries, then tree entries."""
-        return self._cache
-
-    def _cache_len(self) -> int:
-        return self._cache.get_seq_length()
-
-    def _crop(self, length: int) -> None:
-        """Keep only the first `length` cache entries."""
-        extra = self._cache_len() - length
-        if extra > 0:
-            self._cache.crop(-extra)
-
-    def _drop_tree(self) -> None:
-        self._crop(len(self._prefix))
-        self._tree = None
-        self._slot = np.zeros(0, dtype=np.int64)
-
-    def _keep_prefix(self, ctx: np.ndarray) -> None:
-        """Shrink the cached prefix to its longest common prefix with `ctx` (dropping the tree if
-        the prefix shrinks)."""
-        n = min(len(self._prefix), len(ctx))
-        diff = np.flatnonzero(self._prefix[:n] != ctx[:n])
-        common = int(diff[0]) if len(diff) else n
-        if common < len(self._prefix):
-            self._drop_tree()
-            self._prefix = self._prefix[:common].copy()
-            self._crop(common)
-
-    def _adopt_tree(self, tree: Tree, n_ctx: int) -> None:
-        """Make `tree` the current one: keep the fed entries when it extends the current tree
-        (same first nodes, same context; pool expansion builds a new Tree per level)."""
-        old = self._tree
-        extends = (
-            old is not None
-            and self._tree_ctx_len == n_ctx
-            and len(tree) >= len(old)
-            and (
-                tree is old
-                or (
-                    np.array_equal(tree.tokens[: len(old)], old.tokens)
-                    and np.array_equal(tree.parents[: len(old)], old.parents)
-                )
-            )
-        )
-        if not extends:
-            self._drop_tree()
-            self._slot = np.full(len(tree), -1, dtype=np.int64)
-            if len(self._prefix) == n_ctx:  # the root's KV is the last prefix entry
-                self._slot[0] = n_ctx - 1
-        elif len(tree) > len(old):
-            self._slot = np.concatenate([self._slot, np.full(len(tree) - len(old), -1, np.int64)])
-        if tree is not old:
-            grown = extends and len(self._anc) == len(old)
-            self._anc = (
-                _extend_ancestors(self._anc, tree.parents) if grown else tree.ancestor_mask()
-            )
-        self._tree, self._tree_ctx_len = tree, n_ctx
-
-    # -- rows ----------------------------------------------------------------------------------
-    @torch.inference_mode()
-    def logits(self, context: Sequence[int], tree: Tree, nodes: Sequence[int]) -> torch.Tensor:
-        ctx = np.asarray(context, dtype=np.int64).reshape(-1)
-        nodes = np.asarray(nodes, dtype=np.int64).reshape(-1)
-        n_ctx = len(ctx)
-        if n_ctx == 0:
-            raise ValueError(f"{self.name}: the context is empty; the root needs one token")
-        if int(tree.tokens[0]) != int(ctx[-1]):
-            raise ValueError(
-                f"{self.name}: tree root token {int(tree.tokens[0])} is not the last context "
-                f"token {int(ctx[-1])}"
-            )
-        if len(nodes) and (nodes.min() < 0 or nodes.max() >= len(tree)):
-            raise ValueError(f"{self.name}: nodes {nodes.tolist()} outside a {len(tree)}-node tree")
-        if len(nodes) == 0:
-            return torch.empty((0, self.vocab_size), dtype=self.dtype, device=self.device)
-
-        self._keep_prefix(ctx)
-        self._adopt_tree(tree, n_ctx)
-        start = len(self._prefix)  # first cache index that is not committed prefix
-        tail = ctx[start : n_ctx - 1]  # uncached committed tokens before the root
-        base = self._cache_len()  # == start when there is a tail (the tree was just dropped)
-        slot = self._slot
-        fed = slot >= 0
-        new = np.flatnonzero(self._anc[nodes].any(axis=0) & ~fed)  # requested + unfed ancestors
-        again = np.unique(nodes[fed[nodes]])  # rows asked for again: fed once more, left dead
-        m, k = len(tail), len(new)
-        slot[new] = base + m + np.arange(k)
-        query = np.concatenate([new, again])
-        q = m + len(query)
-
-        # Mask over the cache entries from `start` on (everything before is committed prefix,
-        # which every query sees). Tail rows: causal. Tree rows: the tail and the canonical
-        # entries of the node and its ancestors (root entry < start when it is in the prefix).
-        width = base + q - start
-        region = np.zeros((q, width), dtype=bool)
-        region[:m, :m] = np.tril(np.ones((m, m), dtype=bool))
-        region[m:, :m] = True
-        in_region = slot >= start
-        region[m:, slot[in_region] - start] = self._anc[query][:, in_region]
-        mask = torch.zeros((1, 1, q, base + q), dtype=self.dtype, device=self.input_device)
-        blocked = torch.from_numpy(~region).to(self.input_device)
-        mask[0, 0, :, start:].masked_fill_(blocked, torch.finfo(self.dtype).min)
-
-        positions = np.concatenate([start + np.arange(m), n_ctx - 1 + tree.depth[query]])
-        ids = np.concatenate([tail, tree.tokens[query]])
-        row_of = np.full(len(tree), -1, dtype=np.int64)
-        row_of[query] = m + np.arange(len(query))
-        keep = row_of[nodes]
-        try:
-            out = self.model(
-                input_ids=torch.from_numpy(ids).to(self.input_device)[None],
-                position_ids=torch.from_numpy(positions).to(self.input_device)[None],
-                attention_mask=mask,
-                cache=self._cache,
-                use_cache=True,
-                logits_to_keep=torch.from_numpy(keep).to(self.device),  # the last layer's
-            )
-        except Exception:
-            self._clear_cache()  # a pass that failed midway leaves layers of uneven length
-            raise
-        if m:
-            self._prefix = ctx[: start + m].copy()
-        rows = out.logits[0, :, : self.vocab_size]
-        self._check_finite(rows, positions[keep])
-        return rows
-
-    def _check_finite(self, rows: torch.Tensor, positions: np.ndarray) -> None:
-        """One reduction and one sync per pass: a NaN/inf row names its sequence position."""
-        finite = torch.isfinite(rows).all(dim=-1)
-        if bool(finite.all()):
-            return
-        bad = np.flatnonzero(~finite.cpu().numpy())
-        raise ValueError(
-            f"{self.name}: the logits after sequence position(s) {positions[bad].tolist()} "
-            f"(0-based, prompt included) contain NaN or inf; the model overflows in {self.dtype}: "
-            "try --dtype float32"
-        )
+    name: str
+    device: torch.device
+    _generator: torch.Generator
 
     def synchronize(self) -> None:
         """Wait for the work queued on this model's GPU (timers read after it measure it)."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-
-    # -- commit --------------------------------------------------------------------------------
-    @torch.inference_mode()
-    def commit(self, context: Sequence[int]) -> None:
-        ctx = np.asarray(context, dtype=np.int64).reshape(-1)
-        self._keep_prefix(ctx)
-        tree, start = self._tree, len(self._prefix)
-        kept: list[int] = []  # cache indices of the fed tree nodes along ctx, in order
-        n_t = self._tree_ctx_len
-        if tree is not None and len(ctx) >= n_t and ctx[n_t - 1] == tree.tokens[0]:
-            node = 0
-            if self._slot[0] >= start:  # the root was fed as a tree node
-                kept.append(int(self._slot[0]))
-            for tok in ctx[n_t:].tolist():  # the accepted path: a few steps
-                node = tree.child_with_token(node, tok)
-                if node < 0 or self._slot[node] < 0:
-                    break
-                kept.append(int(self._slot[node]))
-        if kept:  # move the path's entries right after the prefix; everything after goes
-            idx = torch.tensor(kept, dtype=torch.long)
-            end = start + len(kept)
-            for layer in self._cache.layers:
-                for name in ("keys", "values"):
-                    entries = getattr(layer, name)
-                    picked = entries.index_select(-2, idx.to(entries.device))
-                    entries[..., start:end, :] = picked
-                    setattr(layer, name, entries[..., :end, :])
-            self._prefix = ctx[:end].copy()
-        self._drop_tree()
 
     # -- reading rows --------------------------------------------------------------------------
     @staticmethod
@@ -312,6 +96,329 @@ class HFModel:
             out[np.arange(out.shape[0]), logits.argmax(dim=-1).cpu().numpy()] = 1.0
             return out
         return torch.softmax(logits.double() / temperature, dim=-1).cpu().numpy()
+
+
+class HFModel(TorchRows):
+    """A Hugging Face causal LM seen as a source of rows (implements `targetrows.model.Model`).
+
+    `vocab_size` (default: the model's logit width) is the tokenizer's vocabulary: rows are cut
+    to it, so a target and a draft whose logit widths differ only by padding compare equal.
+    """
+
+    def __init__(self, model, vocab_size: int | None = None, name: str = "model",
+                 feature_layers: Sequence[int] | None = None):
+        config = model.config
+        width = int(model.get_output_embeddings().weight.shape[0])
+        self.vocab_size = width if vocab_size is None else int(vocab_size)
+        if not 0 < self.vocab_size <= width:
+            raise ValueError(
+                f"{name}: vocab_size {self.vocab_size} must be in 1..{width} (the logit width)"
+            )
+        attn = getattr(config, "_attn_implementation", None)
+        if attn not in ("eager", "sdpa"):
+            raise ValueError(
+                f"{name}: attention implementation {attn!r} ignores custom 4D masks, so tree "
+                "attention would be wrong; load it with attn_implementation='sdpa' or 'eager'"
+            )
+        if getattr(config, "sliding_window", None) is not None or "sliding_attention" in (
+            getattr(config, "layer_types", None) or ()
+        ):
+            raise ValueError(
+                f"{name}: sliding-window attention is not supported (its cache drops entries "
+                "that tree attention needs); use a model with full attention in every layer"
+            )
+        self.model = model.eval()
+        self.name = name
+        # prompts are checked against these before decoding (`specbench.check_prompt`): an id
+        # past the embedding table is an IndexError on the CPU and a device assert on a GPU
+        self.context_window = getattr(config, "max_position_embeddings", None)
+        self.n_embeddings = int(model.get_input_embeddings().weight.shape[0])
+        self.dtype = model.dtype
+        self.device = model.get_output_embeddings().weight.device  # where rows come out
+        self.input_device = model.get_input_embeddings().weight.device
+        self._generator = torch.Generator(device=self.device)
+        self._capture: dict[int, torch.Tensor] | None = None  # layer inputs, running pass
+        self.feature_layers: tuple[int, ...] = ()
+        self._lock = contextlib.nullcontext()
+        self.reset(None)
+        if feature_layers is not None:
+            self.keep_features(feature_layers)
+
+    def keep_features(self, feature_layers: Sequence[int]) -> None:
+        """From now on keep, per cache entry, the inputs of decoder layers `feature_layers`
+        (Hugging Face ``hidden_states[i]`` for each i), captured during our own passes only.
+        Forgets the cache (its entries have no features)."""
+        ids = tuple(int(i) for i in feature_layers)
+        if self.feature_layers:
+            if ids == self.feature_layers:
+                return
+            raise ValueError(f"{self.name}: already keeps features of layers "
+                             f"{list(self.feature_layers)}, not {list(ids)}")
+        layers = self.model.get_decoder().layers
+        if not ids or min(ids) < 0 or max(ids) >= len(layers):
+            raise ValueError(
+                f"{self.name}: feature layers {list(ids)} must be in 0..{len(layers) - 1} (layer "
+                f"i's input is hidden_states[i]; the model has {len(layers)} layers)"
+            )
+
+        def grabber(i):
+            def grab(module, args, kwargs):
+                if self._capture is not None:
+                    self._capture[i] = args[0] if args else kwargs["hidden_states"]
+            return grab
+
+        for i in sorted(set(ids)):
+            layers[i].register_forward_pre_hook(grabber(i), with_kwargs=True)
+        self.feature_layers = ids
+        self.hidden_size = int(self.model.config.hidden_size)
+        # a head may read features from another thread (the draft overlapping the root pass)
+        self._lock = threading.RLock()
+        self._clear_cache()
+
+    # -- cache state ---------------------------------------------------------------------------
+    def reset(self, seed: int | None = None) -> None:
+        self._clear_cache()
+        if seed is None:
+            self._generator.seed()
+        else:
+            self._generator.manual_seed(int(seed))
+
+    def _clear_cache(self) -> None:
+        self._cache = DynamicCache(config=self.model.config)
+        self._prefix = np.zeros(0, dtype=np.int64)  # committed tokens whose KV is cached
+        self._tree: Tree | None = None  # the tree whose nodes follow the prefix in the cache
+        self._tree_ctx_len = 0  # length of the context that tree was fed under
+        self._slot = np.zeros(0, dtype=np.int64)  # cache index of each tree node, -1 if unfed
+        self._anc = np.zeros((0, 0), dtype=bool)
+        # per cache entry: the feature layers' inputs, concatenated (only with feature_layers)
+        self._features: torch.Tensor | None = None
+
+    @property
+    def cached_tokens(self) -> np.ndarray:
+        """The committed tokens whose KV entries the cache holds (a copy)."""
+        return self._prefix.copy()
+
+    @property
+    def kv_cache(self) -> DynamicCache:
+        """The KV cache (read it, don't change it): prefix entries, then tree entries."""
+        return self._cache
+
+    def _cache_len(self) -> int:
+        return self._cache.get_seq_length()
+
+    def _crop(self, length: int) -> None:
+        """Keep only the first `length` cache entries."""
+        extra = self._cache_len() - length
+        if extra > 0:
+            self._cache.crop(-extra)
+        if self._features is not None:
+            self._features = self._features[:length]
+
+    def _drop_tree(self) -> None:
+        self._crop(len(self._prefix))
+        self._tree = None
+        self._slot = np.zeros(0, dtype=np.int64)
+
+    def _keep_prefix(self, ctx: np.ndarray) -> None:
+        """Shrink the cached prefix to its longest common prefix with `ctx` (dropping the tree if
+        the prefix shrinks)."""
+        n = min(len(self._prefix), len(ctx))
+        diff = np.flatnonzero(self._prefix[:n] != ctx[:n])
+        common = int(diff[0]) if len(diff) else n
+        if common < len(self._prefix):
+            self._drop_tree()
+            self._prefix = self._prefix[:common].copy()
+            self._crop(common)
+
+    def _adopt_tree(self, tree: Tree, n_ctx: int) -> None:
+        """Make `tree` the current one: keep the fed entries when it extends the current tree
+        (same first nodes, same context; pool expansion builds a new Tree per level)."""
+        old = self._tree
+        extends = (
+            old is not None
+            and self._tree_ctx_len == n_ctx
+            and len(tree) >= len(old)
+            and (
+                tree is old
+                or (
+                    np.array_equal(tree.tokens[: len(old)], old.tokens)
+                    and np.array_equal(tree.parents[: len(old)], old.parents)
+                )
+            )
+        )
+        if not extends:
+            self._drop_tree()
+            self._slot = np.full(len(tree), -1, dtype=np.int64)
+            if len(self._prefix) == n_ctx:  # the root's KV is the last prefix entry
+                self._slot[0] = n_ctx - 1
+        elif len(tree) > len(old):
+            self._slot = np.concatenate([self._slot, np.full(len(tree) - len(old), -1, np.int64)])
+        if tree is not old:
+            grown = extends and len(self._anc) == len(old)
+            self._anc = (
+                _extend_ancestors(self._anc, tree.parents) if grown else tree.ancestor_mask()
+            )
+        self._tree, self._tree_ctx_len = tree, n_ctx
+
+    # -- rows ----------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def logits(self, context: Sequence[int], tree: Tree, nodes: Sequence[int]) -> torch.Tensor:
+        with self._lock:
+            return self._logits(context, tree, nodes)
+
+    def _logits(self, context: Sequence[int], tree: Tree, nodes: Sequence[int]) -> torch.Tensor:
+        ctx = np.asarray(context, dtype=np.int64).reshape(-1)
+        nodes = np.asarray(nodes, dtype=np.int64).reshape(-1)
+        n_ctx = len(ctx)
+        if n_ctx == 0:
+            raise ValueError(f"{self.name}: the context is empty; the root needs one token")
+        if int(tree.tokens[0]) != int(ctx[-1]):
+            raise ValueError(
+                f"{self.name}: tree root token {int(tree.tokens[0])} is not the last context "
+                f"token {int(ctx[-1])}"
+            )
+        if len(nodes) and (nodes.min() < 0 or nodes.max() >= len(tree)):
+            raise ValueError(f"{self.name}: nodes {nodes.tolist()} outside a {len(tree)}-node tree")
+        if len(nodes) == 0:
+            return torch.empty((0, self.vocab_size), dtype=self.dtype, device=self.device)
+
+        self._keep_prefix(ctx)
+        self._adopt_tree(tree, n_ctx)
+        start = len(self._prefix)  # first cache index that is not committed prefix
+        tail = ctx[start : n_ctx - 1]  # uncached committed tokens before the root
+        base = self._cache_len()  # == start when there is a tail (the tree was just dropped)
+        slot = self._slot
+        fed = slot >= 0
+        new = np.flatnonzero(self._anc[nodes].any(axis=0) & ~fed)  # requested + unfed ancestors
+        again = np.unique(nodes[fed[nodes]])  # rows asked for again: fed once more, left dead
+        m, k = len(tail), len(new)
+        slot[new] = base + m + np.arange(k)
+        query = np.concatenate([new, again])
+        q = m + len(query)
+
+        # Mask over the cache entries from `start` on (everything before is committed prefix,
+        # which every query sees). Tail rows: causal. Tree rows: the tail and the canonical
+        # entries of the node and its ancestors (root entry < start when it is in the prefix).
+        width = base + q - start
+        region = np.zeros((q, width), dtype=bool)
+        region[:m, :m] = np.tril(np.ones((m, m), dtype=bool))
+        region[m:, :m] = True
+        in_region = slot >= start
+        region[m:, slot[in_region] - start] = self._anc[query][:, in_region]
+        mask = torch.zeros((1, 1, q, base + q), dtype=self.dtype, device=self.input_device)
+        blocked = torch.from_numpy(~region).to(self.input_device)
+        mask[0, 0, :, start:].masked_fill_(blocked, torch.finfo(self.dtype).min)
+
+        positions = np.concatenate([start + np.arange(m), n_ctx - 1 + tree.depth[query]])
+        ids = np.concatenate([tail, tree.tokens[query]])
+        row_of = np.full(len(tree), -1, dtype=np.int64)
+        row_of[query] = m + np.arange(len(query))
+        keep = row_of[nodes]
+        if self.feature_layers:
+            self._capture = {}
+        try:
+            out = self.model(
+                input_ids=torch.from_numpy(ids).to(self.input_device)[None],
+                position_ids=torch.from_numpy(positions).to(self.input_device)[None],
+                attention_mask=mask,
+                cache=self._cache,
+                use_cache=True,
+                logits_to_keep=torch.from_numpy(keep).to(self.device),  # the last layer's
+            )
+        except Exception:
+            self._clear_cache()  # a pass that failed midway leaves layers of uneven length
+            raise
+        finally:
+            captured, self._capture = self._capture, None
+        if self.feature_layers:
+            self._append_features(captured, base)
+        if m:
+            self._prefix = ctx[: start + m].copy()
+        rows = out.logits[0, :, : self.vocab_size]
+        self._check_finite(rows, positions[keep])
+        return rows
+
+    def _append_features(self, captured: dict[int, torch.Tensor], base: int) -> None:
+        """The pass's layer inputs [1, q, H] each -> [q, len(layers) * H] after entry `base`,
+        low | mid | high in the order of `feature_layers`."""
+        fresh = torch.cat([captured[i][0].to(self.device) for i in self.feature_layers], dim=-1)
+        if self._features is None or len(self._features) != base:  # never out of step with KV
+            if base:
+                self._clear_cache()
+                raise RuntimeError(f"{self.name}: features out of step with the KV cache")
+            self._features = fresh
+        else:
+            self._features = torch.cat([self._features, fresh])
+
+    @torch.inference_mode()
+    def features(self, context: Sequence[int], start: int, end: int) -> torch.Tensor:
+        """The feature layers' inputs [end - start, len(layers) * H] at positions start..end-1 of
+        `context`, from the cache. A prefix the cache does not hold yet (a prompt before its
+        first pass) is fed now, in one pass, and committed: the next pass feeds only the rest."""
+        if not self.feature_layers:
+            raise ValueError(f"{self.name}: built without feature_layers; it keeps no features")
+        ctx = np.asarray(context, dtype=np.int64).reshape(-1)[:end]
+        if not 0 <= start <= end == len(ctx):
+            raise ValueError(f"{self.name}: features {start}..{end} outside a {len(context)}-token "
+                             "context")
+        with self._lock:
+            held = len(self._prefix) >= end and np.array_equal(self._prefix[:end], ctx)
+            if not held and end:
+                self._logits(ctx, Tree.root_only(int(ctx[-1])), [0])
+                self.commit(ctx)
+            if self._features is None:  # nothing fed yet, nothing asked for
+                return torch.zeros((0, len(self.feature_layers) * self.hidden_size),
+                                   dtype=self.dtype, device=self.device)
+            return self._features[start:end].clone()
+
+    def _check_finite(self, rows: torch.Tensor, positions: np.ndarray) -> None:
+        """One reduction and one sync per pass: a NaN/inf row names its sequence position."""
+        finite = torch.isfinite(rows).all(dim=-1)
+        if bool(finite.all()):
+            return
+        bad = np.flatnonzero(~finite.cpu().numpy())
+        raise ValueError(
+            f"{self.name}: the logits after sequence position(s) {positions[bad].tolist()} "
+            f"(0-based, prompt included) contain NaN or inf; the model overflows in {self.dtype}: "
+            "try --dtype float32"
+        )
+
+    # -- commit --------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def commit(self, context: Sequence[int]) -> None:
+        with self._lock:
+            self._commit(context)
+
+    def _commit(self, context: Sequence[int]) -> None:
+        ctx = np.asarray(context, dtype=np.int64).reshape(-1)
+        self._keep_prefix(ctx)
+        tree, start = self._tree, len(self._prefix)
+        kept: list[int] = []  # cache indices of the fed tree nodes along ctx, in order
+        n_t = self._tree_ctx_len
+        if tree is not None and len(ctx) >= n_t and ctx[n_t - 1] == tree.tokens[0]:
+            node = 0
+            if self._slot[0] >= start:  # the root was fed as a tree node
+                kept.append(int(self._slot[0]))
+            for tok in ctx[n_t:].tolist():  # the accepted path: a few steps
+                node = tree.child_with_token(node, tok)
+                if node < 0 or self._slot[node] < 0:
+                    break
+                kept.append(int(self._slot[node]))
+        if kept:  # move the path's entries right after the prefix; everything after goes
+            idx = torch.tensor(kept, dtype=torch.long)
+            end = start + len(kept)
+            for layer in self._cache.layers:
+                for name in ("keys", "values"):
+                    entries = getattr(layer, name)
+                    picked = entries.index_select(-2, idx.to(entries.device))
+                    entries[..., start:end, :] = picked
+                    setattr(layer, name, entries[..., :end, :])
+            if self._features is not None:
+                feats = self._features
+                feats[start:end] = feats.index_select(0, idx.to(feats.device))
+                self._features = feats[:end]
+            self._prefix = ctx[:end].copy()
+        self._drop_tree()
 
 
 def _extend_ancestors(anc: np.ndarray, parents: np.ndarray) -> np.ndarray:

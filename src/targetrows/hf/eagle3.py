@@ -1,0 +1,312 @@
+"""EAGLE-3 draft heads as a draft backend: the head's layer, and `Eagle3Draft`, a `Model` bound to
+its target that drafts from the target's features with its own KV cache and tree attention.
+
+The head (EAGLE-3, as in the EAGLE reference code, SpecForge and vLLM's ``llama_eagle3.py``):
+``fc`` projects the target's features (the residual stream entering three of its layers,
+concatenated low | mid | high) to h; one decoder layer takes ``cat(input_layernorm(embed(x)),
+hidden_norm(h))`` (width 2H, embedding first) into attention, adds h as the residual, then the
+usual ``post_attention_layernorm`` and SwiGLU MLP; its output g is fed back as the next h; rows are
+``lm_head(norm(g))`` over a reduced draft vocabulary, target id = d + d2t[d].
+
+Entry t of the head's cache pairs the target feature at position t with token t+1 (position t)
+and predicts token t+2. For a context of n tokens the committed entries are 0..n-2, built from
+the target's features (`HFModel.features`); entry n-2 is the tree's root. A tree node feeds its
+parent's g with its own token, sees the committed entries and its ancestors, and is dropped at
+`commit`; the next call feeds the accepted tokens again with the features the target computed
+for them in its verify pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.activations import ACT2FN
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+from targetrows.core.tree import Tree
+
+from .model import HFModel, TorchRows, _extend_ancestors
+
+
+@dataclass(frozen=True)
+class Eagle3Shape:
+    """A head's sizes (from its config.json, head_dim from q_proj's shape)."""
+
+    hidden_size: int
+    target_hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int  # the target vocabulary the embedding and d2t refer to
+    draft_vocab_size: int
+    n_features: int  # target layers whose inputs fc reads (3)
+    rms_norm_eps: float = 1e-6
+    hidden_act: str = "silu"
+
+
+class RMSNorm(nn.Module):
+    """Llama's RMSNorm: normalised in at least float32, scaled in the weights' dtype."""
+
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.to(torch.promote_types(x.dtype, torch.float32))
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class Eagle3Head(nn.Module):
+    """The head's weights and its one-layer step. Parameter names are the canonical ones the
+    checkpoint loader maps both layouts to (``layer.*`` for ``midlayer.*`` / ``layers.0.*``)."""
+
+    def __init__(self, shape: Eagle3Shape, rope_config):
+        super().__init__()
+        s = shape
+        h, q_width, kv_width = s.hidden_size, s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+        self.shape = s
+        self.fc = nn.Linear(s.n_features * s.target_hidden_size, h, bias=False)
+        self.embed_tokens: nn.Embedding | None = None  # None: the target's embedding is used
+        self.layer = nn.Module()
+        self.layer.hidden_norm = RMSNorm(h, s.rms_norm_eps)
+        self.layer.input_layernorm = RMSNorm(h, s.rms_norm_eps)
+        self.layer.post_attention_layernorm = RMSNorm(h, s.rms_norm_eps)
+        attn = self.layer.self_attn = nn.Module()
+        attn.q_proj = nn.Linear(2 * h, q_width, bias=False)
+        attn.k_proj = nn.Linear(2 * h, kv_width, bias=False)
+        attn.v_proj = nn.Linear(2 * h, kv_width, bias=False)
+        attn.o_proj = nn.Linear(q_width, h, bias=False)
+        mlp = self.layer.mlp = nn.Module()
+        mlp.gate_proj = nn.Linear(h, s.intermediate_size, bias=False)
+        mlp.up_proj = nn.Linear(h, s.intermediate_size, bias=False)
+        mlp.down_proj = nn.Linear(s.intermediate_size, h, bias=False)
+        self.act = ACT2FN[s.hidden_act]
+        self.norm = RMSNorm(h, s.rms_norm_eps)
+        self.lm_head = nn.Linear(h, s.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(s.draft_vocab_size, dtype=torch.long))
+        self.rotary = LlamaRotaryEmbedding(rope_config)
+
+    def step(self, h: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor,
+             past_k: torch.Tensor, past_v: torch.Tensor, allowed: torch.Tensor):
+        """One layer over q new entries: h [q, H] (projected features or parents' g), embeds
+        [q, H] of their tokens, positions [q]; past keys/values [kv_heads, S, head_dim];
+        `allowed` [q, S + q] says which entries each query sees. Returns (g [q, H], k, v)."""
+        s, layer, attn = self.shape, self.layer, self.layer.self_attn
+        q_len = h.shape[0]
+        x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(h)], dim=-1)
+        q = attn.q_proj(x).view(q_len, s.num_heads, s.head_dim).transpose(0, 1)[None]
+        k = attn.k_proj(x).view(q_len, s.num_kv_heads, s.head_dim).transpose(0, 1)[None]
+        v = attn.v_proj(x).view(q_len, s.num_kv_heads, s.head_dim).transpose(0, 1)[None]
+        cos, sin = self.rotary(x[None], positions[None])
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        keys, values = torch.cat([past_k, k[0]], dim=1), torch.cat([past_v, v[0]], dim=1)
+        out = F.scaled_dot_product_attention(q, keys[None], values[None], attn_mask=allowed,
+                                             enable_gqa=s.num_heads != s.num_kv_heads)
+        h = h + attn.o_proj(out[0].transpose(0, 1).reshape(q_len, -1))
+        mlp = layer.mlp
+        x = layer.post_attention_layernorm(h)
+        g = h + mlp.down_proj(self.act(mlp.gate_proj(x)) * mlp.up_proj(x))
+        return g, k[0], v[0]
+
+    def draft_logits(self, g: torch.Tensor) -> torch.Tensor:
+        """Logits over the draft vocabulary [rows, draft_vocab_size]."""
+        return self.lm_head(self.norm(g))
+
+
+class Eagle3Draft(TorchRows):
+    """An EAGLE-3 head bound to its target `HFModel` (implements `targetrows.model.Model`).
+
+    Rows come out over the target's vocabulary (`vocab_size`), -inf outside the draft
+    vocabulary, so pools, rules and row logs treat the head like any draft. The target is made
+    to keep the head's feature layers (`HFModel.keep_features`)."""
+
+    def __init__(self, head: Eagle3Head, target: HFModel, feature_layers: Sequence[int],
+                 name: str = "eagle3"):
+        self.head = head.eval()
+        self.target = target
+        self.name = name
+        target.keep_features(feature_layers)
+        self.feature_layers = tuple(int(i) for i in feature_layers)
+        weight = head.lm_head.weight
+        self.device, self.dtype = weight.device, weight.dtype
+        self.vocab_size = target.vocab_size
+        self.context_window = target.context_window
+        self.n_embeddings = target.n_embeddings
+        self._target_embed = target.model.get_input_embeddings()
+        self._generator = torch.Generator(device=self.device)
+        self.reset(None)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    @vocab_size.setter
+    def vocab_size(self, size: int) -> None:
+        """Rows are cut to `size` tokens (load_pair sets target and draft to one size)."""
+        self._vocab_size = int(size)
+        draft_ids = torch.arange(self.head.shape.draft_vocab_size, device=self.device)
+        target_ids = draft_ids + self.head.d2t.to(self.device)
+        inside = target_ids < self._vocab_size
+        self._draft_cols, self._target_cols = draft_ids[inside], target_ids[inside]
+
+    # -- cache state ---------------------------------------------------------------------------
+    def reset(self, seed: int | None = None) -> None:
+        s = self.head.shape
+        empty = torch.zeros((s.num_kv_heads, 0, s.head_dim), dtype=self.dtype, device=self.device)
+        self._k, self._v = empty, empty.clone()
+        self._n = 0  # committed entries (built from target features)
+        self._prefix = np.zeros(0, dtype=np.int64)  # the tokens they stand for: ctx[:n + 1]
+        self._g_committed = torch.zeros((0, s.hidden_size), dtype=self.dtype, device=self.device)
+        self._drop_tree()
+        if seed is None:
+            self._generator.seed()
+        else:
+            self._generator.manual_seed(int(seed))
+
+    @property
+    def cached_tokens(self) -> np.ndarray:
+        """The committed tokens the head's committed entries stand for (a copy)."""
+        return self._prefix.copy()
+
+    def _drop_tree(self) -> None:
+        self._k, self._v = self._k[:, : self._n], self._v[:, : self._n]
+        self._tree: Tree | None = None
+        self._tree_ctx_len = 0
+        self._slot = np.zeros(0, dtype=np.int64)  # cache index of each fed node, -1 if unfed
+        self._anc = np.zeros((0, 0), dtype=bool)
+        self._g: torch.Tensor | None = None  # each fed node's output g
+
+    def _keep_prefix(self, ctx: np.ndarray) -> None:
+        """Keep the committed entries that `ctx` still stands behind: entry t needs tokens
+        0..t+1 unchanged, and a context of n tokens uses entries 0..n-2 only."""
+        n = min(len(self._prefix), len(ctx))
+        diff = np.flatnonzero(self._prefix[:n] != ctx[:n])
+        common = int(diff[0]) if len(diff) else n
+        keep = max(min(self._n, common - 1, len(ctx) - 1), 0)
+        if keep < self._n:
+            self._n = keep
+            self._drop_tree()
+            self._g_committed = self._g_committed[:keep]
+            self._prefix = self._prefix[: keep + 1] if keep else self._prefix[:0]
+
+    def _adopt_tree(self, tree: Tree, n_ctx: int) -> None:
+        """As `HFModel._adopt_tree`: keep fed nodes when `tree` extends the current tree."""
+        old = self._tree
+        extends = (
+            old is not None and self._tree_ctx_len == n_ctx and len(tree) >= len(old)
+            and (tree is old or (np.array_equal(tree.tokens[: len(old)], old.tokens)
+                                 and np.array_equal(tree.parents[: len(old)], old.parents)))
+        )
+        if not extends:
+            self._drop_tree()
+            self._slot = np.full(len(tree), -1, dtype=np.int64)
+            self._g = torch.zeros((len(tree), self.head.shape.hidden_size), dtype=self.dtype,
+                                  device=self.device)
+        elif len(tree) > len(old):
+            grow = len(tree) - len(old)
+            self._slot = np.concatenate([self._slot, np.full(grow, -1, np.int64)])
+            self._g = torch.cat([self._g, self._g.new_zeros((grow, self._g.shape[1]))])
+        if tree is not old:
+            grown = extends and len(self._anc) == len(old)
+            self._anc = _extend_ancestors(self._anc, tree.parents) if grown else tree.ancestor_mask()
+        self._tree, self._tree_ctx_len = tree, n_ctx
+
+    # -- rows ----------------------------------------------------------------------------------
+    def _embed(self, tokens: np.ndarray) -> torch.Tensor:
+        embed = self.head.embed_tokens if self.head.embed_tokens is not None else self._target_embed
+        ids = torch.from_numpy(tokens).to(embed.weight.device)
+        return embed(ids).to(device=self.device, dtype=self.dtype)
+
+    def _feed(self, h: torch.Tensor, tokens: np.ndarray, positions: np.ndarray,
+              allowed: np.ndarray) -> torch.Tensor:
+        """One head pass over new entries appended to the cache; returns their g."""
+        pos = torch.from_numpy(positions).to(self.device)
+        mask = torch.from_numpy(allowed).to(self.device)[None, None]
+        g, k, v = self.head.step(h, self._embed(tokens), pos, self._k, self._v, mask)
+        self._k, self._v = torch.cat([self._k, k], dim=1), torch.cat([self._v, v], dim=1)
+        return g
+
+    def _feed_committed(self, ctx: np.ndarray) -> None:
+        """Entries n..len(ctx)-2 from the target's features (one pass; none when up to date)."""
+        start, end = self._n, len(ctx) - 1
+        if end <= start:
+            return
+        self._drop_tree()  # tree entries sit after the committed ones
+        features = self.target.features(ctx, start, end).to(self.device, self.dtype)
+        m = end - start
+        allowed = np.ones((m, end), dtype=bool)
+        allowed[:, start:] = np.tril(np.ones((m, m), dtype=bool))
+        g = self._feed(self.head.fc(features), ctx[start + 1 : end + 1], np.arange(start, end),
+                       allowed)
+        self._g_committed = torch.cat([self._g_committed, g])
+        self._n, self._prefix = end, ctx[: end + 1].copy()
+
+    @torch.inference_mode()
+    def logits(self, context: Sequence[int], tree: Tree, nodes: Sequence[int]) -> torch.Tensor:
+        ctx = np.asarray(context, dtype=np.int64).reshape(-1)
+        nodes = np.asarray(nodes, dtype=np.int64).reshape(-1)
+        n_ctx = len(ctx)
+        if n_ctx == 0:
+            raise ValueError(f"{self.name}: the context is empty; the root needs one token")
+        if int(tree.tokens[0]) != int(ctx[-1]):
+            raise ValueError(f"{self.name}: tree root token {int(tree.tokens[0])} is not the last "
+                             f"context token {int(ctx[-1])}")
+        if len(nodes) and (nodes.min() < 0 or nodes.max() >= len(tree)):
+            raise ValueError(f"{self.name}: nodes {nodes.tolist()} outside a {len(tree)}-node tree")
+        if len(nodes) == 0:
+            return torch.empty((0, self.vocab_size), dtype=self.dtype, device=self.device)
+
+        self._keep_prefix(ctx)
+        self._feed_committed(ctx)
+        self._adopt_tree(tree, n_ctx)
+        if n_ctx >= 2:  # the root is committed entry n-2
+            self._slot[0] = n_ctx - 2
+            self._g[0] = self._g_committed[n_ctx - 2]
+        base_pos = max(n_ctx - 2, 0)
+        need = self._anc[nodes].any(axis=0) & (self._slot < 0)
+        for depth in np.unique(tree.depth[need]):  # one pass per level: a node needs its parent's g
+            level = np.flatnonzero(need & (tree.depth == depth))
+            if depth == 0:  # a one-token context: no feature exists, the root starts from h = 0
+                h = self._g.new_zeros((1, self._g.shape[1]))
+            else:
+                h = self._g[torch.from_numpy(tree.parents[level]).to(self.device)]
+            cache_len, k = self._k.shape[1], len(level)
+            allowed = np.zeros((k, cache_len + k), dtype=bool)
+            allowed[:, : self._n] = True  # every committed entry, the root's among them
+            in_tree = self._slot >= self._n
+            allowed[:, self._slot[in_tree]] = self._anc[level][:, in_tree]
+            allowed[np.arange(k), cache_len + np.arange(k)] = True
+            self._slot[level] = cache_len + np.arange(k)
+            self._g[torch.from_numpy(level).to(self.device)] = self._feed(
+                h, tree.tokens[level], base_pos + tree.depth[level], allowed)
+        return self._rows(self._g[torch.from_numpy(nodes).to(self.device)])
+
+    def _rows(self, g: torch.Tensor) -> torch.Tensor:
+        """Draft logits scattered into the target's vocabulary, -inf elsewhere."""
+        small = self.head.draft_logits(g)
+        if bool(torch.isnan(small).any()):
+            raise ValueError(f"{self.name}: the head's logits contain NaN; it overflows in "
+                             f"{self.dtype}: try --dtype float32")
+        rows = small.new_full((small.shape[0], self.vocab_size), float("-inf"))
+        rows[:, self._target_cols] = small[:, self._draft_cols]
+        return rows
+
+    # -- commit --------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def commit(self, context: Sequence[int]) -> None:
+        """Keep the committed entries `context` still stands behind and drop the tree: the
+        accepted tokens are fed again, from the target's features, by the next `logits`."""
+        self._keep_prefix(np.asarray(context, dtype=np.int64).reshape(-1))
+        self._drop_tree()
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)

@@ -1,0 +1,309 @@
+"""EAGLE-3 heads as drafts (CPU, tiny random weights): target features, exact head rows against a
+no-cache reference, every decoder lossless with heads in both checkpoint layouts, loading checks."""
+
+import itertools
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from targetrows.core.pool import expand_model  # noqa: E402
+from targetrows.core.tree import Tree  # noqa: E402
+from targetrows.decoding.loop import DecodeConfig, generate  # noqa: E402
+from targetrows.decoding.registry import decoder_names  # noqa: E402
+from targetrows.hf.eagle3_tiny import save_tiny_head, tiny_head_tensors  # noqa: E402
+from targetrows.hf.tiny import random_tree, save_tiny, tiny_model  # noqa: E402
+
+DECODERS = decoder_names()
+from targetrows.hf.eagle3_checkpoint import load_eagle3  # noqa: E402
+from targetrows.hf.model import HFModel  # noqa: E402
+
+N_LAYERS = 6  # default feature layers 2, L//2, L-3 = 2, 3, 3
+PROMPTS = [[5, 17, 42], [200, 3, 9, 9, 31], [64]]
+
+
+def hidden_states(model, tokens):
+    ids = torch.tensor([list(tokens)])
+    with torch.no_grad():
+        return model(input_ids=ids, output_hidden_states=True, use_cache=False).hidden_states
+
+
+def hf_greedy(model, prompt, n):
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n,
+                         do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+# -- an independent reference of the head: plain formulas, no cache, one entry at a time --------
+
+def _rms(x, w, eps=1e-6):
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def _rope(x, pos, theta=10000.0):
+    """Rotary embedding with float32 angles, as transformers computes them for every dtype."""
+    d = x.shape[-1]
+    inv = 1.0 / theta ** (torch.arange(0, d, 2).float() / d)
+    ang = pos[:, None].float() * inv[None]
+    cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
+    rot = torch.cat([-x[..., d // 2:], x[..., : d // 2]], -1)
+    return x * cos.to(x.dtype) + rot * sin.to(x.dtype)
+
+
+def reference_rows(w, embed, feats, ctx, path, n_heads=4, n_kv=2):
+    """Draft logits (over the draft vocabulary) after ctx + path: entries t = 0..n-2 from the
+    target features, then the path's tokens each fed its predecessor's g."""
+    n = len(ctx)
+    hs, toks, pos = [], [], []
+    keys, values, g = [], [], None
+    steps = [(w["fc.weight"] @ feats[t], ctx[t + 1], t) for t in range(n - 1)]
+    steps += [(None, tok, n - 2 + d + 1) for d, tok in enumerate(path)]
+    for h, tok, p in steps:
+        h = g if h is None else h
+        x = torch.cat([_rms(embed[tok], w["layer.input_layernorm.weight"]),
+                       _rms(h, w["layer.hidden_norm.weight"])])
+        q = (w["layer.self_attn.q_proj.weight"] @ x).view(n_heads, -1)
+        k = (w["layer.self_attn.k_proj.weight"] @ x).view(n_kv, -1)
+        v = (w["layer.self_attn.v_proj.weight"] @ x).view(n_kv, -1)
+        q, k = _rope(q, torch.tensor([p] * n_heads)), _rope(k, torch.tensor([p] * n_kv))
+        keys.append(k)
+        values.append(v)
+        K, V = torch.stack(keys, 1), torch.stack(values, 1)  # [kv, S, d]
+        K, V = K.repeat_interleave(n_heads // n_kv, 0), V.repeat_interleave(n_heads // n_kv, 0)
+        att = torch.softmax((K @ q[:, :, None])[..., 0] / q.shape[-1] ** 0.5, -1)  # [heads, S]
+        o = (att[:, :, None] * V).sum(1).reshape(-1)
+        h = h + w["layer.self_attn.o_proj.weight"] @ o
+        y = _rms(h, w["layer.post_attention_layernorm.weight"])
+        act = torch.nn.functional.silu(w["layer.mlp.gate_proj.weight"] @ y)
+        g = h + w["layer.mlp.down_proj.weight"] @ (act * (w["layer.mlp.up_proj.weight"] @ y))
+        hs.append(h), toks.append(tok), pos.append(p)
+    return w["lm_head.weight"] @ _rms(g, w["norm.weight"])
+
+
+@pytest.fixture(scope="module")
+def llama_target():
+    return tiny_model("llama", seed=0, n_layers=N_LAYERS, dtype=torch.float64)
+
+
+def _draft(target_hf, folder, **kw):
+    target = HFModel(target_hf, name="target")
+    draft = load_eagle3(str(folder), target, **kw)
+    return target, draft
+
+
+def test_target_features_follow_the_cache(llama_target, tmp_path):
+    """After decoding rounds (trees fed, paths gathered, the rest cropped) the target's features
+    at every cached position equal hidden_states[2], [3], [3] of a fresh pass."""
+    folder = save_tiny_head(tmp_path / "h", llama_target.config)
+    target, draft = _draft(llama_target, folder)
+    assert target.feature_layers == (2, 3, 3)
+    for decoder in ("draft_rank", "fts"):
+        result = generate(target, draft, PROMPTS[1], DecodeConfig(decoder, budget=6,
+                                                                  max_new_tokens=20, top_k=3))
+        cached = target.cached_tokens.tolist()
+        assert cached == (PROMPTS[1] + result.tokens)[: len(cached)]
+        feats = target.features(cached, 0, len(cached))
+        hs = hidden_states(llama_target, cached)
+        want = torch.cat([hs[2][0], hs[3][0], hs[3][0]], -1)
+        torch.testing.assert_close(feats, want, rtol=1e-10, atol=1e-10)
+
+
+def test_explicit_layer_ids_count_layer_inputs(llama_target, tmp_path):
+    """eagle_aux_hidden_state_layer_ids [0, 1, 4] reads hidden_states[0], [1], [4] (inputs)."""
+    folder = save_tiny_head(tmp_path / "h", llama_target.config, layer_ids=[0, 1, 4])
+    target, draft = _draft(llama_target, folder)
+    ctx = PROMPTS[1]
+    feats = target.features(ctx, 0, len(ctx) - 1)
+    hs = hidden_states(llama_target, ctx[:-1])
+    torch.testing.assert_close(feats, torch.cat([hs[0][0], hs[1][0], hs[4][0]], -1))
+
+
+@pytest.mark.parametrize("embed", [False, True])
+def test_head_rows_match_a_no_cache_reference(llama_target, tmp_path, embed):
+    """Rows of pool expansion (level by level), of random trees with nodes asked in any order,
+    and after commits, equal the plain formulas; tokens outside the draft vocabulary are -inf."""
+    sizes = dict(draft_vocab_size=90, embed=embed, hidden=40 if embed else None)
+    folder = save_tiny_head(tmp_path / "h", llama_target.config, **sizes)
+    w = tiny_head_tensors(llama_target.config, **sizes)
+    w = {k: v.double() if v.is_floating_point() else v for k, v in w.items()}
+    embed_table = w["embed_tokens.weight"] if embed else llama_target.model.embed_tokens.weight
+    target_ids = torch.arange(90) + w["d2t"]
+    target, draft = _draft(llama_target, folder)
+    rng = np.random.default_rng(0)
+
+    def check(ctx, tree, nodes, rows):
+        hs = hidden_states(llama_target, ctx)
+        feats = torch.cat([hs[2][0], hs[3][0], hs[3][0]], -1)
+        assert torch.isinf(rows[:, ~torch.isin(torch.arange(rows.shape[1]), target_ids)]).all()
+        for node, row in zip(nodes, rows, strict=True):
+            path = []
+            while node > 0:
+                path.append(int(tree.tokens[node]))
+                node = int(tree.parents[node])
+            want = reference_rows(w, embed_table, feats, ctx, path[::-1])
+            torch.testing.assert_close(row[target_ids], want, rtol=1e-9, atol=1e-9)
+
+    ctx = list(PROMPTS[0])
+    for _ in range(3):
+        pool, _ = expand_model(draft, ctx, top_k=3, depth=3)  # fills the cache level by level
+        nodes = rng.permutation(len(pool))[:7]
+        check(ctx, pool, nodes, draft.logits(ctx, pool, nodes))  # rows of fed nodes again
+        tree = random_tree(rng, ctx[-1], 9, 272)
+        nodes = rng.permutation(9)[:5]
+        check(ctx, tree, nodes, draft.logits(ctx, tree, nodes))
+        ctx = ctx + [int(t) for t in rng.integers(0, 259, size=int(rng.integers(1, 4)))]
+        target.logits(ctx, Tree.root_only(ctx[-1]), [0])  # the target moves on, as after a round
+        target.commit(ctx)
+        draft.commit(ctx)
+    one = draft.logits([7], Tree([7, 8], [-1, 0]), [0, 1])  # a one-token context: h = 0
+    assert torch.isfinite(one[:, target_ids]).all()
+
+
+@pytest.mark.parametrize("arch, layout, vocab", [("llama", "eagle", 272), ("qwen2", "speculators", 120),
+                                                 ("qwen3", "eagle", 60)])
+def test_every_decoder_matches_greedy(tmp_path, arch, layout, vocab):
+    """Temperature 0: every decoder with the head reproduces ar and HF generate, token for token."""
+    target_hf = tiny_model(arch, seed=0, n_layers=N_LAYERS, dtype=torch.float64)
+    folder = save_tiny_head(tmp_path / "h", target_hf.config, layout=layout,
+                            draft_vocab_size=vocab)
+    target, draft = _draft(target_hf, folder)
+    for prompt in PROMPTS:
+        reference = hf_greedy(target_hf, prompt, 40)
+        assert generate(target, None, prompt, DecodeConfig("ar", max_new_tokens=40)).tokens == reference
+        for decoder, budget in itertools.product(DECODERS[1:], (1, 12)):
+            cfg = DecodeConfig(decoder, budget=budget, max_new_tokens=40, top_k=4, depth=4)
+            assert generate(target, draft, prompt, cfg).tokens == reference, (decoder, budget, prompt)
+
+
+def test_drafting_alongside_the_root_pass_in_a_thread(llama_target, tmp_path):
+    """overlap=True: the head drafts in a worker thread while the target's root pass runs; the
+    features it reads come through the target's lock (the first round feeds the prompt)."""
+    folder = save_tiny_head(tmp_path / "h", llama_target.config, draft_vocab_size=150)
+    target, draft = _draft(llama_target, folder)
+    reference = hf_greedy(llama_target, PROMPTS[1], 30)
+    for decoder in ("rerank", "fts", "pearl"):
+        cfg = DecodeConfig(decoder, budget=8, max_new_tokens=30, top_k=3, depth=3, overlap=True)
+        assert generate(target, draft, PROMPTS[1], cfg).tokens == reference, decoder
+
+
+def test_sampling_is_lossless_with_a_reduced_vocabulary(tmp_path):
+    """Temperature 1: each decoder's first 3 tokens follow the target's distribution, though the
+    head can only propose 3 of the 5 tokens."""
+    from scipy import stats
+
+    vocab, samples = 5, 400
+    target_hf = tiny_model("qwen3", seed=3, n_layers=N_LAYERS, vocab_size=vocab, init_range=0.5,
+                           dtype=torch.float64, eos_token_id=None, pad_token_id=None)
+    folder = save_tiny_head(tmp_path / "h", target_hf.config, draft_vocab_size=3)
+    target, draft = _draft(target_hf, folder)
+    prompt = [1, 2]
+    with torch.no_grad():
+        exact = {}
+        for seq in itertools.product(range(vocab), repeat=3):
+            probs = torch.softmax(target_hf(torch.tensor([prompt + list(seq[:2])])).logits[0, -3:], -1)
+            exact[seq] = float(probs[0, seq[0]] * probs[1, seq[1]] * probs[2, seq[2]])
+    seqs = sorted(exact, key=exact.get, reverse=True)
+    expected = np.array([exact[s] * samples for s in seqs])
+    big = expected >= 5
+    for decoder in DECODERS[1:]:
+        counts = {}
+        for seed in range(samples):
+            cfg = DecodeConfig(decoder, budget=4, temperature=1.0, max_new_tokens=3, top_k=2,
+                               depth=2, seed=seed)
+            out = tuple(generate(target, draft, prompt, cfg).tokens)
+            counts[out] = counts.get(out, 0) + 1
+        observed = np.array([counts.get(s, 0) for s in seqs])
+        obs = np.append(observed[big], observed[~big].sum())
+        exp = np.append(expected[big], expected[~big].sum())
+        p = stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue
+        assert p > 0.001, f"{decoder}: chi-square p = {p:.2g}"
+
+
+def test_bin_and_both_layouts_load_the_same_head(llama_target, tmp_path):
+    """The same tensors as EAGLE safetensors, speculators safetensors and a weights-only .bin
+    give the same rows."""
+    ctx = PROMPTS[1]
+    tree = Tree([ctx[-1], 4, 9, 11], [-1, 0, 0, 1])
+    rows = []
+    for layout, safe in (("eagle", True), ("speculators", True), ("eagle", False)):
+        folder = save_tiny_head(tmp_path / f"{layout}-{safe}", llama_target.config, layout=layout,
+                                safe=safe, draft_vocab_size=100)
+        _, draft = _draft(llama_target, folder)
+        rows.append(draft.logits(ctx, tree, range(4)))
+    for other in rows[1:]:
+        assert torch.equal(rows[0], other)
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(target_hidden_size=32), "target_hidden_size"),
+    (dict(vocab_size=300), "vocab_size"),
+    (dict(eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 3, 6]}),
+     "eagle_aux_hidden_state_layer_ids"),
+    (dict(norm_before_residual=True), "norm_before_residual"),
+    (dict(num_hidden_layers=2), "num_hidden_layers"),
+])
+def test_a_mismatched_or_unknown_head_is_refused(llama_target, tmp_path, change, message):
+    folder = save_tiny_head(tmp_path / "h", llama_target.config, config_overrides=change)
+    with pytest.raises(ValueError, match=message) as err:
+        _draft(llama_target, folder)
+    assert str(folder) in str(err.value)
+    if message in ("target_hidden_size", "vocab_size", "eagle_aux_hidden_state_layer_ids"):
+        assert "target" in str(err.value)  # names both models
+
+
+def test_unknown_tensors_and_unsafe_pickles_are_refused(llama_target, tmp_path):
+    folder = save_tiny_head(tmp_path / "h", llama_target.config, safe=False)
+    state = torch.load(folder + "/pytorch_model.bin", weights_only=True)
+    torch.save(dict(state, **{"fc_norm.weight": torch.ones(64)}), folder + "/pytorch_model.bin")
+    with pytest.raises(ValueError, match="fc_norm.weight"):
+        _draft(llama_target, folder)
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("unpickled code ran",))
+
+    torch.save(dict(state, evil=Evil()), folder + "/pytorch_model.bin")
+    with pytest.raises(ValueError, match="weights-only"):
+        _draft(llama_target, folder)
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "targetrows.cli", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def saved_target_and_head(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pair")
+    target = save_tiny(root / "target", "llama", n_layers=N_LAYERS)
+    config = tiny_model("llama", n_layers=N_LAYERS).config
+    return target, save_tiny_head(root / "head", config, layout="speculators", draft_vocab_size=200)
+
+
+def test_compare_and_record_with_a_head(saved_target_and_head, tmp_path):
+    target, head = saved_target_and_head
+    out = tmp_path / "compare.json"
+    proc = _cli("compare", "--target", target, "--draft", head, "--prompt", "Tell me a story",
+                "--budget", "8", "--max-new-tokens", "16", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "every decoder reproduced ar's tokens exactly" in proc.stdout
+    rows = {r["decoder"]: r for r in json.loads(out.read_text())["decoders"]}
+    assert set(rows) == set(DECODERS)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"question_id": 1, "category": "x", "turns": ["Hello"]}) + "\n")
+    log = tmp_path / "rows.npz"
+    proc = _cli("record", "--target", target, "--draft", head, "--prompts", str(prompts),
+                "--out", str(log), "--max-new-tokens", "6", "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    from targetrows.hf.eagle3_tiny import draft_vocab
+    from targetrows.rowlog.format import read
+
+    rowlog = read(str(log))
+    assert len(rowlog.rec_scored) >= 6 and rowlog.header["draft"] == head
+    drafted = rowlog.pool_tokens[rowlog.pool_parents >= 0]  # pools hold draft-vocabulary tokens
+    assert len(drafted) and np.isin(drafted, draft_vocab(272, 200).numpy()).all()
