@@ -250,3 +250,41 @@ def test_paper_config_on_tiny_models_end_to_end(paper_hub, tmp_path):
     assert logs and not [p for p in logs if TOKEN in p.read_text(errors="replace")]
     assert TOKEN not in proc.stdout + proc.stderr
     print(f"paper config on tiny models, download -> tables: {elapsed:.0f} s")
+
+
+def test_an_eagle3_head_loads_by_hub_id_and_decodes_exactly(tmp_path):
+    """`load_pair(target id, head id)` through the hub: the head is recognised from its
+    config.json, checked against the target and bound to it; every decoder then reproduces
+    greedy decoding. Both models are fetched from the test server."""
+    from hub_repos import model_files
+
+    from targetrows.hf.eagle3_tiny import save_tiny_head
+    from targetrows.hf.tiny import save_tiny, tiny_model
+
+    save_tiny(tmp_path / "target", "llama", seed=0, n_layers=4)
+    save_tiny_head(tmp_path / "head", tiny_model("llama", n_layers=4).config, safe=False)
+    hub = Hub()
+    hub.add("model", "org/tiny-target", model_files(tmp_path / "target"))
+    hub.add("model", "org/tiny-target-eagle3", model_files(tmp_path / "head"))
+    server, url = hub.start()
+    code = (
+        "from targetrows.decoding.loop import DecodeConfig, generate\n"
+        "from targetrows.decoding.registry import decoder_names\n"
+        "from targetrows.hf.eagle3 import Eagle3Draft\n"
+        "from targetrows.hf.loading import load_pair\n"
+        "target, draft, tok = load_pair('org/tiny-target', 'org/tiny-target-eagle3',\n"
+        "                               dtype='float32')\n"
+        "assert isinstance(draft, Eagle3Draft)\n"
+        "ids = tok('hello there', add_special_tokens=False)['input_ids']\n"
+        "ar = generate(target, None, ids, DecodeConfig('ar', max_new_tokens=12)).tokens\n"
+        "for name in decoder_names()[1:]:\n"
+        "    cfg = DecodeConfig(name, budget=6, top_k=3, depth=3, max_new_tokens=12)\n"
+        "    assert generate(target, draft, ids, cfg).tokens == ar, name\n"
+        "print('ok', len(ar))\n")
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              env=hub_env(url, tmp_path / "home"), timeout=300)
+    finally:
+        server.shutdown()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.startswith("ok 12")
