@@ -399,7 +399,7 @@ def main(argv=None) -> int:
             if out is not None:
                 rows, context, settings, (target, draft), build_s = out
                 all_rows.extend(dict(r, method=f"eagle3:{r['method']}") for r in rows)
-                head = bench_report.header(None, settings, target, draft,
+                head = bench_report.header(settings, target, draft,
                                            len({r["question_id"] for r in rows}))
                 head["models"] = f"random weights (head built in {build_s:.0f} s)"
                 sections.append(bench_report.markdown(
