@@ -251,16 +251,8 @@ class Eagle3Draft(TorchRows):
 
     @torch.inference_mode()
     def logits(self, context: Sequence[int], tree: Tree, nodes: Sequence[int]) -> torch.Tensor:
-        ctx = np.asarray(context, dtype=np.int64).reshape(-1)
-        nodes = np.asarray(nodes, dtype=np.int64).reshape(-1)
+        ctx, nodes = self._request(context, tree, nodes)
         n_ctx = len(ctx)
-        if n_ctx == 0:
-            raise ValueError(f"{self.name}: the context is empty; the root needs one token")
-        if int(tree.tokens[0]) != int(ctx[-1]):
-            raise ValueError(f"{self.name}: tree root token {int(tree.tokens[0])} is not the last "
-                             f"context token {int(ctx[-1])}")
-        if len(nodes) and (nodes.min() < 0 or nodes.max() >= len(tree)):
-            raise ValueError(f"{self.name}: nodes {nodes.tolist()} outside a {len(tree)}-node tree")
         if len(nodes) == 0:
             return torch.empty((0, self.vocab_size), dtype=self.dtype, device=self.device)
 

@@ -35,6 +35,22 @@ class TorchRows:
     device: torch.device
     _generator: torch.Generator
 
+    def _request(self, context, tree: Tree, nodes) -> tuple[np.ndarray, np.ndarray]:
+        """`logits`' arguments as arrays, checked: a non-empty context whose last token is the
+        tree's root, and nodes inside the tree."""
+        ctx = np.asarray(context, dtype=np.int64).reshape(-1)
+        nodes = np.asarray(nodes, dtype=np.int64).reshape(-1)
+        if len(ctx) == 0:
+            raise ValueError(f"{self.name}: the context is empty; the root needs one token")
+        if int(tree.tokens[0]) != int(ctx[-1]):
+            raise ValueError(
+                f"{self.name}: tree root token {int(tree.tokens[0])} is not the last context "
+                f"token {int(ctx[-1])}"
+            )
+        if len(nodes) and (nodes.min() < 0 or nodes.max() >= len(tree)):
+            raise ValueError(f"{self.name}: nodes {nodes.tolist()} outside a {len(tree)}-node tree")
+        return ctx, nodes
+
     def synchronize(self) -> None:
         """Wait for the work queued on this model's GPU (timers read after it measure it)."""
         if self.device.type == "cuda":
@@ -267,18 +283,8 @@ class HFModel(TorchRows):
             return self._logits(context, tree, nodes)
 
     def _logits(self, context: Sequence[int], tree: Tree, nodes: Sequence[int]) -> torch.Tensor:
-        ctx = np.asarray(context, dtype=np.int64).reshape(-1)
-        nodes = np.asarray(nodes, dtype=np.int64).reshape(-1)
+        ctx, nodes = self._request(context, tree, nodes)
         n_ctx = len(ctx)
-        if n_ctx == 0:
-            raise ValueError(f"{self.name}: the context is empty; the root needs one token")
-        if int(tree.tokens[0]) != int(ctx[-1]):
-            raise ValueError(
-                f"{self.name}: tree root token {int(tree.tokens[0])} is not the last context "
-                f"token {int(ctx[-1])}"
-            )
-        if len(nodes) and (nodes.min() < 0 or nodes.max() >= len(tree)):
-            raise ValueError(f"{self.name}: nodes {nodes.tolist()} outside a {len(tree)}-node tree")
         if len(nodes) == 0:
             return torch.empty((0, self.vocab_size), dtype=self.dtype, device=self.device)
 
