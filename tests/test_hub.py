@@ -151,19 +151,22 @@ def test_cut_download_leaves_no_folder_and_a_rerun_completes(hub, tiny_repo, tmp
 
 @pytest.fixture(scope="module")
 def paper_hub(tmp_path_factory):
-    """The paper's seven datasets and tiny stand-ins for the Llama pair (gated, as on the hub)."""
+    """The paper's seven datasets and tiny stand-ins for its Llama pair: the target (gated, as on
+    the hub) and its EAGLE-3 head (a pickle .bin only, as the published one)."""
     from hub_repos import dataset_repos, model_files
 
-    from targetrows.hf.tiny import save_tiny_pair
+    from targetrows.hf.eagle3_tiny import save_tiny_head
+    from targetrows.hf.tiny import save_tiny, tiny_model
 
     hub = Hub()
     for repo, files in dataset_repos().items():
         hub.add("dataset", repo, files)
-    target, draft = save_tiny_pair(tmp_path_factory.mktemp("pair"), "llama")
-    for repo, folder in (("meta-llama/Llama-3.1-8B-Instruct", target),
-                         ("meta-llama/Llama-3.2-1B-Instruct", draft)):
-        hub.add("model", repo, model_files(Path(folder)))
-        hub.gated[repo] = TOKEN
+    folder = tmp_path_factory.mktemp("pair")
+    target = save_tiny(folder / "target", "llama", seed=0, n_layers=4)
+    head = save_tiny_head(folder / "head", tiny_model("llama", n_layers=4).config, safe=False)
+    hub.add("model", "meta-llama/Llama-3.1-8B-Instruct", model_files(Path(target)))
+    hub.gated["meta-llama/Llama-3.1-8B-Instruct"] = TOKEN
+    hub.add("model", "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", model_files(Path(head)))
     server, url = hub.start()
     hub.url = url
     yield hub
@@ -238,8 +241,9 @@ def test_paper_config_on_tiny_models_end_to_end(paper_hub, tmp_path):
     elapsed = time.monotonic() - start
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
     cfg = yaml.safe_load(override.read_text())
-    for name in ("Llama-3.1-8B-Instruct", "Llama-3.2-1B-Instruct"):
-        assert (work / "resources" / "models" / name / "model.safetensors").exists()
+    models = work / "resources" / "models"
+    assert (models / "Llama-3.1-8B-Instruct" / "model.safetensors").exists()
+    assert (models / "EAGLE3-Llama-3.1-8B-Instruct" / "pytorch_model.bin").exists()
     answers = list((work / "results" / "decode").rglob("*.jsonl"))
     assert len(answers) == len(cfg["tasks"]) * len(cfg["temperatures"]) * len(
         cfg["decode"]["decoders"])
