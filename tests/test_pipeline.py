@@ -328,7 +328,7 @@ def test_default_dag_end_to_end_on_tiny_models_survives_an_interrupt(tmp_path):
     assert len(acc) == len(rule_names()) * len(cfg["score"]["budgets"]) * len(cfg["temperatures"])
     gain = pd.read_csv(work / "results" / "tables" / "online_gain.csv")
     fts = gain[(gain["decoder"] == "fts") & (gain["metric"] == "nodes")]
-    assert sorted(fts["baseline_budget"]) == [3, 8, 8] * len(cfg["temperatures"])
+    assert sorted(fts["baseline_budget"]) == sorted([3, 8, 8] * len(cfg["temperatures"]))
     online = pd.read_csv(work / "results" / "tables" / "online.csv")
     assert set(online["decoder"]) == set(cfg["decode"]["decoders"])
     assert (online.loc[online["decoder"] == "ar", "speedup"] == 1).all()
