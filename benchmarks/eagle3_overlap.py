@@ -31,24 +31,22 @@ import time
 
 import numpy as np
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from targetrows.core import select
+from targetrows.core.acceptance import expected_accepted_greedy
+from targetrows.core.atomic import atomic_write_text
+from targetrows.core.pool import expand_model, expand_under_guesses, pool_under
+from targetrows.core.tree import Tree
+from targetrows.decoding.chat import encode_prompt
+from targetrows.decoding.loop import DecodeConfig, generate
+from targetrows.decoding.registry import decoder_names
+from targetrows.hf.eagle3_checkpoint import load_eagle3
+from targetrows.hf.eagle3_tiny import save_tiny_head
+from targetrows.hf.model import HFModel
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
-
-from targetrows.core import select  # noqa: E402
-from targetrows.core.atomic import atomic_write_text  # noqa: E402
-from targetrows.core.pool import expand_model, expand_under_guesses, pool_under  # noqa: E402
-from targetrows.core.tree import Tree  # noqa: E402
-from targetrows.decoding.loop import DecodeConfig, generate  # noqa: E402
-from targetrows.decoding.registry import decoder_names  # noqa: E402
-from targetrows.hf.eagle3_tiny import save_tiny_head  # noqa: E402
-
 DECODERS = decoder_names()
-from targetrows.decoding.chat import encode_prompt  # noqa: E402
-from targetrows.hf.eagle3_checkpoint import load_eagle3  # noqa: E402
-from targetrows.hf.model import HFModel  # noqa: E402
 
 
 def answers(model, tokenizer, prompts: list[list[int]], length: int, samples: int, seed: int):
@@ -148,14 +146,8 @@ def fit_head(target_hf, target: HFModel, seqs: list[list[int]], folder: str, ste
 
 def accepted(tree, logq, budget: int, continuation: list[int]) -> int:
     """Draft tokens of the greedy continuation in the draft_rank tree of `budget` nodes."""
-    sub = tree.subtree(select.draft_rank(tree, logq, budget))
-    node, depth = 0, 0
-    for tok in continuation:
-        node = sub.child_with_token(node, tok)
-        if node < 0:
-            break
-        depth += 1
-    return depth
+    return expected_accepted_greedy(tree.subtree(select.draft_rank(tree, logq, budget)),
+                                    continuation)
 
 
 def measure(target_hf, folder: str, prompts, n_new: int, budget: int, top_k: int, depth: int):
