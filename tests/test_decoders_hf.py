@@ -12,6 +12,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from sampling_check import assert_first_tokens_follow_the_target  # noqa: E402
+
 from targetrows.decoding.loop import DecodeConfig, generate  # noqa: E402
 from targetrows.decoding.registry import decoder_names  # noqa: E402
 from targetrows.hf.tiny import ARCHS, save_tiny_pair, tiny_model, tiny_tokenizer  # noqa: E402
@@ -100,35 +102,13 @@ def test_caches_equal_a_fresh_prefill(pair):
 @pytest.mark.slow
 def test_sampling_is_lossless_small_vocab():
     """Temperature 1: each decoder's first 3 tokens follow the target's own distribution."""
-    from scipy import stats
-
     vocab, samples = 5, 1000
     target_hf = tiny_model("qwen3", seed=3, n_layers=1, vocab_size=vocab, init_range=0.5,
                            dtype=torch.float64, eos_token_id=None, pad_token_id=None)
     draft_hf = noisy_copy(target_hf, 0.3, seed=4)
-    prompt = [1, 2]
-    with torch.no_grad():
-        exact = {}
-        for seq in itertools.product(range(vocab), repeat=3):
-            logits = target_hf(torch.tensor([prompt + list(seq[:2])])).logits[0, -3:]
-            probs = torch.softmax(logits, -1)
-            exact[seq] = float(probs[0, seq[0]] * probs[1, seq[1]] * probs[2, seq[2]])
-    seqs = sorted(exact, key=exact.get, reverse=True)
-    expected = np.array([exact[s] * samples for s in seqs])
-    big = expected >= 5
     target, draft = HFModel(target_hf, name="target"), HFModel(draft_hf, name="draft")
-    for decoder in DECODERS:
-        counts = {}
-        for seed in range(samples):
-            cfg = DecodeConfig(decoder, budget=4, temperature=1.0, max_new_tokens=3, top_k=2,
-                               depth=2, seed=seed)
-            out = tuple(generate(target, draft, prompt, cfg).tokens)
-            counts[out] = counts.get(out, 0) + 1
-        observed = np.array([counts.get(s, 0) for s in seqs])
-        obs = np.append(observed[big], observed[~big].sum())
-        exp = np.append(expected[big], expected[~big].sum())
-        p = stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue
-        assert p > 0.001, f"{decoder}: chi-square p = {p:.2g}"
+    assert_first_tokens_follow_the_target(target_hf, target, draft, DECODERS, [1, 2], vocab,
+                                          samples)
 
 
 def _cli(*args):

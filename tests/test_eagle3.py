@@ -12,6 +12,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from sampling_check import assert_first_tokens_follow_the_target  # noqa: E402
+
 from targetrows.core.pool import expand_model  # noqa: E402
 from targetrows.core.tree import Tree  # noqa: E402
 from targetrows.decoding.loop import DecodeConfig, generate  # noqa: E402
@@ -194,34 +196,13 @@ def test_drafting_alongside_the_root_pass_in_a_thread(llama_target, tmp_path):
 def test_sampling_is_lossless_with_a_reduced_vocabulary(tmp_path):
     """Temperature 1: each decoder's first 3 tokens follow the target's distribution, though the
     head can only propose 3 of the 5 tokens."""
-    from scipy import stats
-
     vocab, samples = 5, 400
     target_hf = tiny_model("qwen3", seed=3, n_layers=N_LAYERS, vocab_size=vocab, init_range=0.5,
                            dtype=torch.float64, eos_token_id=None, pad_token_id=None)
     folder = save_tiny_head(tmp_path / "h", target_hf.config, draft_vocab_size=3)
     target, draft = _draft(target_hf, folder)
-    prompt = [1, 2]
-    with torch.no_grad():
-        exact = {}
-        for seq in itertools.product(range(vocab), repeat=3):
-            probs = torch.softmax(target_hf(torch.tensor([prompt + list(seq[:2])])).logits[0, -3:], -1)
-            exact[seq] = float(probs[0, seq[0]] * probs[1, seq[1]] * probs[2, seq[2]])
-    seqs = sorted(exact, key=exact.get, reverse=True)
-    expected = np.array([exact[s] * samples for s in seqs])
-    big = expected >= 5
-    for decoder in DECODERS[1:]:
-        counts = {}
-        for seed in range(samples):
-            cfg = DecodeConfig(decoder, budget=4, temperature=1.0, max_new_tokens=3, top_k=2,
-                               depth=2, seed=seed)
-            out = tuple(generate(target, draft, prompt, cfg).tokens)
-            counts[out] = counts.get(out, 0) + 1
-        observed = np.array([counts.get(s, 0) for s in seqs])
-        obs = np.append(observed[big], observed[~big].sum())
-        exp = np.append(expected[big], expected[~big].sum())
-        p = stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue
-        assert p > 0.001, f"{decoder}: chi-square p = {p:.2g}"
+    assert_first_tokens_follow_the_target(target_hf, target, draft, DECODERS[1:], [1, 2], vocab,
+                                          samples)
 
 
 def test_bin_and_both_layouts_load_the_same_head(llama_target, tmp_path):
