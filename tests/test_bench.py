@@ -1,5 +1,6 @@
 """`targetrows bench` on tiny random models (CPU): end to end, its files, the assisted-generation
-draft, the report's summary and goals, bad input."""
+draft, prompt lookup, an EAGLE-3 head with a standalone --assistant, the report's summary and
+goals, bad input."""
 
 import csv
 import json
@@ -14,12 +15,23 @@ from targetrows.bench import report as bench_report  # noqa: E402
 from targetrows.bench import run as bench  # noqa: E402
 from targetrows.cli import main  # noqa: E402
 from targetrows.decoding.registry import decoder_names  # noqa: E402
+from targetrows.hf.baselines import hf_generate  # noqa: E402
+from targetrows.hf.eagle3_tiny import save_tiny_head  # noqa: E402
 from targetrows.hf.tiny import DRAFT_VOCAB, TARGET_VOCAB, TOKENIZER_SIZE, save_tiny_pair, tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     return save_tiny_pair(tmp_path_factory.mktemp("bench"), "qwen2")
+
+
+@pytest.fixture(scope="module")
+def head(pair, tmp_path_factory):
+    """A tiny EAGLE-3 head for the pair's 2-layer target (it reads hidden states 0, 1, 1)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(pair[0])
+    return save_tiny_head(tmp_path_factory.mktemp("head") / "h", config, layer_ids=[0, 1, 1])
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +79,7 @@ def test_bench_end_to_end(pair, prompts_file, tmp_path):
     )
     assert code == 0
     rows = list(csv.DictReader(open(out / "run.csv")))
-    methods = ["hf_generate", "hf_assisted", *decoder_names()]
+    methods = [*bench.HF_METHODS, *decoder_names()]
     assert len(rows) == 2 * 2 * len(methods)
     assert {r["method"] for r in rows} == set(methods)
     assert {r["question_id"] for r in rows} == {"1", "2"}
@@ -78,15 +90,20 @@ def test_bench_end_to_end(pair, prompts_file, tmp_path):
             assert float(r["mean_t_round"]) >= float(r["mean_t_verify"])
         if r["method"] not in bench.HF_METHODS and r["method"] != "ar":
             assert r["budget"] == "6"
-    # Greedy: every method reproduces HF generate (padding rows suppressed, draft resized)
+    # Greedy: every method, prompt lookup included, reproduces HF generate (padding rows
+    # suppressed, draft resized)
     greedy = [r for r in rows if float(r["temperature"]) == 0]
     assert all(r["same_as_hf_generate"] == "True" for r in greedy)
+    assert sum(r["method"] == "hf_prompt_lookup" for r in greedy) == 2
     report = (out / "run.md").read_text()
     for needle in (
         "# targetrows bench",
         "### Temperature 0",
         "### Temperature 1",
         "| fts | 6 |",
+        "| hf_prompt_lookup | - |",
+        "x HF lookup",
+        "prompt lookup tokens 10",
         "## Part times",
         "## Goals",
         "machine:",
@@ -133,6 +150,49 @@ def test_bench_auto_budget(pair, prompts_file, tmp_path):
     assert f"fts, T=0: budget auto -> {budget}" in (tmp_path / "auto.md").read_text()
 
 
+def test_prompt_lookup_proposes_and_keeps_greedy_tokens():
+    """At T=0 prompt lookup verifies copied candidates (target passes wider than one token) and
+    returns exactly the tokens of plain greedy generate()."""
+    model = tiny_model("qwen2", seed=0, vocab_size=TARGET_VOCAB)
+    prompt = [5, 17, 42, 9] * 4 + [5, 17]  # repeated n-grams: lookup finds matches
+    widths = []  # new tokens of each target pass
+
+    def count(_, args, kwargs):
+        ids = kwargs["input_ids"] if kwargs.get("input_ids") is not None else args[0]
+        widths.append(ids.shape[1])
+
+    hook = model.register_forward_pre_hook(count, with_kwargs=True)
+    try:
+        looked_up = hf_generate(model, prompt, 0.0, 24, set(), 0, TOKENIZER_SIZE,
+                                prompt_lookup_tokens=5)
+    finally:
+        hook.remove()
+    assert looked_up == hf_generate(model, prompt, 0.0, 24, set(), 0, TOKENIZER_SIZE)
+    assert len(looked_up) == 24
+    assert max(widths[1:]) > 1  # after the prefill, some pass verified candidates
+    with pytest.raises(ValueError, match="not both"):
+        hf_generate(model, prompt, 0.0, 4, set(), 0, TOKENIZER_SIZE, assistant=model,
+                    prompt_lookup_tokens=5)
+
+
+@pytest.mark.parametrize("assistant", [True, False])
+def test_bench_with_an_eagle3_head(pair, head, tmp_path, assistant):
+    """--draft HEAD --assistant DRAFT: hf_assisted runs with the standalone draft; without
+    --assistant it is skipped (Hugging Face cannot run a head) and the report says why."""
+    target, draft = pair
+    argv = ["bench", "--target", target, "--draft", head, "--prompt", "Count to five.",
+            "--decoders", "ar", "fts", "--budget", "4", "--max-new-tokens", "6", "--top-k", "3",
+            "--depth", "2", "--out-dir", str(tmp_path), "--name", "head"]
+    assert main(argv + (["--assistant", draft] if assistant else [])) == 0
+    rows = list(csv.DictReader(open(tmp_path / "head.csv")))
+    methods = {"hf_generate", "hf_prompt_lookup", "ar", "fts"} | ({"hf_assisted"} if assistant else set())
+    assert {r["method"] for r in rows} == methods and len(rows) == len(methods)
+    assert all(r["same_as_hf_generate"] == "True" for r in rows)
+    report = (tmp_path / "head.md").read_text()
+    assert ("- assistant: " + draft in report) is assistant
+    assert ("Not run: hf_assisted: no standalone draft" in report) is not assistant
+
+
 def test_assistant_gets_the_target_width():
     target = tiny_model("llama", seed=0, vocab_size=TARGET_VOCAB)
     draft = tiny_model("llama", seed=1, n_layers=1, vocab_size=DRAFT_VOCAB)
@@ -150,15 +210,17 @@ def test_assistant_gets_the_target_width():
 
 
 def _rows():
-    """Two prompts: HF generate at 10 and 20 tokens/s, ours slightly slower and faster."""
+    """Two prompts: HF generate at 10 and 20 tokens/s, ours slightly slower and faster, prompt
+    lookup fastest of all."""
     out = []
-    for qid, hf, assisted, ar, fts, share in (
-        ("1", 10.0, 8.0, 9.6, 12.0, 0.02),
-        ("2", 20.0, 16.0, 19.8, 26.0, 0.04),
+    for qid, hf, assisted, lookup, ar, fts, share in (
+        ("1", 10.0, 8.0, 15.0, 9.6, 12.0, 0.02),
+        ("2", 20.0, 16.0, 32.0, 19.8, 26.0, 0.04),
     ):
         for method, tps in (
             ("hf_generate", hf),
             ("hf_assisted", assisted),
+            ("hf_prompt_lookup", lookup),
             ("ar", ar),
             ("fts", fts),
         ):
@@ -195,10 +257,15 @@ def test_summary_and_goals_by_hand():
     summary = {s["method"]: s for s in bench_report.summarize(_rows(), settings)}
     assert summary["ar"]["vs_hf_generate"] == pytest.approx(np.median([0.96, 0.99]))
     assert summary["fts"]["vs_hf_assisted"] == pytest.approx(np.median([1.5, 1.625]))
+    assert summary["fts"]["vs_hf_prompt_lookup"] == pytest.approx(np.median([0.8, 0.8125]))
+    assert summary["hf_prompt_lookup"]["vs_hf_generate"] == pytest.approx(1.55)
     assert summary["fts"]["tps_min"] == 12.0 and summary["fts"]["tps_max"] == 26.0
     assert summary["fts"]["bookkeeping_share"] == pytest.approx(0.03)
     assert summary["ar"]["same_as_hf"] == "2/2"
-    met = {goal: ok for goal, _, ok in bench_report.goals(list(summary.values()), settings)}
+    found = bench_report.goals(list(summary.values()), settings)
+    met = {goal: ok for goal, _, ok in found}
+    # prompt lookup is a Hugging Face peer, never "the best decoder", however fast
+    assert dict((g, v) for g, v, _ in found)["best decoder >= 1.3x HF assisted (T=0)"] == "fts 1.56x"
     assert met["ar >= 0.95x HF generate (T=0)"] is True
     assert met["best decoder >= 1.3x HF assisted (T=0)"] is True
     assert met["ar measured >= 90% of bound (T=0)"] is True
@@ -206,6 +273,7 @@ def test_summary_and_goals_by_hand():
     assert met["fts bookkeeping < 5% of a round (T=0)"] is True
     table = bench_report.summary_markdown(list(summary.values()), settings)
     assert "| fts |" in table and "1.56" in table  # the median ratio to HF assisted
+    assert "| hf_prompt_lookup |" in table and "| 0.81 |" in table  # fts against prompt lookup
 
 
 def test_unreadable_budget_is_a_usage_error(pair, capsys):
@@ -223,6 +291,8 @@ def test_unreadable_budget_is_a_usage_error(pair, capsys):
         (["--prompt", " "], "empty"),
         (["--prompt", "hi", "--temperature", "-1"], "temperatures must be >= 0"),
         (["--prompt", "hi", "--decoders", "fts", "--no-draft"], "--draft is required"),
+        (["--prompt", "hi", "--prompt-lookup-tokens", "0"], "--prompt-lookup-tokens must be"),
+        (["--prompt", "hi", "--no-hf", "--assistant", "x"], "--assistant only serves"),
     ],
 )
 def test_bad_input_exits_non_zero(pair, extra, message, capsys):
@@ -234,6 +304,13 @@ def test_bad_input_exits_non_zero(pair, extra, message, capsys):
         argv += ["--draft", draft]
     assert main(argv + extra) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_head_cannot_assist(pair, head, capsys):
+    argv = ["bench", "--target", pair[0], "--draft", pair[1], "--assistant", head,
+            "--prompt", "hi", "--out-dir", "/nonexistent/x"]
+    assert main(argv) == 2
+    assert f"--assistant {head!r} is an EAGLE-3 head" in capsys.readouterr().err
 
 
 def test_gpu_check_smoke(tmp_path):

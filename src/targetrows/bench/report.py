@@ -14,17 +14,28 @@ from collections import defaultdict
 import numpy as np
 
 from targetrows.core.atomic import atomic_write_text
+from targetrows.hf.baselines import HF_METHODS, PROMPT_LOOKUP_NGRAM
 
 MIN_AR_VS_HF = 0.95  # our ar against HF generate()
 MIN_BEST_VS_ASSISTED = 1.3  # best decoder against HF assisted generation, temperature 0
 MIN_OF_BOUND = 0.9  # measured speed against the zero-overhead bound
 MAX_BOOKKEEPING = 0.05  # share of a round
 PER_ROUND_MS = ("t_draft", "t_root", "t_verify")
+RATIO_HEADS = {  # the ratio columns, one per Hugging Face baseline
+    "hf_generate": "x HF generate",
+    "hf_assisted": "x HF assisted",
+    "hf_prompt_lookup": "x HF lookup",
+}
+
+
+def _model(model) -> str:
+    return f"{model.name} ({model.dtype}, {model.device})" if model is not None else "none"
 
 
 def header(settings, target, draft, n_prompts: int, command: str | None = None,
-           note: str = "") -> dict:
-    """Machine, versions, models, settings, the command line and a note, for the report's head."""
+           note: str = "", assistant=None) -> dict:
+    """Machine, versions, models (the assistant of hf_assisted when it is not the draft),
+    settings, the command line and a note, for the report's head."""
     import torch
     import transformers
 
@@ -44,14 +55,18 @@ def header(settings, target, draft, n_prompts: int, command: str | None = None,
             "versions": f"python {platform.python_version()}, torch {torch.__version__}, "
             f"transformers {transformers.__version__}, numpy {np.__version__}",
             "target": f"{target.name} ({target.dtype}, {target.device}, vocab {target.vocab_size})",
-            "draft": f"{draft.name} ({draft.dtype}, {draft.device})"
-            if draft is not None
-            else "none",
-            "settings": f"{n_prompts} prompts, temperatures {list(settings.temperatures)}, budget "
-            f"{settings.budget}, max_new_tokens {settings.max_new_tokens}, top_k "
-            f"{settings.top_k}, depth {settings.depth}, seed {settings.seed}",
+            "draft": _model(draft),
         }
     )
+    if assistant is not None:
+        out["assistant"] = _model(assistant)
+    out["settings"] = (
+        f"{n_prompts} prompts, temperatures {list(settings.temperatures)}, budget "
+        f"{settings.budget}, max_new_tokens {settings.max_new_tokens}, top_k {settings.top_k}, "
+        f"depth {settings.depth}, seed {settings.seed}"
+    )
+    if settings.hf:
+        out["settings"] += f", prompt lookup tokens {settings.prompt_lookup_tokens}"
     if note:
         out["note"] = note
     return out
@@ -81,7 +96,7 @@ def summarize(rows: list[dict], settings) -> list[dict]:
             "tps_min": float(tps.min()),
             "tps_max": float(tps.max()),
         }
-        for base in ("hf_generate", "hf_assisted"):
+        for base in HF_METHODS:
             ratios = [
                 r["tokens_per_s"] / speed[temp, base, r["question_id"]]
                 for r in group
@@ -125,8 +140,7 @@ def summary_markdown(summary: list[dict], settings) -> str:
         "method",
         "budget",
         "tokens/s median [min-max]",
-        "x HF generate",
-        "x HF assisted",
+        *RATIO_HEADS.values(),
         "tokens/round",
         "accepted/round",
         "nodes/round",
@@ -161,8 +175,7 @@ def summary_markdown(summary: list[dict], settings) -> str:
                         s["method"],
                         str(s["budget"]) or "-",
                         f"{s['tps_median']:.1f} [{s['tps_min']:.1f}-{s['tps_max']:.1f}]",
-                        _f(s["vs_hf_generate"]),
-                        _f(s["vs_hf_assisted"]),
+                        *(_f(s[f"vs_{base}"]) for base in RATIO_HEADS),
                         _f(s.get("committed")),
                         _f(s.get("accepted")),
                         _f(s.get("nodes"), "{:.1f}"),
@@ -197,7 +210,7 @@ def goals(summary: list[dict], settings) -> list[tuple[str, str, bool | None]]:
                     None if np.isnan(v) else v >= MIN_AR_VS_HF,
                 )
             )
-        spec = [s for s in at.values() if s["method"] not in ("ar", "hf_generate", "hf_assisted")]
+        spec = [s for s in at.values() if s["method"] not in ("ar", *HF_METHODS)]
         if spec:
             best = max(
                 spec,
@@ -242,9 +255,15 @@ def markdown(head: dict, summary: list[dict], context: dict, settings) -> str:
         "Ratios are medians of per-prompt ratios (methods interleaved prompt by prompt). "
         "tokens/round counts every committed token (t0 included); accepted/round counts "
         "accepted draft tokens; time split: per-round means. Bound: zero-overhead speed from "
-        "the part times below with the run's acceptance and achieved overlap.",
+        "the part times below with the run's acceptance and achieved overlap. "
+        "hf_assisted: `generate(assistant_model=...)`; hf_prompt_lookup: "
+        "`generate(prompt_lookup_num_tokens=N, max_matching_ngram_size="
+        f"{PROMPT_LOOKUP_NGRAM})`, candidates copied from the context, no draft model; "
+        "= HF greedy: at T=0, runs token-identical to hf_generate.",
         "",
     ]
+    for method, why in context.get("skipped", {}).items():
+        lines += [f"Not run: {method}: {why}.", ""]
     parts = context["parts"]
     lines += [
         f"## Part times (median seconds per pass, {parts.context_len} cached context tokens)",

@@ -2,14 +2,17 @@
 machine, in one process.
 
     targetrows bench --target T --draft D --prompts config/prompts/mt_bench.jsonl --num-prompts 4
-        [--temperature 0 1] [--budget auto|59] [--max-new-tokens 64] [--out-dir benchmarks/results]
+        [--assistant A] [--temperature 0 1] [--budget auto|59] [--max-new-tokens 64]
+        [--prompt-lookup-tokens 10] [--out-dir benchmarks/results]
 
 For each prompt (interleaved, so that machine drift hits every method alike; the order of the
 methods rotates from prompt to prompt) and temperature it runs `generate()` of the target (greedy
 at temperature 0, pure sampling otherwise), assisted generation
-(`generate(assistant_model=draft)`) and each of our decoders. The tables report tokens/s (median
-over prompts, min-max), ratios to both Hugging Face baselines, acceptance, the time split per
-round and measured / bound from `targetrows.costmodel`. Results: a tidy CSV (one row per prompt,
+(`generate(assistant_model=A)`, A the --assistant or else a standalone draft; an EAGLE-3 head
+cannot assist), prompt lookup decoding (`generate(prompt_lookup_num_tokens=N)`, no draft) and
+each of our decoders. The tables report tokens/s (median over prompts, min-max), ratios to the
+three Hugging Face baselines, acceptance, the time split per round and measured / bound from
+`targetrows.costmodel`. Results: a tidy CSV (one row per prompt,
 temperature and method) and a Markdown report, both written atomically.
 """
 
@@ -18,6 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -26,6 +30,9 @@ from targetrows.decoding.loop import DecodeConfig, generate
 from targetrows.decoding.model import synchronize
 from targetrows.decoding.registry import decoder_names, get_decoder
 from targetrows.hf.baselines import HF_METHODS, assistant_for, hf_generate
+
+if TYPE_CHECKING:
+    from targetrows.hf.model import HFModel
 
 PER_ROUND = (
     "committed",
@@ -62,6 +69,11 @@ class BenchSettings:
     hf: bool = True  # run the Hugging Face baselines
     repeats: int = 3  # timings per pass size for the cost model
     stop_ids: frozenset[int] = frozenset()
+    # candidates per round of hf_prompt_lookup: 10 is the default of transformers' own
+    # PromptLookupCandidateGenerator (num_output_tokens), from the prompt lookup decoding
+    # repository it cites; a wrong guess costs only a wider target pass, and long copies are
+    # where lookup pays off
+    prompt_lookup_tokens: int = 10
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -72,6 +84,9 @@ class BenchSettings:
             isinstance(self.budget, bool) or not isinstance(self.budget, int) or self.budget < 1
         ):
             raise ValueError(f"--budget must be >= 1 or auto, got {self.budget!r}")
+        n = self.prompt_lookup_tokens
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"--prompt-lookup-tokens must be an integer >= 1, got {n!r}")
         for name in self.decoders:
             get_decoder(name)  # an unknown name raises, naming the known ones
 
@@ -143,6 +158,7 @@ def run_method(
             seed,
             target.vocab_size,
             assistant if method == "hf_assisted" else None,
+            settings.prompt_lookup_tokens if method == "hf_prompt_lookup" else None,
         )
         result = None
     else:
@@ -163,19 +179,49 @@ def run_method(
     return tokens, time.perf_counter() - start, result
 
 
+def assisting_model(draft, assistant: HFModel | None) -> HFModel | None:
+    """The standalone Hugging Face model that assisted generation runs with: `assistant`, else
+    a standalone draft; None when the draft is an EAGLE-3 head (or absent) and no assistant is
+    given, since transformers can only assist with a whole causal LM."""
+    if assistant is not None:
+        if getattr(assistant, "model", None) is None:
+            raise ValueError(
+                f"assistant {getattr(assistant, 'name', assistant)!r} is not a standalone Hugging "
+                "Face model (an EAGLE-3 head?); --assistant needs a draft model folder with its "
+                "own weights, such as a distilled draft"
+            )
+        return assistant
+    return draft if getattr(draft, "model", None) is not None else None
+
+
 def run_bench(
-    target, draft, prompts: Sequence[BenchPrompt], settings: BenchSettings, progress=None
+    target,
+    draft,
+    prompts: Sequence[BenchPrompt],
+    settings: BenchSettings,
+    progress=None,
+    assistant: HFModel | None = None,
 ) -> tuple[list[dict], dict]:
-    """Every method on every prompt and temperature. Returns (tidy rows, context) where the
-    context holds the part times, the budgets and the auto choices for the report."""
+    """Every method on every prompt and temperature. `assistant`: the model hf_assisted runs
+    with (default: the draft, when it is a standalone model). Returns (tidy rows, context) where
+    the context holds the part times, the budgets, the auto choices and the methods skipped,
+    with why, for the report."""
     if not prompts:
         raise ValueError("no prompts to benchmark")
     if draft is None and any(get_decoder(d).drafts for d in settings.decoders):
         raise ValueError("every decoder but ar needs a draft model (--draft)")
-    assisted = settings.hf and getattr(draft, "model", None) is not None  # not for EAGLE-3 heads
-    methods = [m for m in HF_METHODS if settings.hf and (m == "hf_generate" or assisted)]
+    source = assisting_model(draft, assistant) if settings.hf else None
+    skipped = {}
+    if settings.hf and source is None:
+        skipped["hf_assisted"] = (
+            "no standalone draft to assist with (an EAGLE-3 head or no draft): pass --assistant"
+        )
+    methods = [m for m in HF_METHODS if settings.hf and m not in skipped]
     methods += list(settings.decoders)
-    assistant = assistant_for(target.model, draft.model, target.vocab_size) if assisted else None
+    assistant = None
+    if source is not None:  # one shared vocabulary: the smaller of the two
+        vocab = min(target.vocab_size, source.vocab_size)
+        assistant = assistant_for(target.model, source.model, vocab)
     parts = measure(target, draft, prompts, settings)
     budgets, choices = pick_budgets(target, draft, prompts[0], settings, parts)
     for method in methods:  # warm-up: lazy initialisation is nobody's cost
@@ -236,7 +282,13 @@ def run_bench(
                 bound_speedup=b.speedup,
                 measured_over_bound=row["tokens_per_s"] / b.tokens_per_s,
             )
-    context = {"parts": parts, "budgets": budgets, "choices": choices, "methods": methods}
+    context = {
+        "parts": parts,
+        "budgets": budgets,
+        "choices": choices,
+        "methods": methods,
+        "skipped": skipped,
+    }
     return rows, context
 
 

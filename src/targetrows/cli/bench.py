@@ -1,6 +1,7 @@
 """`targetrows bench --target T --draft D --prompts Q.jsonl`: our decoders against Hugging Face
-generation on one pair and machine, interleaved prompt by prompt (`targetrows.bench.run`); a
-tidy CSV and a Markdown report under --out-dir."""
+generation (plain, assisted by --assistant or a standalone draft, prompt lookup) on one pair and
+machine, interleaved prompt by prompt (`targetrows.bench.run`); a tidy CSV and a Markdown report
+under --out-dir."""
 
 from __future__ import annotations
 
@@ -25,6 +26,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_decoding_arguments(parser, max_new_tokens=64)
     parser.add_argument("--no-hf", dest="hf", action="store_false",
                         help="skip the Hugging Face baselines")
+    parser.add_argument("--assistant", default=None, metavar="DIR",
+                        help="standalone draft model (folder, .gguf, hub id) for Hugging Face "
+                        "assisted generation, e.g. a distilled draft beside an EAGLE-3 head "
+                        "--draft; default: --draft when it is a standalone model")
+    parser.add_argument("--prompt-lookup-tokens", type=int, default=10, metavar="N",
+                        help="candidates per round of Hugging Face prompt lookup decoding")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--out-dir", default="benchmarks/results")
     parser.add_argument("--name", default=None, help="file stem (default: bench_<date-time>)")
@@ -50,6 +57,38 @@ def _questions(args) -> list[tuple[str, str, str]]:
     return items
 
 
+def _load_assistant(args, tokenizer):
+    """The --assistant model, loaded as `load_pair` loads a standalone draft (the draft's
+    device, trust and dtype), after checking it is no EAGLE-3 head and shares the tokenizer."""
+    from targetrows.hf.eagle3_checkpoint import head_config
+    from targetrows.hf.loading import (
+        load_model,
+        load_tokenizer,
+        resolve_device,
+        tokenizer_difference,
+        trusts,
+    )
+
+    path = args.assistant
+    if head_config(path) is not None:
+        raise ValueError(
+            f"--assistant {path!r} is an EAGLE-3 head, which Hugging Face assisted generation "
+            "cannot run; give a standalone draft model (its own weights and tokenizer)"
+        )
+    trust = trusts(args.trust_remote_code, "draft")
+    own = load_tokenizer(path, trust, allow_pickle=args.allow_pickle)
+    difference = tokenizer_difference(tokenizer, own)
+    if difference:
+        raise ValueError(
+            f"--assistant {path!r} has another tokenizer than target {args.target!r} "
+            f"({difference}); assisted generation needs the target's tokenizer"
+        )
+    device = args.draft_device or resolve_device(args.target_device)
+    assistant, _ = load_model(path, device, args.dtype, trust, args.allow_pickle,
+                              tokenizer=tokenizer)
+    return assistant
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
     import transformers
@@ -69,25 +108,30 @@ def run(args: argparse.Namespace) -> int:
     settings = BenchSettings(  # checks budget, temperatures and decoders
         decoders=tuple(args.decoders), temperatures=tuple(args.temperature), budget=args.budget,
         max_new_tokens=args.max_new_tokens, top_k=args.top_k, depth=args.depth, seed=args.seed,
-        hf=args.hf,
+        hf=args.hf, prompt_lookup_tokens=args.prompt_lookup_tokens,
     )
     check_draft(args.decoders, args.draft)
+    if args.assistant and not args.hf:
+        raise ValueError("--assistant only serves the Hugging Face baselines, which --no-hf "
+                         "skips: drop one of the two")
     items = _questions(args)
     target, draft, tokenizer = load_from_args(args)
+    assistant = _load_assistant(args, tokenizer) if args.assistant else None
     prompts = [BenchPrompt(qid, cat, tuple(encode_prompt(tokenizer, text)))
                for qid, cat, text in items]
     settings = dataclasses.replace(settings, stop_ids=frozenset(stop_ids(tokenizer, target)))
 
     def progress(row):
-        print(f"{row['question_id']:>12} T={row['temperature']:g} {row['method']:>12}: "
+        print(f"{row['question_id']:>12} T={row['temperature']:g} {row['method']:>16}: "
               f"{row['new_tokens']:4d} tokens {row['tokens_per_s']:8.1f} tokens/s",
               file=sys.stderr, flush=True)
 
-    rows, context = run_bench(target, draft, prompts, settings, progress)
+    rows, context = run_bench(target, draft, prompts, settings, progress, assistant=assistant)
     prog = os.path.basename(sys.argv[0])
     prog = "targetrows" if prog in ("cli.py", "__main__.py") else prog  # python -m targetrows.cli
     head = report.header(settings, target, draft, len(prompts),
-                         command=" ".join([prog] + sys.argv[1:]), note=args.note)
+                         command=" ".join([prog] + sys.argv[1:]), note=args.note,
+                         assistant=assistant)
     paths = report.write(args.out_dir, args.name, rows, context, head, settings)
     print(report.summary_markdown(report.summarize(rows, settings), settings))
     print(f"wrote {paths[0]} and {paths[1]}")

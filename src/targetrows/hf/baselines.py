@@ -1,13 +1,18 @@
 """The baselines `targetrows bench` times our decoders against: the target's own Hugging Face
-`generate()` (greedy, or pure sampling) and assisted generation with the draft as assistant,
-set up to do the same work as our decoders (same stop tokens, same vocabulary)."""
+`generate()` (greedy, or pure sampling), assisted generation with a standalone draft as
+assistant, and prompt lookup decoding (candidates copied from the context, no draft at all), set
+up to do the same work as our decoders (same stop tokens, same vocabulary)."""
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
 
-HF_METHODS = ("hf_generate", "hf_assisted")
+HF_METHODS = ("hf_generate", "hf_assisted", "hf_prompt_lookup")
+# Prompt lookup matches the last 1..N tokens against the context and proposes what followed the
+# match. 2 is transformers' own default (`max_matching_ngram_size or 2`); pinned here so that a
+# change of that default cannot change what the report measures.
+PROMPT_LOOKUP_NGRAM = 2
 
 
 def assistant_for(target_hf, draft_hf, vocab_size: int):
@@ -53,10 +58,20 @@ def hf_generate(
     seed: int,
     vocab_size: int,
     assistant=None,
+    prompt_lookup_tokens: int | None = None,
 ) -> list[int]:
-    """New tokens of the target's own `generate()` (assisted with `assistant`): greedy at
-    temperature 0, else pure sampling (no top-k / top-p), stopping where our decoders stop."""
+    """New tokens of the target's own `generate()`, assisted by `assistant` or by prompt lookup
+    with `prompt_lookup_tokens` candidates a round: greedy at temperature 0, else pure sampling
+    (no top-k / top-p), stopping where our decoders stop.
+
+    Prompt lookup samples too: its candidates carry no probabilities, so transformers samples
+    every position from the target and keeps candidates up to the first mismatch, which leaves
+    the target's distribution unchanged."""
     import torch
+
+    if assistant is not None and prompt_lookup_tokens is not None:
+        raise ValueError("give an assistant model or prompt_lookup_tokens, not both: "
+                         "transformers runs one candidate generator per generate() call")
 
     ids = torch.tensor([list(prompt_ids)], device=model.get_input_embeddings().weight.device)
     width = int(model.get_output_embeddings().weight.shape[0])
@@ -74,6 +89,9 @@ def hf_generate(
         kwargs["suppress_tokens"] = list(range(vocab_size, width))
     if assistant is not None:
         kwargs["assistant_model"] = assistant
+    if prompt_lookup_tokens is not None:
+        kwargs.update(prompt_lookup_num_tokens=prompt_lookup_tokens,
+                      max_matching_ngram_size=PROMPT_LOOKUP_NGRAM)
     torch.manual_seed(seed)
     with torch.inference_mode():
         out = model.generate(ids, **kwargs)
