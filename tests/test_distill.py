@@ -13,11 +13,13 @@ from safetensors.torch import load_file  # noqa: E402
 
 from targetrows import cli  # noqa: E402
 from targetrows.build import chat_prompts, distill  # noqa: E402
+from targetrows.build.replies import RepliesConfig, generate_batch, teacher_data  # noqa: E402
 from targetrows.decoding.chat import encode_prompt  # noqa: E402
 from targetrows.hf.tiny import reference_logits, save_tiny, tiny_model, tiny_tokenizer  # noqa: E402
 
-SMALL = dict(prompts=24, heldout=4, max_new_tokens=8, gen_batch=8, steps=12, batch_size=4,
-             warmup=2, top_k=8, n_random=64, compile=False)
+SMALL = dict(steps=12, batch_size=4, warmup=2, n_random=64, compile=False)
+DATA = RepliesConfig(prompts=24, heldout=4, max_new_tokens=8, gen_batch=8, top_k=8,
+                     features=False)
 
 
 @pytest.mark.parametrize("tied", [False, True])
@@ -44,8 +46,8 @@ def test_batched_replies_are_each_prompts_own_greedy_reply():
     target = tiny_model(n_layers=2)
     tok = tiny_tokenizer()
     prompts = [encode_prompt(tok, p) for p in ["hi", "a much longer prompt here", "mid size"]]
-    out = distill.generate_batch(target, prompts, 10, stop=set(), top_k=5)
-    for prompt, (reply, hidden, top) in zip(prompts, out, strict=True):
+    out = generate_batch(target, prompts, 10, stop=set(), top_k=5)
+    for prompt, (reply, hidden, top, _) in zip(prompts, out, strict=True):
         seq = prompt + reply.tolist()
         logits = reference_logits(target, seq)[len(prompt) - 1 : -1]
         assert len(reply) == 10
@@ -56,9 +58,9 @@ def test_batched_replies_are_each_prompts_own_greedy_reply():
     # a stop token ends a reply (kept as its last token) and the others go on
     first = out[0][0].tolist()
     stop = first[3]
-    again = distill.generate_batch(target, prompts, 10, stop={stop}, top_k=5)
+    again = generate_batch(target, prompts, 10, stop={stop}, top_k=5)
     assert again[0][0].tolist() == first[: first.index(stop) + 1]
-    for (old, _, _), (new, _, _) in zip(out[1:], again[1:], strict=True):
+    for (old, *_), (new, *_) in zip(out[1:], again[1:], strict=True):
         cut = old.tolist().index(stop) + 1 if stop in old.tolist() else 10
         assert new.tolist() == old.tolist()[:cut]
 
@@ -79,7 +81,7 @@ def test_subset_kl_is_the_full_kl_when_the_subset_is_everything():
 def test_distill_builds_a_reproducible_draft(tmp_path, capsys):
     target = save_tiny(tmp_path / "target", n_layers=4)
     config = distill.DistillConfig(**SMALL)
-    first = distill.distill(target, tmp_path / "models" / "draft", config)
+    first = distill.distill(target, tmp_path / "models" / "draft", config, data=DATA)
     weights = load_file(tmp_path / "models" / "draft" / "model.safetensors")
     assert {p.name for p in (tmp_path / "models").iterdir()} == {"draft"}  # no temp folders
 
@@ -103,10 +105,18 @@ def test_distill_builds_a_reproducible_draft(tmp_path, capsys):
     argv.append("--no-compile")
     assert cli.main(argv) == 2
     assert "already exists" in capsys.readouterr().err
-    assert cli.main([*argv, "--force"]) == 0
+    data_args = ["--prompts", "24", "--heldout", "4", "--max-new-tokens", "8", "--gen-batch", "8",
+                 "--top-k", "8"]
+    assert cli.main([*argv, *data_args, "--force"]) == 0
     again = load_file(tmp_path / "models" / "draft" / "model.safetensors")
     assert weights.keys() == again.keys()
     assert all(torch.equal(weights[k], again[k]) for k in weights)
+    # the same draft from a replies folder (what the pipeline does: one replies job, two trainings)
+    assert cli.main(["replies", "--target", target, "--out", str(tmp_path / "replies"),
+                     *data_args]) == 0
+    assert cli.main([*argv, "--replies", str(tmp_path / "replies"), "--force"]) == 0
+    from_folder = load_file(tmp_path / "models" / "draft" / "model.safetensors")
+    assert all(torch.equal(weights[k], from_folder[k]) for k in weights)
 
 
 def test_training_moves_the_draft_towards_the_target(tmp_path):
@@ -114,7 +124,7 @@ def test_training_moves_the_draft_towards_the_target(tmp_path):
     tok = tiny_tokenizer()
     prompts = [encode_prompt(tok, p) for p in chat_prompts.training_prompts(16)]
     config = distill.DistillConfig(**{**SMALL, "steps": 30, "lr": 5e-3})
-    data = distill.teacher_data(target, prompts, config, stop=set(), desc="test")
+    data = teacher_data(target, prompts, DATA, stop=set(), desc="test")
     draft = distill.make_draft(target, 1)
     before, n = distill.top1_agreement(draft, data)
     losses = distill.train(draft, data, config, vocab=len(tok))
@@ -139,7 +149,7 @@ def test_compiled_training_matches_eager(tmp_path):
     tok = tiny_tokenizer()
     prompts = [encode_prompt(tok, p) for p in chat_prompts.training_prompts(8)]
     config = distill.DistillConfig(**{**SMALL, "steps": 4})
-    data = distill.teacher_data(target, prompts, config, stop=set(), desc="test")
+    data = teacher_data(target, prompts, DATA, stop=set(), desc="test")
     eager = distill.train(distill.make_draft(target, 2), data, config, vocab=len(tok))
     compiled = distill.train(distill.make_draft(target, 2), data,
                              distill.DistillConfig(**{**SMALL, "steps": 4, "compile": True}),

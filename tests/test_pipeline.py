@@ -2,6 +2,7 @@
 whole default DAG end to end on tiny random-weight models (tests/pipeline_config/)."""
 
 import importlib.util
+import json
 import os
 import re
 import signal
@@ -75,22 +76,35 @@ def test_default_config_plans_the_embedded_pair(tmp_path):
     proc = snakemake("-n", "--configfile", str(REPO / "config" / "config.yaml"), cwd=tmp_path,
                      check=True)
     counts = job_counts(proc.stdout)
-    assert counts["build_target"] == counts["distill_draft"] == 1
-    assert "download_model" not in counts
+    assert counts["build_target"] == counts["target_replies"] == counts["train_eagle3"] == 1
+    assert "download_model" not in counts and "distill_draft" not in counts
     assert counts["decode"] == 7 * 2 * 5
+
+
+def test_the_distilled_draft_is_the_default_configs_other_option(tmp_path):
+    cfg = default_config()
+    cfg["pairs"][0]["draft"] = "smollm2-135m-draft"
+    config = tmp_path / "distilled.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    counts = job_counts(snakemake("-n", "--configfile", str(config), cwd=tmp_path,
+                                  check=True).stdout)
+    assert counts["build_target"] == counts["target_replies"] == counts["distill_draft"] == 1
+    assert "train_eagle3" not in counts and counts["decode"] == 7 * 2 * 5
 
 
 def test_a_local_eagle3_head_is_planned_as_the_draft(tmp_path):
     cfg = default_config()
     head = tmp_path / "head"
     head.mkdir()
-    cfg["models"]["smollm2-135m-draft"] = {"source": "eagle3", "path": str(head),
-                                          "target": "smollm2-135m-instruct"}
+    cfg["models"]["local-head"] = {"source": "eagle3", "path": str(head),
+                                   "target": "smollm2-135m-instruct"}
+    cfg["pairs"][0]["draft"] = "local-head"
     config = tmp_path / "head.yaml"
     config.write_text(yaml.safe_dump(cfg))
     proc = snakemake("-n", "--configfile", str(config), cwd=tmp_path, check=True)
     counts = job_counts(proc.stdout)
-    assert "distill_draft" not in counts and counts["build_target"] == 1
+    assert "distill_draft" not in counts and "train_eagle3" not in counts
+    assert "target_replies" not in counts and counts["build_target"] == 1
     assert counts["decode"] == 7 * 2 * 5
     assert str(head) in proc.stdout  # the decode jobs read the head's folder
 
@@ -272,7 +286,7 @@ def _tiny_workdir(tmp_path: Path) -> Path:
     from targetrows.hf.tiny import save_tiny
 
     work = tmp_path / "run"
-    save_tiny(work / "models" / "tiny-llama", "llama", seed=0, n_layers=2)
+    save_tiny(work / "models" / "tiny-llama", "llama", seed=0, n_layers=4)
     return work
 
 
@@ -342,3 +356,14 @@ def test_default_dag_end_to_end_on_tiny_models_survives_an_interrupt(tmp_path):
     assert "Nothing to be done" in again.stdout + again.stderr
     snakemake("--configfile", config, "--report", str(work / "report.zip"), cwd=work, check=True)
     assert (work / "report.zip").stat().st_size > 10_000
+
+    # the head trained on the target's replies; the distilled draft, the other option, reads the
+    # same replies (one replies job for both trainings)
+    head = json.loads((work / "resources" / "models" / "tiny-llama-eagle3" /
+                       "train_eagle3_report.json").read_text())
+    assert head["replies"] == "resources/replies/tiny-llama" and head["steps_done"] == 3
+    built = snakemake(*args, "resources/models/tiny-llama-draft", cwd=work, check=True)
+    assert job_counts(built.stdout + built.stderr) == {"distill_draft": 1, "total": 1}
+    draft = json.loads((work / "resources" / "models" / "tiny-llama-draft" /
+                        "distill_report.json").read_text())
+    assert draft["replies"] == "resources/replies/tiny-llama"

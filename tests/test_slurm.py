@@ -126,7 +126,7 @@ def workdir(tmp_path: Path) -> Path:
     from targetrows.hf.tiny import save_tiny
 
     work = tmp_path / "run"
-    save_tiny(work / "models" / "tiny-llama", "llama", seed=0, n_layers=2)
+    save_tiny(work / "models" / "tiny-llama", "llama", seed=0, n_layers=4)
     return work
 
 

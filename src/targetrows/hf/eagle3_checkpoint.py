@@ -258,3 +258,28 @@ def load_eagle3(path: str, target: HFModel, device: str | None = None,
         if name != "rotary":  # rotary frequencies stay float32, as in transformers' models
             module.to(dtype or target.dtype)
     return Eagle3Draft(head, target, ids, name=path)
+
+
+def write_head(folder: str, tensors: dict[str, torch.Tensor], config: dict,
+               layout: str = "eagle", safe: bool = True) -> None:
+    """Write a head's canonical tensors (``layer.*``, ``d2t``, ...) and its config.json into
+    `folder` under the names of `layout`: ``eagle`` (EAGLE, SpecForge; vLLM reads it too) or
+    ``speculators`` (``layers.0.*``, ``draft_id_to_target_id``)."""
+    if layout == "eagle":
+        names = {k.replace("layer.", "midlayer.", 1): v for k, v in tensors.items()}
+    elif layout == "speculators":
+        names = {k.replace("layer.", "layers.0.", 1): v for k, v in tensors.items()}
+        if "d2t" in names:
+            names["draft_id_to_target_id"] = names.pop("d2t")
+    else:
+        raise ValueError(f"unknown head layout {layout!r}: eagle or speculators")
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(config, f, indent=1)
+    names = {k: v.detach().contiguous() for k, v in names.items()}
+    if safe:
+        from safetensors.torch import save_file
+
+        save_file(names, os.path.join(folder, "model.safetensors"))
+    else:
+        torch.save(names, os.path.join(folder, "pytorch_model.bin"))

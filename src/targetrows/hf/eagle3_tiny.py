@@ -9,10 +9,11 @@ config), as safetensors or a pickle ``pytorch_model.bin``.
 
 from __future__ import annotations
 
-import json
 import os
 
 import torch
+
+from .eagle3_checkpoint import write_head
 
 LAYER_TENSORS = {  # name -> shape, given hidden H, q width Q, kv width K, intermediate M
     "hidden_norm.weight": lambda H, Q, K, M: (H,),
@@ -86,15 +87,12 @@ def save_tiny_head(folder, target_config, layout: str = "eagle", safe: bool = Tr
     )
     dv = tensors["lm_head.weight"].shape[0]
     if layout == "eagle":
-        names = {k.replace("layer.", "midlayer.", 1): v for k, v in tensors.items()}
         config = dict(layer, architectures=["LlamaForCausalLMEagle3"], draft_vocab_size=dv,
                       target_hidden_size=int(target_config.hidden_size))
         if layer_ids is not None:
             config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(layer_ids),
                                       "use_aux_hidden_state": True}
     elif layout == "speculators":
-        names = {k.replace("layer.", "layers.0.", 1): v for k, v in tensors.items()}
-        names["draft_id_to_target_id"] = names.pop("d2t")
         config = dict(speculators_model_type="eagle3", architectures=["Eagle3Speculator"],
                       transformer_layer_config=layer, draft_vocab_size=dv, norm_before_residual=False,
                       target_hidden_size=int(target_config.hidden_size),
@@ -105,13 +103,5 @@ def save_tiny_head(folder, target_config, layout: str = "eagle", safe: bool = Tr
     else:
         raise ValueError(f"unknown layout {layout!r}")
     config.update(config_overrides or {})
-    with open(os.path.join(folder, "config.json"), "w") as f:
-        json.dump(config, f, indent=1)
-    names = {k: v.contiguous() for k, v in names.items()}
-    if safe:
-        from safetensors.torch import save_file
-
-        save_file(names, os.path.join(folder, "model.safetensors"))
-    else:
-        torch.save(names, os.path.join(folder, "pytorch_model.bin"))
+    write_head(folder, tensors, config, layout, safe)
     return folder

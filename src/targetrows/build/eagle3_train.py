@@ -1,0 +1,430 @@
+"""`targetrows train-eagle3`: an EAGLE-3 head for any Hugging Face target, trained on the target's
+own replies (`targetrows.build.replies`) and written in the EAGLE checkpoint layout.
+
+The head (`targetrows.hf.eagle3.Eagle3Head`) reads the inputs of three target layers (2, L//2,
+L-3) at position t with the embedding of token t+1 and predicts token t+2. Training follows
+EAGLE-3 (and SpecForge):
+- **Training-time test.** The head is unrolled `ttt_steps` times on its own outputs: step k feeds
+  the previous step's output g in place of the target's features, with token t+1+k, at position
+  t+k; its query sees the target-fed entries up to t and its own earlier steps at t (exactly the
+  tree attention of a depth-k node at inference). Step k's loss is weighted `ttt_decay`^k.
+- **Soft labels.** Cross-entropy against the target's distribution restricted to the draft
+  vocabulary (renormalised), computed from the stored final hidden states: the target never runs.
+- **Draft vocabulary.** The smallest set of the most frequent reply tokens covering `coverage`
+  of them, plus the stop tokens (`d2t`/`t2d`); rows outside it are never proposed.
+- **Initialisation.** `lm_head` = the target's output rows of the draft vocabulary and `norm` =
+  its final norm, so the head starts out speaking the target's language; the target's
+  embedding is used frozen (the checkpoint holds no embedding, like the published heads).
+- AdamW, linear warm-up then cosine decay, gradient clipping. Seeded: the same data, config and
+  thread count give the same head.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+from targetrows.hf.eagle3 import Eagle3Head, Eagle3Shape
+
+from .embedded import replace_folder
+from .replies import RepliesConfig, TeacherData, check_head, load_target, replies_for
+
+
+@dataclass
+class Eagle3TrainConfig:
+    seed: int = 0
+    coverage: float = 0.99  # share of training reply tokens the draft vocabulary covers
+    ttt_steps: int = 3  # unrolled steps per position (training-time test)
+    ttt_decay: float = 0.8  # weight of step k's loss: decay ** k
+    steps: int = 600
+    batch_size: int = 16  # sequences per step
+    lr: float = 2e-3
+    warmup: int = 30
+    weight_decay: float = 0.0
+    clip: float = 0.5
+    init_from_target: bool = True  # lm_head and norm from the target's output rows and norm
+    eval_depth: int = 4  # chain depths reported on held-out replies
+    device: str = "cpu"  # where the target (for replies generated now) and the head run
+    train_minutes: float | None = None  # stop training after this (the schedule is not rescaled)
+
+
+# -- the draft vocabulary ----------------------------------------------------------------------
+def draft_vocabulary(data: TeacherData, coverage: float, stop: set[int],
+                     vocab_size: int) -> torch.Tensor:
+    """Sorted target ids: the most frequent reply tokens covering `coverage` of the reply
+    tokens (ties by lower id), plus `stop`."""
+    if not 0 < coverage <= 1:
+        raise ValueError(f"--coverage {coverage} must be in (0, 1]")
+    replies = torch.cat([torch.tensor(s[p:]) for s, p in zip(data.sequences, data.prompt_lens,
+                                                                  strict=True)])
+    counts = torch.bincount(replies, minlength=vocab_size)[:vocab_size]
+    ids = torch.arange(vocab_size)
+    order = sorted(range(vocab_size), key=lambda i: (-int(counts[i]), i))[: int((counts > 0).sum())]
+    cum = counts[order].cumsum(0).double() / max(1, len(replies))
+    n = int(torch.searchsorted(cum, torch.tensor(coverage, dtype=torch.float64)).item()) + 1
+    chosen = set(ids[order[: min(n, len(order))]].tolist()) | {s for s in stop if s < vocab_size}
+    return torch.tensor(sorted(chosen))
+
+
+def coverage_of(draft_ids: torch.Tensor, data: TeacherData) -> float:
+    """Share of `data`'s reply tokens inside the draft vocabulary."""
+    replies = torch.cat([torch.tensor(s[p:]) for s, p in zip(data.sequences, data.prompt_lens,
+                                                                  strict=True)])
+    return float(torch.isin(replies, draft_ids).float().mean())
+
+
+# -- the head ----------------------------------------------------------------------------------
+def layer_config(target_config, draft_vocab_size: int) -> dict:
+    """The head's config.json (EAGLE layout): the target's own layer shape and rotary
+    settings, one layer, the draft vocabulary size."""
+    t = target_config
+    config = dict(
+        architectures=["LlamaForCausalLMEagle3"], model_type="llama",
+        hidden_size=int(t.hidden_size), intermediate_size=int(t.intermediate_size),
+        num_attention_heads=int(t.num_attention_heads),
+        num_key_value_heads=int(getattr(t, "num_key_value_heads", None) or t.num_attention_heads),
+        head_dim=int(getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads),
+        num_hidden_layers=1, vocab_size=int(t.vocab_size), draft_vocab_size=int(draft_vocab_size),
+        target_hidden_size=int(t.hidden_size), rms_norm_eps=float(getattr(t, "rms_norm_eps", 1e-6)),
+        hidden_act=getattr(t, "hidden_act", "silu"),
+        max_position_embeddings=int(t.max_position_embeddings), tie_word_embeddings=False,
+        torch_dtype="float32",
+    )
+    for key in ("rope_theta", "rope_scaling", "rope_parameters"):
+        value = getattr(t, key, None)
+        if value is not None:
+            config[key] = value
+    return config
+
+
+def new_head(target, draft_ids: torch.Tensor, feature_layers, init_from_target: bool,
+             seed: int) -> tuple[Eagle3Head, dict]:
+    """A fresh head for `target` (a transformers model) and its config.json."""
+    from targetrows.hf.eagle3_checkpoint import parse_config
+
+    config = layer_config(target.config, len(draft_ids))
+    config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(feature_layers),
+                              "use_aux_hidden_state": True}
+    parsed = parse_config(config, "train-eagle3")
+    from transformers import LlamaConfig
+
+    rope = LlamaConfig(hidden_size=parsed.hidden_size, num_attention_heads=config[
+        "num_attention_heads"], head_dim=config["head_dim"],
+        **{k: config[k] for k in ("rope_theta", "rope_scaling", "rope_parameters",
+                                  "max_position_embeddings") if k in config})
+    shape = Eagle3Shape(
+        hidden_size=parsed.hidden_size, target_hidden_size=parsed.target_hidden_size,
+        intermediate_size=config["intermediate_size"], num_heads=config["num_attention_heads"],
+        num_kv_heads=config["num_key_value_heads"], head_dim=config["head_dim"],
+        vocab_size=parsed.vocab_size, draft_vocab_size=len(draft_ids),
+        n_features=len(feature_layers), rms_norm_eps=config["rms_norm_eps"],
+        hidden_act=config["hidden_act"])
+    torch.manual_seed(seed)
+    head = Eagle3Head(shape, rope)
+    head.d2t.copy_(draft_ids - torch.arange(len(draft_ids)))
+    if init_from_target:
+        with torch.no_grad():
+            head.lm_head.weight.copy_(target.get_output_embeddings().weight[draft_ids])
+            final_norm = getattr(target.base_model, "norm", None)
+            if final_norm is not None:
+                head.norm.weight.copy_(final_norm.weight)
+    return head, config
+
+
+def head_tensors(head: Eagle3Head, vocab_size: int) -> dict[str, torch.Tensor]:
+    """The head's canonical tensors for `write_head`: weights, d2t and the t2d mask."""
+    tensors = {k: v for k, v in head.state_dict().items() if not k.startswith("rotary.")}
+    t2d = torch.zeros(vocab_size, dtype=torch.bool)
+    t2d[torch.arange(len(head.d2t)) + head.d2t] = True
+    tensors["t2d"] = t2d
+    return tensors
+
+
+# -- batches -----------------------------------------------------------------------------------
+@dataclass
+class Batch:
+    """Sequences packed for the unrolled head. Index t of row b stands for the entry pairing
+    feature t with token t+1; `tokens[b, t + k]` is token t+1+k; `rows[b, t + k]` is the local
+    row (into `labels`) of the target's distribution at position t+1+k, or -1 when that position
+    does not predict a reply token."""
+
+    features: torch.Tensor  # [B, L, F]
+    tokens: torch.Tensor  # [B, L + K]
+    rows: torch.Tensor  # [B, L + K]
+    hidden: torch.Tensor  # [R, d] the target's final hidden states of the local rows
+    greedy: torch.Tensor  # [R] the reply token each local row predicts
+
+
+def offsets(data: TeacherData) -> tuple[list[int], list[int]]:
+    """Start of each sequence's rows in `features` and in `hidden`."""
+    f = [0, *torch.tensor([len(s) - 1 for s in data.sequences]).cumsum(0).tolist()]
+    h = [0, *torch.tensor(data.reply_lens).cumsum(0).tolist()]
+    return f, h
+
+
+def make_batch(data: TeacherData, idx: list[int], k_steps: int, f_off, h_off,
+               device: str | torch.device = "cpu") -> Batch:
+    seqs = [data.sequences[i] for i in idx]
+    width = max(len(s) - 1 for s in seqs)
+    n_feat = data.features.shape[1]
+    features = torch.zeros((len(idx), width, n_feat))
+    tokens = torch.zeros((len(idx), width + k_steps), dtype=torch.long)
+    rows = torch.full((len(idx), width + k_steps), -1, dtype=torch.long)
+    hidden, greedy, local = [], [], 0
+    for b, (i, seq) in enumerate(zip(idx, seqs, strict=True)):
+        n, p = len(seq), data.prompt_lens[i]
+        features[b, : n - 1] = data.features[f_off[i] : f_off[i] + n - 1].float()
+        tokens[b, : n - 1] = torch.tensor(seq[1:])
+        m = n - p  # reply rows: positions p-1 .. n-2, at index t + k = position - 1
+        first = max(p - 2, 0)  # a 1-token prompt: no entry predicts the first reply token
+        rows[b, first : n - 2] = torch.arange(local + first - (p - 2), local + m)
+        hidden.append(data.hidden[h_off[i] : h_off[i] + m])
+        greedy.append(torch.tensor(seq[p:]))
+        local += m
+    return Batch(features.to(device), tokens.to(device), rows.to(device),
+                 torch.cat(hidden).float().to(device), torch.cat(greedy).to(device))
+
+
+# -- the unrolled head -------------------------------------------------------------------------
+def unrolled(head: Eagle3Head, embed: torch.nn.Embedding, batch: Batch, k_steps: int):
+    """Yield (k, g [B, L, H]) for k = 0..k_steps-1: the head's outputs when it is unrolled on
+    its own outputs (the training-time test), batched over sequences."""
+    s, layer, attn = head.shape, head.layer, head.layer.self_attn
+    n_b, width = batch.features.shape[:2]
+    scale = 1.0 / math.sqrt(s.head_dim)
+    group = s.num_heads // s.num_kv_heads
+    dev = batch.features.device
+    causal = torch.ones(width, width, dtype=torch.bool, device=dev).tril()
+    h = head.fc(batch.features)
+    keys, values = [], []
+    for k in range(k_steps):
+        emb = embed(batch.tokens[:, k : k + width]).float()
+        x = torch.cat([layer.input_layernorm(emb), layer.hidden_norm(h)], dim=-1)
+        q = attn.q_proj(x).view(n_b, width, s.num_heads, s.head_dim).transpose(1, 2)
+        kk = attn.k_proj(x).view(n_b, width, s.num_kv_heads, s.head_dim).transpose(1, 2)
+        vv = attn.v_proj(x).view(n_b, width, s.num_kv_heads, s.head_dim).transpose(1, 2)
+        pos = (torch.arange(width, device=dev) + k).expand(n_b, width)
+        cos, sin = head.rotary(x, pos)
+        q, kk = apply_rotary_pos_emb(q, kk, cos, sin)
+        keys.append(kk.repeat_interleave(group, 1))
+        values.append(vv.repeat_interleave(group, 1))
+        # step 0's entries up to t (causal), then this position's own earlier steps (diagonal)
+        scores = [(q @ keys[0].transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))]
+        scores += [(q * key).sum(-1, keepdim=True) * scale for key in keys[1:]]
+        probs = torch.cat(scores, -1).softmax(-1)
+        out = probs[..., :width] @ values[0]
+        for j, value in enumerate(values[1:]):
+            out = out + probs[..., width + j : width + j + 1] * value
+        h = h + attn.o_proj(out.transpose(1, 2).reshape(n_b, width, -1))
+        mlp = layer.mlp
+        y = layer.post_attention_layernorm(h)
+        g = h + mlp.down_proj(head.act(mlp.gate_proj(y)) * mlp.up_proj(y))
+        yield k, g
+        h = g
+
+
+def step_rows(batch: Batch, k: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mask [B, L] of indices whose step-k prediction is a reply token, their local rows)."""
+    rows = batch.rows[:, k : k + width]
+    mask = rows >= 0
+    return mask, rows[mask]
+
+
+def batch_loss(head, embed, batch: Batch, config: Eagle3TrainConfig, target_w: torch.Tensor):
+    """Σ_k decay^k · soft cross-entropy of step k against the target's draft-vocabulary rows."""
+    with torch.no_grad():
+        target_logp = (batch.hidden @ target_w.T).log_softmax(-1)
+    width = batch.features.shape[1]
+    total = batch.hidden.new_zeros(())
+    for k, g in unrolled(head, embed, batch, config.ttt_steps):
+        mask, rows = step_rows(batch, k, width)
+        if not len(rows):
+            continue
+        logp = head.draft_logits(g[mask]).log_softmax(-1)
+        ce = -(target_logp[rows].exp() * logp).sum(-1).mean()
+        total = total + config.ttt_decay ** k * ce
+    return total
+
+
+# -- training and evaluation -------------------------------------------------------------------
+def train(head: Eagle3Head, embed, data: TeacherData, config: Eagle3TrainConfig,
+          target_w: torch.Tensor, deadline: float | None = None) -> list[float]:
+    """Train `head` in place; `target_w` = the target's output rows of the draft vocabulary.
+    Returns the loss of each step taken."""
+    f_off, h_off = offsets(data)
+    gen = torch.Generator().manual_seed(config.seed)
+    n = len(data.sequences)
+    batch = min(config.batch_size, n)
+    stream = torch.cat([torch.randperm(n, generator=gen)
+                        for _ in range(math.ceil(config.steps * batch / n))]).tolist()
+    params = [p for name, p in head.named_parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    warmup, total = max(1, config.warmup), config.steps
+
+    def schedule(step: int) -> float:  # linear warm-up, then cosine to zero
+        return min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * step / total))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+    head.train()
+    losses: list[float] = []
+    bar = tqdm(range(config.steps), desc="training head", unit="step", mininterval=2.0)
+    for step in bar:
+        if deadline is not None and time.perf_counter() > deadline:
+            break
+        b = make_batch(data, stream[step * batch : (step + 1) * batch], config.ttt_steps,
+                       f_off, h_off, target_w.device)
+        loss = batch_loss(head, embed, b, config, target_w)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, config.clip)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+        bar.set_postfix(loss=f"{losses[-1]:.3f}")
+    bar.close()
+    head.eval()
+    return losses
+
+
+@torch.inference_mode()
+def evaluate(head: Eagle3Head, embed, data: TeacherData, depth: int,
+             batch_size: int = 16) -> dict:
+    """On `data`'s greedy replies: step-0 top-1 agreement with the target, and the greedy
+    acceptance of a chain drafted d = 1..depth tokens deep (all of its first d tokens right)."""
+    f_off, h_off = offsets(data)
+    dev = head.d2t.device
+    draft_ids = torch.arange(len(head.d2t), device=dev) + head.d2t
+    right = torch.zeros(depth, device=dev)  # chains whose first d tokens were right, by d
+    counted = torch.zeros(depth, device=dev)
+    for start in range(0, len(data.sequences), batch_size):
+        batch = make_batch(data, list(range(start, min(start + batch_size, len(data.sequences)))),
+                           depth, f_off, h_off, dev)
+        width = batch.features.shape[1]
+        chain = torch.ones(batch.features.shape[:2], dtype=torch.bool, device=dev)
+        for k, g in unrolled(head, embed, batch, depth):
+            mask, rows = step_rows(batch, k, width)
+            guess = draft_ids[head.draft_logits(g[mask]).argmax(-1)]
+            hit = torch.zeros_like(chain)
+            hit[mask] = guess == batch.greedy[rows]
+            chain &= hit
+            right[k] += chain[mask].sum()
+            counted[k] += mask.sum()
+    rates = (right / counted.clamp(min=1)).tolist()
+    return {"top1_agreement": rates[0], "positions": int(counted[0]),
+            "chain_acceptance_by_depth": rates,
+            "expected_accepted_chain": float(sum(rates))}
+
+
+@torch.inference_mode()
+def forward_cost(target, head: Eagle3Head, context: int = 128, reps: int = 15) -> dict:
+    """One head step (one new entry after `context` cached ones, its draft-vocabulary logits)
+    against one cached target decode step, both batch 1, median of `reps`."""
+    from .distill import forward_seconds
+
+    s, dev = head.shape, head.d2t.device
+    past = torch.randn(s.num_kv_heads, context, s.head_dim, device=dev)
+    h, emb = torch.randn(2, 1, s.hidden_size, device=dev)
+    allowed = torch.ones(1, context + 1, dtype=torch.bool, device=dev)[None, None]
+    pos = torch.tensor([context], device=dev)
+    times = []
+    for _ in range(reps + 3):
+        start = time.perf_counter()
+        g, _, _ = head.step(h, emb, pos, past, past, allowed)
+        head.draft_logits(g)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        times.append(time.perf_counter() - start)
+    head_s = sorted(times[3:])[reps // 2]
+    target_s = forward_seconds(target, 1, context, reps)
+    return {"head_step_ms": 1e3 * head_s, "target_step_ms": 1e3 * target_s,
+            "ratio": head_s / target_s}
+
+
+def target_rows(target, draft_ids: torch.Tensor) -> torch.Tensor:
+    """The target's output rows of the draft vocabulary (soft labels come from these)."""
+    return target.get_output_embeddings().weight[draft_ids].detach().float()
+
+
+def check_replies(data: TeacherData, target) -> None:
+    if data.features is None:
+        raise ValueError("these replies hold no features (made with --no-features); make them "
+                         "again without it for train-eagle3")
+    n_layers = int(target.config.num_hidden_layers)
+    if max(data.feature_layers) >= n_layers:
+        raise ValueError(f"the replies' feature layers {list(data.feature_layers)} do not fit a "
+                         f"target of {n_layers} layers: they were made for another target")
+
+
+def train_eagle3(target_dir: str, out: str | Path, config: Eagle3TrainConfig,
+                 replies: str | Path | None = None, data: RepliesConfig | None = None,
+                 force: bool = False) -> dict:
+    """Train a head for the target at `target_dir` on the replies folder `replies` (or on
+    replies generated now with `data`) and write it to `out` in the EAGLE layout with its report
+    (out/train_eagle3_report.json); return the report."""
+    from targetrows.decoding.chat import stop_ids
+    from targetrows.hf.eagle3_checkpoint import write_head
+
+    out = Path(out)
+    if out.exists() and not force:
+        raise ValueError(f"{out} already exists; pass --force to replace it")
+    start = time.perf_counter()
+    tokenizer, target = load_target(target_dir, config.device)
+    check_head(target)
+    train_data, held_data, data_summary = replies_for(target, tokenizer, replies,
+                                                      data or RepliesConfig())
+    check_replies(train_data, target)
+    data_s = time.perf_counter() - start
+
+    vocab = min(len(tokenizer), int(target.config.vocab_size))
+    draft_ids = draft_vocabulary(train_data, config.coverage, stop_ids(tokenizer, target), vocab)
+    head, head_config = new_head(target, draft_ids, train_data.feature_layers,
+                                 config.init_from_target, config.seed)
+    head.to(config.device)
+    embed = target.get_input_embeddings().requires_grad_(False)
+    target_w = target_rows(target, draft_ids)
+    train_start = time.perf_counter()
+    cap = None if config.train_minutes is None else train_start + 60 * config.train_minutes
+    losses = train(head, embed, train_data, config, target_w, cap)
+    train_s = time.perf_counter() - train_start
+
+    held = evaluate(head, embed, held_data, config.eval_depth)
+    report = {
+        "target": str(target_dir), "config": asdict(config),
+        "replies": str(replies) if replies is not None else None, "data": data_summary,
+        "feature_layers": list(train_data.feature_layers),
+        "draft_vocab_size": len(draft_ids),
+        "train_coverage": coverage_of(draft_ids, train_data),
+        "heldout_coverage": coverage_of(draft_ids, held_data),
+        "heldout_top1_agreement": held["top1_agreement"], "heldout_positions": held["positions"],
+        "heldout_chain_acceptance_by_depth": held["chain_acceptance_by_depth"],
+        "heldout_expected_accepted_chain": held["expected_accepted_chain"],
+        "train_top1_agreement": evaluate(head, embed, train_data.head(len(held_data.sequences)),
+                                         1)["top1_agreement"],
+        "train_prompts": len(train_data.sequences), "train_positions": len(train_data.hidden),
+        "steps_done": len(losses), "loss_first": losses[0] if losses else None,
+        "loss_last": sum(losses[-10:]) / max(1, len(losses[-10:])),
+        "forward_cost": forward_cost(target, head),
+        "data_seconds": data_s, "train_seconds": train_s,
+        "threads": torch.get_num_threads(), "torch": torch.__version__,
+    }
+    report["total_seconds"] = time.perf_counter() - start
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        write_head(str(tmp), head_tensors(head.cpu(), int(target.config.vocab_size)), head_config)
+        (tmp / "train_eagle3_report.json").write_text(json.dumps(report, indent=2) + "\n")
+        replace_folder(tmp, out, force)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return report

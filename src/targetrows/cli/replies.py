@@ -1,0 +1,68 @@
+"""`targetrows replies --target T --out DIR`: the target's greedy replies to many chat prompts,
+with the hidden states and features both trainings read (`targetrows.build.replies`)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+
+def add_replies_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of the reply generation (also used by `distill` and `train-eagle3` when they
+    generate their replies themselves)."""
+    from targetrows.build.replies import RepliesConfig
+
+    d = RepliesConfig()
+    for name, help_text in [
+        ("prompts", "distinct training prompts, one greedy reply each"),
+        ("heldout", "held-out prompts to evaluate on"), ("max-new-tokens", "reply length cap"),
+        ("gen-batch", "prompts per generation batch"),
+        ("top-k", "target's top tokens kept per position"),
+    ]:
+        key = name.replace("-", "_")
+        parser.add_argument(f"--{name}", type=int, default=getattr(d, key),
+                            help=f"{help_text} (default {getattr(d, key)})")
+    parser.add_argument("--data-seed", type=int, default=d.seed,
+                        help=f"which training prompts (default {d.seed})")
+    parser.add_argument("--data-minutes", type=float, default=None,
+                        help="time cap on generating replies (makes the data machine-dependent)")
+
+
+def replies_config(args: argparse.Namespace, features: bool):
+    from targetrows.build.replies import RepliesConfig
+
+    names = {f.name for f in dataclasses.fields(RepliesConfig)} - {"seed", "features"}
+    return RepliesConfig(seed=args.data_seed, features=features,
+                         **{k: v for k, v in vars(args).items() if k in names})
+
+
+def set_threads(threads: int) -> None:
+    import torch
+
+    if threads < 0:
+        raise ValueError(f"--threads {threads} must be 0 (torch's default) or more")
+    if threads:
+        torch.set_num_threads(threads)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", required=True, help="target model folder")
+    parser.add_argument("--out", required=True, help="output folder for the replies")
+    parser.add_argument("--force", action="store_true", help="replace --out if it exists")
+    add_replies_arguments(parser)
+    parser.add_argument("--no-features", dest="features", action="store_false",
+                        help="skip the EAGLE-3 feature layers (enough for distill only)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch CPU threads (default: torch's choice, one per core)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from targetrows.build.replies import make_replies
+
+    set_threads(args.threads)
+    summary = make_replies(args.target, args.out, replies_config(args, args.features),
+                           force=args.force)
+    print(f"replies: {summary['train_prompts']} training and {summary['heldout_prompts']} "
+          f"held-out replies; wrote {args.out}", file=sys.stderr)
+    return 0

@@ -1,0 +1,154 @@
+"""train-eagle3 on tiny random-weight models: the unrolled training forward is the backend's tree
+pass, the draft vocabulary, the reply features, and the whole command (reproducible, loadable,
+lossless as a draft)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from safetensors.torch import load_file  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+from targetrows import cli  # noqa: E402
+from targetrows.build import eagle3_train as et  # noqa: E402
+from targetrows.build.replies import TeacherData, generate_batch  # noqa: E402
+from targetrows.core.tree import Tree  # noqa: E402
+from targetrows.decoding.loop import DecodeConfig, generate  # noqa: E402
+from targetrows.hf.eagle3_checkpoint import load_eagle3, write_head  # noqa: E402
+from targetrows.hf.model import HFModel  # noqa: E402
+from targetrows.hf.tiny import save_tiny, tiny_model  # noqa: E402
+
+N_LAYERS = 6  # feature layers 2, 3, 3
+LAYERS = (2, 3, 3)
+
+
+def exact_data(target, sequences, prompt_lens) -> TeacherData:
+    """Replies data from plain fp32 full forwards (no batching, no fp16): the ground truth."""
+    feats, hidden, top = [], [], []
+    for seq, p in zip(sequences, prompt_lens, strict=True):
+        with torch.no_grad():
+            hs = target(input_ids=torch.tensor([seq]), output_hidden_states=True).hidden_states
+            final = target.model(input_ids=torch.tensor([seq])).last_hidden_state[0]
+        feats.append(torch.cat([hs[i][0] for i in LAYERS], -1)[:-1])
+        hidden.append(final[p - 1 : -1])
+        top.append((final[p - 1 : -1] @ target.lm_head.weight.T).topk(4).indices.int())
+    return TeacherData(sequences, prompt_lens, torch.cat(hidden), torch.cat(top),
+                       torch.cat(feats), LAYERS)
+
+
+def test_the_unrolled_training_forward_is_the_backends_tree_pass(tmp_path):
+    target_hf = tiny_model(n_layers=N_LAYERS)
+    gen = torch.Generator().manual_seed(3)
+    seqs = [torch.randint(0, 200, (n,), generator=gen).tolist() for n in (9, 14)]
+    data = exact_data(target_hf, seqs, [4, 6])
+    draft_ids = torch.tensor(sorted(set(range(0, 260, 3)) | set(sum(seqs, []))))
+    head, config = et.new_head(target_hf, draft_ids, LAYERS, init_from_target=True, seed=0)
+    with torch.no_grad():  # a random head, far from its initialisation, so every part matters
+        for p in head.parameters():
+            p.add_(0.2 * torch.randn(p.shape, generator=gen))
+    write_head(str(tmp_path / "head"), et.head_tensors(head, target_hf.config.vocab_size), config)
+    target = HFModel(target_hf, name="target")
+    draft = load_eagle3(str(tmp_path / "head"), target)
+
+    depth = 3
+    f_off, h_off = et.offsets(data)
+    batch = et.make_batch(data, [0, 1], depth, f_off, h_off)
+    width = batch.features.shape[1]
+    with torch.no_grad():
+        steps = [g for _, g in et.unrolled(head, target_hf.get_input_embeddings(), batch, depth)]
+    checked = 0
+    for b, seq in enumerate(seqs):
+        for t in range(len(seq) - 1 - depth):
+            ctx = seq[: t + 2]  # the root is entry t: feature t with token t + 1
+            path = seq[t + 2 : t + 2 + depth - 1]
+            tree = Tree([ctx[-1], *path], [-1, *range(len(path))])
+            rows = draft.logits(ctx, tree, np.arange(len(tree)))[:, draft_ids]
+            want = torch.stack([head.draft_logits(steps[k][b, t]) for k in range(depth)])
+            assert torch.allclose(rows, want, atol=2e-4), (b, t)
+            checked += 1
+    assert checked > 10 and width == max(len(s) for s in seqs) - 1
+
+
+def test_reply_rows_line_up_with_the_positions_they_predict():
+    target_hf = tiny_model(n_layers=N_LAYERS)
+    seqs, plens = [[5, 6, 7, 8, 9, 10], [1, 2, 3, 4]], [3, 2]
+    data = exact_data(target_hf, seqs, plens)
+    f_off, h_off = et.offsets(data)
+    batch = et.make_batch(data, [0, 1], 2, f_off, h_off)
+    for k in range(2):
+        mask, rows = et.step_rows(batch, k, batch.features.shape[1])
+        # step k at index t predicts token t + 2 + k, a reply token when t + 2 + k >= prompt len
+        for b, (seq, p) in enumerate(zip(seqs, plens, strict=True)):
+            want = [t for t in range(len(seq) - 1) if p <= t + 2 + k <= len(seq) - 1]
+            assert mask[b].nonzero()[:, 0].tolist() == want
+        assert batch.greedy[rows].tolist() == [s[t + 2 + k] for b, (s, p) in
+                                               enumerate(zip(seqs, plens, strict=True))
+                                               for t in range(len(s) - 1)
+                                               if p <= t + 2 + k <= len(s) - 1]
+
+
+def test_batched_replies_keep_the_features_of_every_position_fed():
+    target = tiny_model(n_layers=N_LAYERS)
+    prompts = [[5, 17, 42, 7], [200, 3, 9, 9, 31, 8, 2], [64, 1]]
+    out = generate_batch(target, prompts, 6, stop={17}, top_k=4, feature_layers=LAYERS)
+    for prompt, (reply, _, _, feats) in zip(prompts, out, strict=True):
+        seq = prompt + reply.tolist()
+        with torch.no_grad():
+            hs = target(input_ids=torch.tensor([seq]), output_hidden_states=True).hidden_states
+        want = torch.cat([hs[i][0] for i in LAYERS], -1)[:-1]
+        assert feats.shape == want.shape  # every position but the last, prompt included
+        assert torch.allclose(feats.float(), want, atol=2e-3 * want.abs().max().item())
+
+
+def test_the_draft_vocabulary_is_the_smallest_covering_set_plus_stops():
+    seqs = [[9, 9, 1, 1, 1, 1, 2, 2, 3], [9, 4, 1, 2]]  # replies after 1 token: see prompt_lens
+    data = TeacherData(seqs, [1, 1], torch.zeros(0, 2), torch.zeros(0, 1))
+    # reply tokens: 9 1 1 1 1 2 2 3 | 4 1 2 -> 1: 5, 2: 3, 9: 1, 3: 1, 4: 1 (11 tokens)
+    assert et.draft_vocabulary(data, 5 / 11, set(), 20).tolist() == [1]
+    assert et.draft_vocabulary(data, 8 / 11, set(), 20).tolist() == [1, 2]
+    assert et.draft_vocabulary(data, 0.8, {15}, 20).tolist() == [1, 2, 3, 15]  # ties: lower id
+    assert et.draft_vocabulary(data, 1.0, set(), 20).tolist() == [1, 2, 3, 4, 9]
+    assert et.coverage_of(torch.tensor([1, 2]), data) == pytest.approx(8 / 11)
+    with pytest.raises(ValueError, match="--coverage"):
+        et.draft_vocabulary(data, 0.0, set(), 20)
+
+
+def test_train_eagle3_builds_a_reproducible_lossless_head(tmp_path, capsys):
+    target_dir = save_tiny(tmp_path / "target", n_layers=N_LAYERS)
+    replies = tmp_path / "replies"
+    assert cli.main(["replies", "--target", target_dir, "--out", str(replies), "--prompts", "16",
+                     "--heldout", "3", "--max-new-tokens", "8", "--gen-batch", "8"]) == 0
+    args = ["--target", target_dir, "--replies", str(replies), "--steps", "6",
+            "--batch-size", "4", "--warmup", "2", "--eval-depth", "2", "--threads", "1"]
+    assert cli.main(["train-eagle3", *args, "--out", str(tmp_path / "a")]) == 0
+    assert cli.main(["train-eagle3", *args, "--out", str(tmp_path / "b")]) == 0
+    a, b = (load_file(tmp_path / x / "model.safetensors") for x in "ab")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert "midlayer.self_attn.q_proj.weight" in a and "embed_tokens.weight" not in a
+    report = json.loads((tmp_path / "a" / "train_eagle3_report.json").read_text())
+    assert report["steps_done"] == 6 and report["feature_layers"] == list(LAYERS)
+    assert 0 <= report["heldout_top1_agreement"] <= report["heldout_coverage"] + 1e-9
+    chain = report["heldout_chain_acceptance_by_depth"]
+    assert len(chain) == 2 and chain[1] <= chain[0]
+    assert report["forward_cost"]["ratio"] > 0
+    # the head is a draft like any other: every decoder reproduces greedy decoding
+    target = HFModel(AutoModelForCausalLM.from_pretrained(target_dir), name="target")
+    draft = load_eagle3(str(tmp_path / "a"), target)
+    prompt = [5, 17, 42, 9]
+    want = generate(target, None, prompt, DecodeConfig("ar", max_new_tokens=12)).tokens
+    for name in ("draft_rank", "fts", "pearl"):
+        got = generate(target, draft, prompt, DecodeConfig(name, budget=6, max_new_tokens=12))
+        assert got.tokens == want, name
+    # replies without features cannot train a head
+    assert cli.main(["replies", "--target", target_dir, "--out", str(tmp_path / "nf"),
+                     "--prompts", "4", "--heldout", "2", "--max-new-tokens", "4",
+                     "--no-features"]) == 0
+    assert cli.main(["train-eagle3", "--target", target_dir, "--replies", str(tmp_path / "nf"),
+                     "--out", str(tmp_path / "c")]) == 2
+    assert "--no-features" in capsys.readouterr().err
