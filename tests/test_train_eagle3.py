@@ -59,20 +59,21 @@ def test_the_unrolled_training_forward_is_the_backends_tree_pass(tmp_path):
     depth = 3
     f_off, h_off = et.offsets(data)
     batch = et.make_batch(data, [0, 1], depth, f_off, h_off)
-    width = batch.features.shape[1]
+    assert batch.lo == 4 - 2 and batch.roots.tolist() == [2, 4]
     with torch.no_grad():
         steps = [g for _, g in et.unrolled(head, target_hf.get_input_embeddings(), batch, depth)]
     checked = 0
     for b, seq in enumerate(seqs):
-        for t in range(len(seq) - 1 - depth):
+        for t in range(batch.lo, len(seq) - 1 - depth):  # roots from the shortest prompt's on
             ctx = seq[: t + 2]  # the root is entry t: feature t with token t + 1
             path = seq[t + 2 : t + 2 + depth - 1]
             tree = Tree([ctx[-1], *path], [-1, *range(len(path))])
             rows = draft.logits(ctx, tree, np.arange(len(tree)))[:, draft_ids]
-            want = torch.stack([head.draft_logits(steps[k][b, t]) for k in range(depth)])
+            want = torch.stack([head.draft_logits(steps[k][b, t - batch.lo])
+                                for k in range(depth)])
             assert torch.allclose(rows, want, atol=2e-4), (b, t)
             checked += 1
-    assert checked > 10 and width == max(len(s) for s in seqs) - 1
+    assert checked > 10
 
 
 def test_reply_rows_line_up_with_the_positions_they_predict():
@@ -81,16 +82,17 @@ def test_reply_rows_line_up_with_the_positions_they_predict():
     data = exact_data(target_hf, seqs, plens)
     f_off, h_off = et.offsets(data)
     batch = et.make_batch(data, [0, 1], 2, f_off, h_off)
+    assert batch.lo == 0
     for k in range(2):
-        mask, rows = et.step_rows(batch, k, batch.features.shape[1])
-        # step k at index t predicts token t + 2 + k, a reply token when t + 2 + k >= prompt len
-        for b, (seq, p) in enumerate(zip(seqs, plens, strict=True)):
-            want = [t for t in range(len(seq) - 1) if p <= t + 2 + k <= len(seq) - 1]
-            assert mask[b].nonzero()[:, 0].tolist() == want
-        assert batch.greedy[rows].tolist() == [s[t + 2 + k] for b, (s, p) in
-                                               enumerate(zip(seqs, plens, strict=True))
-                                               for t in range(len(s) - 1)
-                                               if p <= t + 2 + k <= len(s) - 1]
+        mask, rows = et.step_rows(batch, k)
+        # step k at index t predicts token t + 2 + k of a tree rooted at entry t (a context of
+        # t + 2 tokens, at least the prompt)
+        want = [[t for t in range(len(s) - 1) if t + 2 >= p and t + 2 + k <= len(s) - 1]
+                for s, p in zip(seqs, plens, strict=True)]
+        for b in range(len(seqs)):
+            assert mask[b].nonzero()[:, 0].tolist() == want[b]
+        assert batch.greedy[rows].tolist() == [seqs[b][t + 2 + k] for b in range(len(seqs))
+                                               for t in want[b]]
 
 
 def test_batched_replies_keep_the_features_of_every_position_fed():
@@ -108,15 +110,24 @@ def test_batched_replies_keep_the_features_of_every_position_fed():
 
 def test_the_draft_vocabulary_is_the_smallest_covering_set_plus_stops():
     seqs = [[9, 9, 1, 1, 1, 1, 2, 2, 3], [9, 4, 1, 2]]  # replies after 1 token: see prompt_lens
-    data = TeacherData(seqs, [1, 1], torch.zeros(0, 2), torch.zeros(0, 1))
-    # reply tokens: 9 1 1 1 1 2 2 3 | 4 1 2 -> 1: 5, 2: 3, 9: 1, 3: 1, 4: 1 (11 tokens)
+    replies = [t for s in seqs for t in s[1:]]  # 9 1 1 1 1 2 2 3 | 4 1 2: 1: 5, 2: 3, 9, 3, 4: 1
+    second = [7] * 6 + [8] * 5  # the target's runner-up at each reply position
+    top = torch.tensor([replies, second]).T.int()
+    data = TeacherData(seqs, [1, 1], torch.zeros(len(replies), 2), top)
+    # top_k = 1: the reply tokens themselves
     assert et.draft_vocabulary(data, 5 / 11, set(), 20).tolist() == [1]
     assert et.draft_vocabulary(data, 8 / 11, set(), 20).tolist() == [1, 2]
     assert et.draft_vocabulary(data, 0.8, {15}, 20).tolist() == [1, 2, 3, 15]  # ties: lower id
     assert et.draft_vocabulary(data, 1.0, set(), 20).tolist() == [1, 2, 3, 4, 9]
+    # top_k = 2 also counts the runners-up: 7 (6 times) comes before 1 (5 times)
+    assert et.draft_vocabulary(data, 6 / 22, set(), 20, top_k=2).tolist() == [7]
+    assert et.draft_vocabulary(data, 16 / 22, set(), 20, top_k=2).tolist() == [1, 7, 8]
+    assert et.draft_vocabulary(data, 19 / 22, set(), 20, top_k=2).tolist() == [1, 2, 7, 8]
     assert et.coverage_of(torch.tensor([1, 2]), data) == pytest.approx(8 / 11)
     with pytest.raises(ValueError, match="--coverage"):
         et.draft_vocabulary(data, 0.0, set(), 20)
+    with pytest.raises(ValueError, match="--vocab-top-k 3"):
+        et.draft_vocabulary(data, 0.9, set(), 20, top_k=3)
 
 
 def test_train_eagle3_builds_a_reproducible_lossless_head(tmp_path, capsys):

@@ -16,9 +16,11 @@ from .common import add_decoding_arguments, add_model_arguments, budget_arg, che
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
     src = parser.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompts", help="prompts JSONL (Spec-Bench question format; first turns)")
+    src.add_argument("--prompts", nargs="+",
+                     help="prompts JSONL files (Spec-Bench question format; first turns)")
     src.add_argument("--prompt", action="append", help="a user message (repeat for several)")
-    parser.add_argument("--num-prompts", type=int, default=None, help="the first N of --prompts")
+    parser.add_argument("--num-prompts", type=int, default=None,
+                        help="the first N of each --prompts file")
     parser.add_argument("--temperature", type=float, nargs="+", default=[0.0],
                         help="one condition each (0: greedy; > 0: pure sampling)")
     parser.add_argument("--budget", type=budget_arg, default="auto",
@@ -43,11 +45,10 @@ def _questions(args) -> list[tuple[str, str, str]]:
     from targetrows.decoding.answers import read_questions
 
     if args.prompts:
-        questions = read_questions(args.prompts)
-        if args.num_prompts is not None:
-            if args.num_prompts < 1:
-                raise ValueError(f"--num-prompts must be >= 1, got {args.num_prompts}")
-            questions = questions[: args.num_prompts]
+        if args.num_prompts is not None and args.num_prompts < 1:
+            raise ValueError(f"--num-prompts must be >= 1, got {args.num_prompts}")
+        questions = [q for path in args.prompts
+                     for q in read_questions(path)[: args.num_prompts]]
         items = [(str(q.question_id), q.category, q.turns[0]) for q in questions]
     else:
         items = [(f"prompt-{i}", "", text) for i, text in enumerate(args.prompt)]

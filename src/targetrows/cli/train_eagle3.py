@@ -23,7 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_replies_arguments(parser)
     for name, kind, help_text in [
         ("seed", int, "seed of the head's initialisation and of the batches"),
-        ("coverage", float, "share of training reply tokens the draft vocabulary covers"),
+        ("coverage", float, "share of the target's top tokens the draft vocabulary covers"),
+        ("vocab-top-k", int, "count tokens among the target's top-k at each reply position (1: "
+                             "the reply tokens)"),
         ("ttt-steps", int, "steps the head is unrolled on its own outputs (training-time test)"),
         ("ttt-decay", float, "weight of unrolled step k's loss: decay ** k"),
         ("steps", int, "training steps"), ("batch-size", int, "sequences per training step"),
@@ -36,6 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             help=f"{help_text} (default {getattr(d, key)})")
     parser.add_argument("--no-init-from-target", dest="init_from_target", action="store_false",
                         help="start lm_head and norm at random, not from the target's")
+    parser.add_argument("--freeze-lm-head", dest="train_lm_head", action="store_false",
+                        help="keep lm_head at the target's rows (with its initialisation)")
     parser.add_argument("--device", default=d.device,
                         help="where the target and the head run: cpu, cuda, cuda:1 (default cpu)")
     parser.add_argument("--threads", type=int, default=0,
