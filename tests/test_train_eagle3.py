@@ -16,6 +16,7 @@ from safetensors.torch import load_file  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from targetrows import cli  # noqa: E402
+from targetrows.build import eagle3_init as ei  # noqa: E402
 from targetrows.build import eagle3_train as et  # noqa: E402
 from targetrows.build.replies import TeacherData, generate_batch  # noqa: E402
 from targetrows.core.tree import Tree  # noqa: E402
@@ -48,11 +49,11 @@ def test_the_unrolled_training_forward_is_the_backends_tree_pass(tmp_path):
     seqs = [torch.randint(0, 200, (n,), generator=gen).tolist() for n in (9, 14)]
     data = exact_data(target_hf, seqs, [4, 6])
     draft_ids = torch.tensor(sorted(set(range(0, 260, 3)) | set(sum(seqs, []))))
-    head, config = et.new_head(target_hf, draft_ids, LAYERS, init_from_target=True, seed=0)
+    head, config = ei.new_head(target_hf, draft_ids, LAYERS, init_from_target=True, seed=0)
     with torch.no_grad():  # a random head, far from its initialisation, so every part matters
         for p in head.parameters():
             p.add_(0.2 * torch.randn(p.shape, generator=gen))
-    write_head(str(tmp_path / "head"), et.head_tensors(head, target_hf.config.vocab_size), config)
+    write_head(str(tmp_path / "head"), ei.head_tensors(head, target_hf.config.vocab_size), config)
     target = HFModel(target_hf, name="target")
     draft = load_eagle3(str(tmp_path / "head"), target)
 
@@ -115,19 +116,19 @@ def test_the_draft_vocabulary_is_the_smallest_covering_set_plus_stops():
     top = torch.tensor([replies, second]).T.int()
     data = TeacherData(seqs, [1, 1], torch.zeros(len(replies), 2), top)
     # top_k = 1: the reply tokens themselves
-    assert et.draft_vocabulary(data, 5 / 11, set(), 20).tolist() == [1]
-    assert et.draft_vocabulary(data, 8 / 11, set(), 20).tolist() == [1, 2]
-    assert et.draft_vocabulary(data, 0.8, {15}, 20).tolist() == [1, 2, 3, 15]  # ties: lower id
-    assert et.draft_vocabulary(data, 1.0, set(), 20).tolist() == [1, 2, 3, 4, 9]
+    assert ei.draft_vocabulary(data, 5 / 11, set(), 20).tolist() == [1]
+    assert ei.draft_vocabulary(data, 8 / 11, set(), 20).tolist() == [1, 2]
+    assert ei.draft_vocabulary(data, 0.8, {15}, 20).tolist() == [1, 2, 3, 15]  # ties: lower id
+    assert ei.draft_vocabulary(data, 1.0, set(), 20).tolist() == [1, 2, 3, 4, 9]
     # top_k = 2 also counts the runners-up: 7 (6 times) comes before 1 (5 times)
-    assert et.draft_vocabulary(data, 6 / 22, set(), 20, top_k=2).tolist() == [7]
-    assert et.draft_vocabulary(data, 16 / 22, set(), 20, top_k=2).tolist() == [1, 7, 8]
-    assert et.draft_vocabulary(data, 19 / 22, set(), 20, top_k=2).tolist() == [1, 2, 7, 8]
-    assert et.coverage_of(torch.tensor([1, 2]), data) == pytest.approx(8 / 11)
+    assert ei.draft_vocabulary(data, 6 / 22, set(), 20, top_k=2).tolist() == [7]
+    assert ei.draft_vocabulary(data, 16 / 22, set(), 20, top_k=2).tolist() == [1, 7, 8]
+    assert ei.draft_vocabulary(data, 19 / 22, set(), 20, top_k=2).tolist() == [1, 2, 7, 8]
+    assert ei.coverage_of(torch.tensor([1, 2]), data) == pytest.approx(8 / 11)
     with pytest.raises(ValueError, match="--coverage"):
-        et.draft_vocabulary(data, 0.0, set(), 20)
+        ei.draft_vocabulary(data, 0.0, set(), 20)
     with pytest.raises(ValueError, match="--vocab-top-k 3"):
-        et.draft_vocabulary(data, 0.9, set(), 20, top_k=3)
+        ei.draft_vocabulary(data, 0.9, set(), 20, top_k=3)
 
 
 def test_train_eagle3_builds_a_reproducible_lossless_head(tmp_path, capsys):

@@ -10,11 +10,10 @@ EAGLE-3 (and SpecForge):
   tree attention of a depth-k node at inference). Step k's loss is weighted `ttt_decay`^k.
 - **Soft labels.** Cross-entropy against the target's distribution restricted to the draft
   vocabulary (renormalised), computed from the stored final hidden states: the target never runs.
-- **Draft vocabulary.** The smallest set of the most frequent reply tokens covering `coverage`
-  of them, plus the stop tokens (`d2t`/`t2d`); rows outside it are never proposed.
-- **Initialisation.** `lm_head` = the target's output rows of the draft vocabulary and `norm` =
-  its final norm, so the head starts out speaking the target's language; the target's
-  embedding is used frozen (the checkpoint holds no embedding, like the published heads).
+- **Draft vocabulary and initialisation** (`eagle3_init`): the tokens the target ranks in its
+  top few at the training reply positions, covering `coverage` of them, plus the stop tokens;
+  `lm_head` starts as the target's output rows of those tokens and `norm` as its final norm;
+  the target's embedding is used frozen (the checkpoint holds none, like the published heads).
 - AdamW, linear warm-up then cosine decay, gradient clipping. Seeded: the same data, config and
   thread count give the same head.
 """
@@ -33,8 +32,9 @@ import torch
 from tqdm import tqdm
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from targetrows.hf.eagle3 import Eagle3Head, Eagle3Shape
+from targetrows.hf.eagle3 import Eagle3Head
 
+from .eagle3_init import coverage_of, draft_vocabulary, head_tensors, new_head, target_rows
 from .embedded import replace_folder
 from .replies import RepliesConfig, TeacherData, check_head, load_target, replies_for
 
@@ -57,103 +57,6 @@ class Eagle3TrainConfig:
     eval_depth: int = 4  # chain depths reported on held-out replies
     device: str = "cpu"  # where the target (for replies generated now) and the head run
     train_minutes: float | None = None  # stop training after this (the schedule is not rescaled)
-
-
-# -- the draft vocabulary ----------------------------------------------------------------------
-def draft_vocabulary(data: TeacherData, coverage: float, stop: set[int], vocab_size: int,
-                     top_k: int = 1) -> torch.Tensor:
-    """Sorted target ids: the smallest set of tokens covering `coverage` of the appearances of
-    tokens among the target's `top_k` at the training reply positions (most frequent first,
-    ties by lower id), plus `stop`. top_k = 1 counts the greedy reply tokens themselves; a
-    larger top_k also counts the target's near-misses, which generalises to unseen replies
-    (SmolLM2, 1,024 replies: 99% of the top-4 is 10.6k tokens covering 0.93 of held-out reply
-    tokens; every reply token, 6.4k, covers 0.88)."""
-    if not 0 < coverage <= 1:
-        raise ValueError(f"--coverage {coverage} must be in (0, 1]")
-    if not 1 <= top_k <= data.top.shape[1]:
-        raise ValueError(f"--vocab-top-k {top_k} must be between 1 and the {data.top.shape[1]} "
-                         "top tokens the replies keep")
-    seen = data.top[:, :top_k].reshape(-1).long()
-    counts = torch.bincount(seen[seen < vocab_size], minlength=vocab_size)
-    order = sorted(range(vocab_size), key=lambda i: (-int(counts[i]), i))[: int((counts > 0).sum())]
-    cum = counts[order].cumsum(0).double() / max(1, int(counts.sum()))
-    n = int(torch.searchsorted(cum, torch.tensor(coverage, dtype=torch.float64)).item()) + 1
-    chosen = set(order[: min(n, len(order))]) | {s for s in stop if s < vocab_size}
-    return torch.tensor(sorted(chosen))
-
-
-def coverage_of(draft_ids: torch.Tensor, data: TeacherData) -> float:
-    """Share of `data`'s reply tokens inside the draft vocabulary."""
-    replies = torch.cat([torch.tensor(s[p:]) for s, p in zip(data.sequences, data.prompt_lens,
-                                                                  strict=True)])
-    return float(torch.isin(replies, draft_ids).float().mean())
-
-
-# -- the head ----------------------------------------------------------------------------------
-def layer_config(target_config, draft_vocab_size: int) -> dict:
-    """The head's config.json (EAGLE layout): the target's own layer shape and rotary
-    settings, one layer, the draft vocabulary size."""
-    t = target_config
-    config = dict(
-        architectures=["LlamaForCausalLMEagle3"], model_type="llama",
-        hidden_size=int(t.hidden_size), intermediate_size=int(t.intermediate_size),
-        num_attention_heads=int(t.num_attention_heads),
-        num_key_value_heads=int(getattr(t, "num_key_value_heads", None) or t.num_attention_heads),
-        head_dim=int(getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads),
-        num_hidden_layers=1, vocab_size=int(t.vocab_size), draft_vocab_size=int(draft_vocab_size),
-        target_hidden_size=int(t.hidden_size), rms_norm_eps=float(getattr(t, "rms_norm_eps", 1e-6)),
-        hidden_act=getattr(t, "hidden_act", "silu"),
-        max_position_embeddings=int(t.max_position_embeddings), tie_word_embeddings=False,
-        torch_dtype="float32",
-    )
-    for key in ("rope_theta", "rope_scaling", "rope_parameters"):
-        value = getattr(t, key, None)
-        if value is not None:
-            config[key] = value
-    return config
-
-
-def new_head(target, draft_ids: torch.Tensor, feature_layers, init_from_target: bool,
-             seed: int) -> tuple[Eagle3Head, dict]:
-    """A fresh head for `target` (a transformers model) and its config.json."""
-    from targetrows.hf.eagle3_checkpoint import parse_config
-
-    config = layer_config(target.config, len(draft_ids))
-    config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(feature_layers),
-                              "use_aux_hidden_state": True}
-    parsed = parse_config(config, "train-eagle3")
-    from transformers import LlamaConfig
-
-    rope = LlamaConfig(hidden_size=parsed.hidden_size, num_attention_heads=config[
-        "num_attention_heads"], head_dim=config["head_dim"],
-        **{k: config[k] for k in ("rope_theta", "rope_scaling", "rope_parameters",
-                                  "max_position_embeddings") if k in config})
-    shape = Eagle3Shape(
-        hidden_size=parsed.hidden_size, target_hidden_size=parsed.target_hidden_size,
-        intermediate_size=config["intermediate_size"], num_heads=config["num_attention_heads"],
-        num_kv_heads=config["num_key_value_heads"], head_dim=config["head_dim"],
-        vocab_size=parsed.vocab_size, draft_vocab_size=len(draft_ids),
-        n_features=len(feature_layers), rms_norm_eps=config["rms_norm_eps"],
-        hidden_act=config["hidden_act"])
-    torch.manual_seed(seed)
-    head = Eagle3Head(shape, rope)
-    head.d2t.copy_(draft_ids - torch.arange(len(draft_ids)))
-    if init_from_target:
-        with torch.no_grad():
-            head.lm_head.weight.copy_(target.get_output_embeddings().weight[draft_ids])
-            final_norm = getattr(target.base_model, "norm", None)
-            if final_norm is not None:
-                head.norm.weight.copy_(final_norm.weight)
-    return head, config
-
-
-def head_tensors(head: Eagle3Head, vocab_size: int) -> dict[str, torch.Tensor]:
-    """The head's canonical tensors for `write_head`: weights, d2t and the t2d mask."""
-    tensors = {k: v for k, v in head.state_dict().items() if not k.startswith("rotary.")}
-    t2d = torch.zeros(vocab_size, dtype=torch.bool)
-    t2d[torch.arange(len(head.d2t)) + head.d2t] = True
-    tensors["t2d"] = t2d
-    return tensors
 
 
 # -- batches -----------------------------------------------------------------------------------
@@ -375,11 +278,6 @@ def forward_cost(target, head: Eagle3Head, context: int = 128, reps: int = 15) -
     target_s = forward_seconds(target, 1, context, reps)
     return {"head_step_ms": 1e3 * head_s, "target_step_ms": 1e3 * target_s,
             "ratio": head_s / target_s}
-
-
-def target_rows(target, draft_ids: torch.Tensor) -> torch.Tensor:
-    """The target's output rows of the draft vocabulary (soft labels come from these)."""
-    return target.get_output_embeddings().weight[draft_ids].detach().float()
 
 
 def check_replies(data: TeacherData, target) -> None:
