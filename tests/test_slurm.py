@@ -90,7 +90,9 @@ def test_job_resources_come_from_the_config_and_scale_with_the_models(tmp_path):
     assert all("gpu=1" in r and "mem_mb=4048" in r and "runtime=480" in r
                for r in res["record_rows"])  # 2000 MB + 2 x 1 GiB of weights
     assert all("mem_mb=4048" in r and "runtime=240" in r for r in res["decode"])
-    assert all("gpu" not in r for r in res["distill_draft"])  # distillation runs on the CPU
+    # the replies and the head's training run on the CPU; the replies job holds a batch's cache
+    assert all("gpu" not in r and "mem_mb=8048" in r for r in res["target_replies"])
+    assert all("gpu" not in r and "mem_mb=4048" in r for r in res["train_eagle3"])
     res = dry_run_resources(work, "resources: {gpus_per_job: 0, mem_mb: {decode: 3000}, "
                                   "runtime: {decode: 7}}")
     assert all("gpu=0" in r and "mem_mb=3000" in r and "runtime=7" in r for r in res["decode"])
