@@ -64,8 +64,8 @@ class Eagle3TrainConfig:
 class Batch:
     """Sequences packed for the unrolled head. Index t of row b stands for the entry pairing
     feature t with token t+1; `tokens[b, t + k]` is token t+1+k; `rows[b, t + k]` is the local
-    row (into `labels`) of the target's distribution at position t+1+k, or -1 when that position
-    does not predict a reply token."""
+    row (into `hidden` and `greedy`) of the target's distribution at position t+1+k, or -1 when
+    that position does not predict a reply token."""
 
     features: torch.Tensor  # [B, L, F]
     tokens: torch.Tensor  # [B, L + K]
@@ -137,13 +137,9 @@ def unrolled(head: Eagle3Head, embed: torch.nn.Embedding, batch: Batch, k_steps:
         pos = (torch.arange(start, width, device=dev) + k).expand(n_b, n_q)
         cos, sin = head.rotary(x, pos)
         q, kk = apply_rotary_pos_emb(q, kk, cos, sin)
-        kk, vv = kk.repeat_interleave(group, 1), vv.repeat_interleave(group, 1)
-        if k == 0:
-            keys.append(kk)
-            values.append(vv)
-        else:  # keys of later steps are only ever seen at their own index
-            keys.append(kk if start == lo else kk[:, :, lo - start:])
-            values.append(vv if start == lo else vv[:, :, lo - start:])
+        # step 0's keys span every index; a later step's, indices lo.. (seen only at their own)
+        keys.append(kk.repeat_interleave(group, 1))
+        values.append(vv.repeat_interleave(group, 1))
         # step 0's entries up to t (causal), then this index's own earlier steps (diagonal)
         scores = [(q @ keys[0].transpose(-1, -2) * scale).masked_fill(~causal[start:],
                                                                       float("-inf"))]
