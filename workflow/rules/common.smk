@@ -61,6 +61,10 @@ def decode_budgets(decoder, cfg=config):
     return cfg["decode"]["decoder_budgets"].get(decoder, cfg["decode"]["budgets"])
 
 
+# Model sources that make drafts; a draft is never trained from, nor drafted for, another draft.
+DRAFT_SOURCES = ("distill", "train_eagle3", "eagle3")
+
+
 def check_config(cfg):
     """Cross-references the schema cannot express; each error names the config key to fix."""
     models = cfg["models"]
@@ -70,8 +74,8 @@ def check_config(cfg):
             if pair[role] not in models:
                 raise WorkflowError(
                     f"config key pairs[{i}].{role}: model {pair[role]!r} is not defined under "
-                    f"'models'; add it there (source: hub, embedded, distill, train_eagle3, eagle3 or local) or fix "
-                    f"the name (defined: {', '.join(sorted(models))})"
+                    f"'models'; add it there (source: hub, embedded, distill, train_eagle3, "
+                    f"eagle3 or local) or fix the name (defined: {', '.join(sorted(models))})"
                 )
         if pair["target"] in seen:
             raise WorkflowError(
@@ -85,8 +89,7 @@ def check_config(cfg):
                 f"config key models.{name}.target: model {spec['target']!r} is not defined "
                 "under 'models'"
             )
-        trained = ("distill", "train_eagle3", "eagle3")
-        if spec["source"] == "distill" and models[spec["target"]]["source"] in trained:
+        if spec["source"] == "distill" and models[spec["target"]]["source"] in DRAFT_SOURCES:
             raise WorkflowError(
                 f"config key models.{name}.target: distill from a target model, not from "
                 f"a draft ({spec['target']!r})"
@@ -127,8 +130,7 @@ def check_eagle3_head(cfg, name, spec):
     """An EAGLE-3 head drafts only for the target it was trained on: that model must exist and
     every pair that uses the head must pair it with that target."""
     models = cfg["models"]
-    drafts = ("eagle3", "train_eagle3", "distill")
-    if spec["target"] not in models or models[spec["target"]]["source"] in drafts:
+    if spec["target"] not in models or models[spec["target"]]["source"] in DRAFT_SOURCES:
         raise WorkflowError(
             f"config key models.{name}.target: {spec['target']!r} must be a target model defined "
             "under 'models' (the model whose features the head reads)"
