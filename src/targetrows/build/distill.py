@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import shutil
 import tempfile
 import time
@@ -26,6 +25,7 @@ from tqdm import tqdm
 
 from .embedded import replace_folder
 from .replies import RepliesConfig, TeacherData, check_head, load_target, replies_for
+from .schedule import adamw_warmup_cosine, batch_order
 
 
 @dataclass
@@ -112,19 +112,12 @@ def train(draft, data: TeacherData, config: DistillConfig, vocab: int,
     gen = torch.Generator().manual_seed(config.seed)
     batch = min(config.batch_size, len(inputs))
     # every batch has the same shape [batch, L], so the compiled layers compile once
-    stream = torch.cat([torch.randperm(len(inputs), generator=gen)
-                        for _ in range(math.ceil(config.steps * batch / len(inputs)))])
+    stream = batch_order(len(inputs), config.steps, batch, gen)
     body = draft.base_model
     if config.compile:
         body = torch.compile(body, dynamic=False)
     params = [p for p in draft.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.01)
-    warmup, total = max(1, config.warmup), config.steps
-
-    def schedule(step: int) -> float:  # linear warm-up, then cosine to zero
-        return min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * step / total))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+    opt, sched = adamw_warmup_cosine(params, config.lr, 0.01, config.warmup, config.steps)
     draft.train()
     losses: list[float] = []
     bar = tqdm(range(config.steps), desc="training draft", unit="step", mininterval=2.0)

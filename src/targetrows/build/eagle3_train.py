@@ -37,6 +37,7 @@ from targetrows.hf.eagle3 import Eagle3Head
 from .eagle3_init import coverage_of, draft_vocabulary, head_tensors, new_head, target_rows
 from .embedded import replace_folder
 from .replies import RepliesConfig, TeacherData, check_head, load_target, replies_for
+from .schedule import adamw_warmup_cosine, batch_order
 
 
 @dataclass
@@ -190,17 +191,11 @@ def train(head: Eagle3Head, embed, data: TeacherData, config: Eagle3TrainConfig,
     gen = torch.Generator().manual_seed(config.seed)
     n = len(data.sequences)
     batch = min(config.batch_size, n)
-    stream = torch.cat([torch.randperm(n, generator=gen)
-                        for _ in range(math.ceil(config.steps * batch / n))]).tolist()
+    stream = batch_order(n, config.steps, batch, gen).tolist()
     head.lm_head.weight.requires_grad_(config.train_lm_head)
     params = [p for p in head.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
-    warmup, total = max(1, config.warmup), config.steps
-
-    def schedule(step: int) -> float:  # linear warm-up, then cosine to zero
-        return min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * step / total))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+    opt, sched = adamw_warmup_cosine(params, config.lr, config.weight_decay, config.warmup,
+                                     config.steps)
     head.train()
     losses: list[float] = []
     bar = tqdm(range(config.steps), desc="training head", unit="step", mininterval=2.0)

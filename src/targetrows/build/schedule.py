@@ -1,0 +1,26 @@
+"""What both trainings (`distill`, `train-eagle3`) share: the order they visit their replies in,
+and AdamW with a linear warm-up then a cosine decay to zero."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def batch_order(n: int, steps: int, batch: int, gen: torch.Generator) -> torch.Tensor:
+    """Sequence indices for `steps` batches of `batch`: whole shuffled epochs, back to back."""
+    return torch.cat([torch.randperm(n, generator=gen)
+                      for _ in range(math.ceil(steps * batch / n))])
+
+
+def adamw_warmup_cosine(params, lr: float, weight_decay: float, warmup: int, steps: int):
+    """(AdamW, its scheduler): lr rises linearly over `warmup` steps, then decays as a cosine to
+    zero at `steps`; call the scheduler's step() after each optimiser step."""
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    warmup = max(1, warmup)
+
+    def factor(step: int) -> float:
+        return min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * step / steps))
+
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
