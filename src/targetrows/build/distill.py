@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import copy
 import json
-import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,7 +21,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from .embedded import replace_folder
+from .embedded import new_folder
 from .replies import RepliesConfig, TeacherData, check_head, load_target, replies_for
 from .schedule import adamw_warmup_cosine, batch_order
 
@@ -225,14 +223,8 @@ def distill(target_dir: str, out: str | Path, config: DistillConfig,
     }
     report["total_seconds"] = time.perf_counter() - start
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    with new_folder(out, force) as tmp:
         draft.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / "distill_report.json").write_text(json.dumps(report, indent=2) + "\n")
-        replace_folder(tmp, out, force)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
     return report

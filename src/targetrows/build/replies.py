@@ -17,9 +17,7 @@ variety matters more than reply length (`chat_prompts`). The folder holds ``trai
 from __future__ import annotations
 
 import json
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from contextlib import contextmanager
@@ -30,7 +28,7 @@ import torch
 from tqdm import tqdm
 
 from .chat_prompts import HELDOUT_PROMPTS, training_prompts
-from .embedded import replace_folder
+from .embedded import new_folder
 
 
 @dataclass
@@ -271,16 +269,10 @@ def make_replies(target_dir: str, out: str | Path, config: RepliesConfig,
     tokenizer, target = load_target(target_dir)
     train, held, summary = generate_replies(target, tokenizer, config)
     summary = {"target": str(target_dir), **summary}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    with new_folder(out, force) as tmp:
         train.to_file(tmp / "train.pt")
         held.to_file(tmp / "heldout.pt")
         (tmp / "replies.json").write_text(json.dumps(summary, indent=2) + "\n")
-        replace_folder(tmp, out, force)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
     return summary
 
 
