@@ -30,9 +30,9 @@ IN_CI = os.environ.get("CI") == "true"  # there the cluster must run: a skip wou
 needs_snakemake = pytest.mark.skipif(SNAKEMAKE is None, reason="snakemake is not installed")
 
 CONFIG = REPO / "tests" / "pipeline_config" / "config.yaml"
-# the DAG on the cluster: the test configuration at one temperature (half the jobs: each run
-# then takes about 2 minutes on 2 cores, and there are two)
-ONE_TEMPERATURE = "temperatures: [0]\n"
+# the DAG on the cluster: the test configuration cut to one task and one temperature (15 jobs,
+# not 24); every rule and decoder still runs as a SLURM job, in each of the two runs
+SMALL_DAG = "temperatures: [0]\ntasks: [gsm8k]\n"
 PROFILE = REPO / "workflow" / "profiles" / "slurm"
 RESULTS: dict[str, Path] = {}  # accounting or not -> the run's working directory
 
@@ -133,15 +133,15 @@ def workdir(tmp_path: Path) -> Path:
 
 
 def dag_config() -> dict:
-    return {**yaml.safe_load(CONFIG.read_text()), **yaml.safe_load(ONE_TEMPERATURE)}
+    return {**yaml.safe_load(CONFIG.read_text()), **yaml.safe_load(SMALL_DAG)}
 
 
 def snakemake_slurm(work: Path, env: dict, *extra: str) -> subprocess.Popen:
     """The command of config/README.md "On a cluster", on the test configuration."""
-    (work / "one_temperature.yaml").write_text(ONE_TEMPERATURE)
+    (work / "small_dag.yaml").write_text(SMALL_DAG)
     argv = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--directory", str(work),
             "--workflow-profile", str(PROFILE), "--configfile", str(CONFIG),
-            str(work / "one_temperature.yaml"), *extra]
+            str(work / "small_dag.yaml"), *extra]
     full_env = snakemake_env(SLURM_CONF=env["SLURM_CONF"])
     log = open(work / "snakemake.log", "w")
     return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=full_env,
