@@ -42,6 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="keep lm_head at the target's rows (with its initialisation)")
     parser.add_argument("--device", default=d.device,
                         help="where the target and the head run: cpu, cuda, cuda:1 (default cpu)")
+    parser.add_argument("--autocast", default=d.autocast,
+                        help="dtype of the training's matrix products: auto (bfloat16 on a GPU or "
+                        f"an AMX CPU, else float32), float32, bfloat16 (default {d.autocast})")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch CPU threads (default: torch's choice, one per core)")
     parser.add_argument("--train-minutes", type=float, default=None,
