@@ -119,9 +119,10 @@ def pick_budgets(target, draft, prompt: BenchPrompt, settings: BenchSettings, pa
 
 
 def measure(target, draft, prompts: Sequence[BenchPrompt], settings: BenchSettings):
-    """Part times at a context as long as a prompt plus half the new tokens."""
-    ids = list(prompts[0].ids)
-    want = len(ids) + settings.max_new_tokens // 2
+    """Part times at the mean context of the runs: the prompts' mean length plus half the new
+    tokens (attention grows with the context, so the first prompt alone can miss by 10%)."""
+    ids = [t for p in prompts for t in p.ids]
+    want = round(len(ids) / len(prompts)) + settings.max_new_tokens // 2
     ctx = (ids * (want // len(ids) + 1))[:want]
     candidates = costmodel.DEFAULT_BUDGETS if settings.budget == "auto" else (int(settings.budget),)
     cap = costmodel.pool_size(settings.top_k, settings.depth)
