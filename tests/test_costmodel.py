@@ -65,6 +65,9 @@ def test_bound_by_hand():
     assert b.round_seconds == pytest.approx(np.mean(seconds))
     ar = cm.bound("ar", PARTS, [RoundStats(committed=1)] * 3, 4, 3)
     assert ar.tokens_per_s == pytest.approx(100.0) and ar.speedup == pytest.approx(1.0)
+    # the prompt's pass beyond a one-token pass, paid once: 3 tokens in 30 + 20 ms
+    ar = cm.bound("ar", PARTS, [RoundStats(committed=1)] * 3, 4, 3, prompt_s=0.02)
+    assert ar.tokens_per_s == pytest.approx(60.0) and ar.round_seconds == pytest.approx(0.01)
 
 
 def test_best_budget_maximises_a_synthetic_curve():

@@ -255,7 +255,8 @@ def markdown(head: dict, summary: list[dict], context: dict, settings) -> str:
         "Ratios are medians of per-prompt ratios (methods interleaved prompt by prompt). "
         "tokens/round counts every committed token (t0 included); accepted/round counts "
         "accepted draft tokens; time split: per-round means. Bound: zero-overhead speed from "
-        "the part times below with the run's acceptance and achieved overlap. "
+        "the part times below (each prompt's first pass included) with the run's acceptance "
+        "and achieved overlap. "
         "hf_assisted: `generate(assistant_model=...)`; hf_prompt_lookup: "
         "`generate(prompt_lookup_num_tokens=N, max_matching_ngram_size="
         f"{PROMPT_LOOKUP_NGRAM})`, candidates copied from the context, no draft model; "
@@ -272,6 +273,9 @@ def markdown(head: dict, summary: list[dict], context: dict, settings) -> str:
         "|" + "---|" * (len(parts.target.sizes) + 1),
         "| target ms | " + " | ".join(f"{t * 1e3:.1f}" for t in parts.target.seconds) + " |",
     ]
+    if context.get("prompt_s"):
+        lines += ["", "Each prompt's first pass beyond a one-token pass (in the bounds), ms: "
+                  + ", ".join(f"{t * 1e3:.0f}" for t in context["prompt_s"]) + "."]
     if parts.draft is not None:
         lines += [
             "",

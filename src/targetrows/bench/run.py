@@ -224,6 +224,8 @@ def run_bench(
         vocab = min(target.vocab_size, source.vocab_size)
         assistant = assistant_for(target.model, source.model, vocab)
     parts = measure(target, draft, prompts, settings)
+    # what each prompt's first pass costs beyond a round's one-token pass (in every bound)
+    prompt_s = [costmodel.time_prompt_pass(target, p.ids, settings.repeats) for p in prompts]
     budgets, choices = pick_budgets(target, draft, prompts[0], settings, parts)
     for method in methods:  # warm-up: lazy initialisation is nobody's cost
         run_method(
@@ -238,7 +240,7 @@ def run_bench(
             settings.seed,
             4,
         )
-    rows, results = [], []
+    rows, results, prompt_of = [], [], []
     for i, prompt in enumerate(prompts):
         for temp in settings.temperatures:
             order = methods[i % len(methods) :] + methods[: i % len(methods)]
@@ -259,6 +261,7 @@ def run_bench(
                 done[method] = tokens
                 rows.append(_row(method, prompt, temp, budget, tokens, wall, result))
                 results.append(result)
+                prompt_of.append(i)
                 if progress is not None:
                     progress(rows[-1])
             if temp == 0 and "hf_generate" in done:
@@ -266,7 +269,7 @@ def run_bench(
                     row["same_as_hf_generate"] = done[row["method"]] == done["hf_generate"]
     # part times before and after the runs, averaged: drift of a shared machine shows in both
     parts = costmodel.mean_parts(parts, measure(target, draft, prompts, settings))
-    for row, result in zip(rows, results, strict=True):
+    for row, result, i in zip(rows, results, prompt_of, strict=True):
         if result is not None and result.rounds:
             b = costmodel.bound(
                 row["method"],
@@ -276,6 +279,7 @@ def run_bench(
                 get_decoder(row["method"]).pool_depth(settings.depth,
                                                       row["budget"] or settings.depth),
                 settings.guesses,
+                prompt_s[i],
             )
             row.update(
                 overlap=b.overlap,
@@ -285,6 +289,7 @@ def run_bench(
             )
     context = {
         "parts": parts,
+        "prompt_s": prompt_s,
         "budgets": budgets,
         "choices": choices,
         "methods": methods,

@@ -11,10 +11,10 @@ the batch) keeps, at no extra cost:
 
 Batch 32-128 generates about 9x more tokens per second on a CPU than batch-1 decoding, and prompt
 variety matters more than reply length (`chat_prompts`). The training replies are generated in
-bfloat16 where its matrix products are fast (a GPU, or a CPU with AMX units: 1.9x the tokens per
-second of float32 on 2 Sapphire Rapids cores); the held-out replies, which measure agreement, by
-the target as loaded (float32). The folder holds ``train.pt`` and
-``heldout.pt`` (plain tensors, loaded weights-only) and ``replies.json`` (settings, sizes, time).
+the dtype the decoders run the target in (bfloat16 on a GPU, float32 on a CPU; `dtype`), the
+held-out replies, which measure agreement, by the target as loaded (float32). The folder holds
+``train.pt`` and ``heldout.pt`` (plain tensors, loaded weights-only) and ``replies.json``
+(settings, sizes, time).
 """
 
 from __future__ import annotations
@@ -44,25 +44,13 @@ class RepliesConfig:
     gen_batch: int = 128
     top_k: int = 32
     features: bool = True  # keep the EAGLE-3 feature layers' inputs
-    dtype: str = "auto"  # of the training replies (`fast_dtype`); held-out ones: float32
+    dtype: str = "auto"  # of the training replies (auto: the decoders'); held-out: float32
     data_minutes: float | None = None  # stop starting new batches after this (machine-dependent)
 
 
 def default_feature_layers(n_layers: int) -> tuple[int, int, int]:
     """The layers whose inputs an EAGLE-3 head reads: low, middle, high (EAGLE-3's choice)."""
     return (2, n_layers // 2, n_layers - 3)
-
-
-def fast_dtype(name: str, device: str) -> torch.dtype:
-    """The dtype `name` for bulk training work on `device`; "auto" = bfloat16 where its matrix
-    products are fast (CUDA, or a CPU with AMX tiles, where they run about 8x float32's), else
-    float32 (a CPU without bf16 units emulates it slowly)."""
-    from targetrows.hf.loading import resolve_dtype
-
-    if name != "auto":
-        return resolve_dtype(name, device)
-    amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
-    return torch.bfloat16 if device.startswith("cuda") or amx else torch.float32
 
 
 @dataclass
@@ -246,6 +234,7 @@ def generate_replies(target, tokenizer, config: RepliesConfig) -> tuple[TeacherD
                                                                           dict]:
     """(training data, held-out data, summary) for the loaded `target` (a transformers model)."""
     from targetrows.decoding.chat import encode_prompt, stop_ids
+    from targetrows.hf.loading import resolve_dtype
 
     if not 1 <= config.heldout <= len(HELDOUT_PROMPTS):
         raise ValueError(f"--heldout must be between 1 and {len(HELDOUT_PROMPTS)}")
@@ -254,15 +243,14 @@ def generate_replies(target, tokenizer, config: RepliesConfig) -> tuple[TeacherD
     train_ids = [encode_prompt(tokenizer, p) for p in training_prompts(config.prompts, config.seed)]
     held_ids = [encode_prompt(tokenizer, p) for p in HELDOUT_PROMPTS[: config.heldout]]
     cap = None if config.data_minutes is None else start + 60 * config.data_minutes
-    device = str(target.device)
-    fast = fast_dtype(config.dtype, device)
+    dtype = resolve_dtype(config.dtype, str(target.device))
     # a copy, not a round trip: the caller's target keeps its dtype and weights
-    generator = target if fast == target.dtype else copy.deepcopy(target).to(fast)
+    generator = target if dtype == target.dtype else copy.deepcopy(target).to(dtype)
     train = teacher_data(generator, train_ids, config, stop, "target replies", cap)
     del generator
     held = teacher_data(target, held_ids, config, stop, "held-out replies")
     summary = {
-        "config": asdict(config), "train_dtype": str(fast).removeprefix("torch."),
+        "config": asdict(config), "train_dtype": str(dtype).removeprefix("torch."),
         "feature_layers": list(train.feature_layers),
         "train_prompts": len(train.sequences), "train_positions": len(train.hidden),
         "heldout_prompts": len(held.sequences), "heldout_positions": len(held.hidden),

@@ -26,9 +26,9 @@ def add_replies_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-seed", type=int, default=d.seed,
                         help=f"which training prompts (default {d.seed})")
     parser.add_argument("--reply-dtype", dest="dtype", default=d.dtype,
-                        help="dtype the target generates the training replies in: auto (bfloat16 "
-                        "on a GPU or an AMX CPU, else float32), float32, bfloat16 (default "
-                        f"{d.dtype}); held-out replies are always float32")
+                        help="dtype the target generates the training replies in: auto (what "
+                        "the decoders use: bfloat16 on a GPU, float32 on a CPU), float32, bfloat16 "
+                        f"(default {d.dtype}); held-out replies are always float32")
     parser.add_argument("--data-minutes", type=float, default=None,
                         help="time cap on generating replies (makes the data machine-dependent)")
 

@@ -36,6 +36,7 @@ from .parttimes import (
     measure_parts,
     target_sizes_for,
     time_passes,
+    time_prompt_pass,
 )
 from .registry import get_decoder, get_rule
 
@@ -60,6 +61,7 @@ __all__ = [
     "round_seconds",
     "target_sizes_for",
     "time_passes",
+    "time_prompt_pass",
 ]
 
 DEFAULT_BUDGETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
@@ -128,10 +130,18 @@ class Bound:
 
 
 def bound(
-    decoder: str, parts: PartTimes, rounds, top_k: int, depth: int, guesses: int = 2
+    decoder: str,
+    parts: PartTimes,
+    rounds,
+    top_k: int,
+    depth: int,
+    guesses: int = 2,
+    prompt_s: float = 0.0,
 ) -> Bound:
     """The speed `decoder` could reach with zero overhead, given its run's `rounds`
-    (RoundStats: committed, nodes, draft_passes and the part times that show the overlap)."""
+    (RoundStats: committed, nodes, draft_passes and the part times that show the overlap).
+    `prompt_s`: seconds of the target's pass over the prompt beyond a one-token pass (the first
+    round of every decoder feeds the whole prompt once; 0 leaves it out)."""
     if not rounds:
         raise ValueError("bound needs at least one round")
     overlap = overlap_achieved(rounds)
@@ -145,7 +155,7 @@ def bound(
         depth,
         guesses,
     )
-    tps = sum(r.committed for r in rounds) / float(np.sum(seconds))
+    tps = sum(r.committed for r in rounds) / (prompt_s + float(np.sum(seconds)))
     return Bound(tps, tps * parts.target(1), overlap, float(np.mean(seconds)))
 
 

@@ -84,6 +84,27 @@ def time_passes(
     return PassCurve(tuple(sizes), tuple(isotonic(seconds)))
 
 
+def time_prompt_pass(model, prompt: Sequence[int], repeats: int = 3) -> float:
+    """Median seconds of a pass over the whole `prompt` from an empty cache (the first pass of
+    any decoding), less a one-token pass on top of it (what a round's part times count)."""
+    ctx = [int(t) for t in prompt]
+    if not ctx:
+        raise ValueError("time_prompt_pass needs a non-empty prompt")
+    root = Tree.root_only(ctx[-1])
+    full, step = [], []
+    for _ in range(repeats + 1):  # the first of each is a warm-up
+        model.reset(0)
+        t = time.perf_counter()
+        model.logits(ctx, root, [0])
+        synchronize(model)
+        full.append(time.perf_counter() - t)
+        model.commit(ctx)
+        step.append(_timed_pass(model, ctx, _random_tree(np.random.default_rng(0), ctx[-1], 1,
+                                                         model.vocab_size)))
+    model.reset(0)
+    return max(0.0, float(np.median(full[1:]) - np.median(step[1:])))
+
+
 def isotonic(values: Sequence[float]) -> list[float]:
     """The non-decreasing sequence closest to `values` in least squares (pool adjacent
     violators): a pass over more tokens never costs less, so a dip is timing noise, and left in
