@@ -298,11 +298,14 @@ def test_default_dag_end_to_end_on_tiny_models_survives_an_interrupt(tmp_path):
     cfg = yaml.safe_load(Path(config).read_text())
     args = ["--cores", "2", "--configfile", config, "--rerun-incomplete"]
 
-    # interrupt the run as Ctrl-C would once decoding is under way, then start it again
+    # interrupt the run as Ctrl-C would once decoding is under way, then start it again. The
+    # child gets SIGINT's default action back: a shell starts background commands with SIGINT
+    # ignored, and Python then never raises KeyboardInterrupt (CI run as `.ci/run &`)
     env = snakemake_env()
     proc = subprocess.Popen([SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--directory", str(work),
                              *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env=env, start_new_session=True)
+                            env=env, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 300
     while proc.poll() is None and time.monotonic() < deadline:
         if len(list((work / "results" / "decode").rglob("*.jsonl"))) >= 2:
