@@ -206,7 +206,7 @@ def train(head: Eagle3Head, embed, data: TeacherData, config: Eagle3TrainConfig,
         if deadline is not None and time.perf_counter() > deadline:
             break
         b = make_batch(data, stream[step * batch : (step + 1) * batch], config.ttt_steps,
-                       f_off, h_off, target_w.device)
+                       f_off, h_off, dev)
         with torch.autocast(dev.type, dtype=dtype, enabled=dtype != torch.float32):
             loss = batch_loss(head, embed, b, config, target_w)
         opt.zero_grad(set_to_none=True)

@@ -91,6 +91,7 @@ def time_prompt_pass(model, prompt: Sequence[int], repeats: int = 3) -> float:
     if not ctx:
         raise ValueError("time_prompt_pass needs a non-empty prompt")
     root = Tree.root_only(ctx[-1])
+    one = _random_tree(np.random.default_rng(0), ctx[-1], 1, model.vocab_size)
     full, step = [], []
     for _ in range(repeats + 1):  # the first of each is a warm-up
         model.reset(0)
@@ -99,8 +100,7 @@ def time_prompt_pass(model, prompt: Sequence[int], repeats: int = 3) -> float:
         synchronize(model)
         full.append(time.perf_counter() - t)
         model.commit(ctx)
-        step.append(_timed_pass(model, ctx, _random_tree(np.random.default_rng(0), ctx[-1], 1,
-                                                         model.vocab_size)))
+        step.append(_timed_pass(model, ctx, one))
     model.reset(0)
     return max(0.0, float(np.median(full[1:]) - np.median(step[1:])))
 
