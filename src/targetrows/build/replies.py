@@ -10,7 +10,8 @@ the batch) keeps, at no extra cost:
   ``hidden_states[i]``; by default 2, L//2 and L-3, what an EAGLE-3 head reads), fp16.
 
 Batch 32-128 generates about 9x more tokens per second on a CPU than batch-1 decoding, and prompt
-variety matters more than reply length (`chat_prompts`). The training replies are generated in
+variety matters more than reply length: the prompts are template requests (`chat_prompts`) and,
+with `self_prompts`, requests the target writes itself (`self_prompts`). The training replies are generated in
 the dtype the decoders run the target in (bfloat16 on a GPU, float32 on a CPU; `dtype`), the
 held-out replies, which measure agreement, by the target as loaded (float32). The folder holds
 ``train.pt`` and ``heldout.pt`` (plain tensors, loaded weights-only) and ``replies.json``
@@ -33,12 +34,14 @@ from tqdm import tqdm
 
 from .chat_prompts import HELDOUT_PROMPTS, training_prompts
 from .embedded import new_folder
+from .self_prompts import self_prompts
 
 
 @dataclass
 class RepliesConfig:
-    seed: int = 0  # which training prompts (`training_prompts(prompts, seed)`)
-    prompts: int = 1024  # distinct training prompts, one greedy reply each
+    seed: int = 0  # which training prompts (`training_prompts(prompts, seed)`, self_prompts')
+    prompts: int = 1024  # distinct template training prompts, one greedy reply each
+    self_prompts: int = 0  # and training prompts the target writes itself (`self_prompts`)
     heldout: int = len(HELDOUT_PROMPTS)
     max_new_tokens: int = 112
     gen_batch: int = 128
@@ -240,12 +243,16 @@ def generate_replies(target, tokenizer, config: RepliesConfig) -> tuple[TeacherD
         raise ValueError(f"--heldout must be between 1 and {len(HELDOUT_PROMPTS)}")
     start = time.perf_counter()
     stop = stop_ids(tokenizer, target)
-    train_ids = [encode_prompt(tokenizer, p) for p in training_prompts(config.prompts, config.seed)]
-    held_ids = [encode_prompt(tokenizer, p) for p in HELDOUT_PROMPTS[: config.heldout]]
-    cap = None if config.data_minutes is None else start + 60 * config.data_minutes
     dtype = resolve_dtype(config.dtype, str(target.device))
     # a copy, not a round trip: the caller's target keeps its dtype and weights
     generator = target if dtype == target.dtype else copy.deepcopy(target).to(dtype)
+    prompts = training_prompts(config.prompts, config.seed)
+    written = self_prompts(generator, tokenizer, config.self_prompts, config.seed, stop,
+                           exclude={*prompts, *HELDOUT_PROMPTS}) if config.self_prompts else []
+    written_s = time.perf_counter() - start
+    train_ids = [encode_prompt(tokenizer, p) for p in prompts + written]
+    held_ids = [encode_prompt(tokenizer, p) for p in HELDOUT_PROMPTS[: config.heldout]]
+    cap = None if config.data_minutes is None else start + 60 * config.data_minutes
     train = teacher_data(generator, train_ids, config, stop, "target replies", cap)
     del generator
     held = teacher_data(target, held_ids, config, stop, "held-out replies")
@@ -254,6 +261,7 @@ def generate_replies(target, tokenizer, config: RepliesConfig) -> tuple[TeacherD
         "feature_layers": list(train.feature_layers),
         "train_prompts": len(train.sequences), "train_positions": len(train.hidden),
         "heldout_prompts": len(held.sequences), "heldout_positions": len(held.hidden),
+        "self_prompts_seconds": written_s, "self_prompt_examples": written[:8],
         "stop_ids": sorted(stop), "seconds": time.perf_counter() - start,
         "threads": torch.get_num_threads(), "torch": torch.__version__,
     }

@@ -15,7 +15,9 @@ def add_replies_arguments(parser: argparse.ArgumentParser) -> None:
 
     d = RepliesConfig()
     for name, help_text in [
-        ("prompts", "distinct training prompts, one greedy reply each"),
+        ("prompts", "distinct template training prompts, one greedy reply each"),
+        ("self-prompts", "training prompts the target writes itself (user turns sampled from "
+                         "its chat template), one greedy reply each"),
         ("heldout", "held-out prompts to evaluate on"), ("max-new-tokens", "reply length cap"),
         ("gen-batch", "prompts per generation batch"),
         ("top-k", "target's top tokens kept per position"),
@@ -24,7 +26,7 @@ def add_replies_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(f"--{name}", type=int, default=getattr(d, key),
                             help=f"{help_text} (default {getattr(d, key)})")
     parser.add_argument("--data-seed", type=int, default=d.seed,
-                        help=f"which training prompts (default {d.seed})")
+                        help=f"which training prompts, of both kinds (default {d.seed})")
     parser.add_argument("--reply-dtype", dest="dtype", default=d.dtype,
                         help="dtype the target generates the training replies in: auto (what "
                         "the decoders use: bfloat16 on a GPU, float32 on a CPU), float32, bfloat16 "

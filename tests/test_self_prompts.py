@@ -1,0 +1,76 @@
+"""Self-written training prompts: the template prefix, the batched sampler against a one-row
+reference, and the replies that use them."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from targetrows.build.replies import RepliesConfig, generate_replies  # noqa: E402
+from targetrows.build.self_prompts import sample_turns, self_prompts, user_turn_prefix  # noqa: E402
+from targetrows.decoding.chat import encode_prompt  # noqa: E402
+from targetrows.hf.tiny import reference_logits, tiny_model, tiny_tokenizer  # noqa: E402
+
+STOP = set(range(0, 259, 19))  # stop tokens enough for about half the turns to end in 12 tokens
+
+
+def test_the_prefix_is_what_a_prompt_starts_with():
+    tok = tiny_tokenizer()
+    prefix = user_turn_prefix(tok)
+    for text in ["hello", "What is 2 + 2?", "<|im_end|> odd"]:
+        ids = encode_prompt(tok, text)
+        assert ids[: len(prefix)] == prefix and len(ids) > len(prefix)
+    tok.chat_template = None
+    with pytest.raises(ValueError, match="need a chat template.*--self-prompts 0"):
+        user_turn_prefix(tok)
+
+
+def test_batched_sampling_draws_what_one_row_at_a_time_draws():
+    """The batch (one KV cache, rows leaving as they end) samples each row from its own
+    distribution: replaying the same generator over full uncached forwards gives the same
+    tokens."""
+    model = tiny_model(n_layers=2, dtype=torch.float64)
+    prefix = user_turn_prefix(tiny_tokenizer())
+    n, max_tokens = 8, 12
+    got = sample_turns(model, prefix, n, max_tokens, STOP, torch.Generator().manual_seed(4))
+
+    gen = torch.Generator().manual_seed(4)
+    seqs, alive, ended = [[] for _ in range(n)], list(range(n)), set()
+    for _ in range(max_tokens):
+        logits = torch.stack([reference_logits(model, prefix + seqs[r])[-1] for r in alive])
+        nxt = torch.multinomial(torch.softmax(logits.float(), -1), 1, generator=gen)[:, 0]
+        for r, t in zip(alive, nxt.tolist(), strict=True):
+            (ended.add(r) if t in STOP else seqs[r].append(t))
+        alive = [r for r in alive if r not in ended]
+        if not alive:
+            break
+    want = [seqs[r] if r in ended else None for r in range(n)]
+    assert got == want
+    assert any(w is None for w in want) and sum(w is not None for w in want) >= 2
+
+
+def test_self_prompts_are_distinct_new_and_seeded():
+    model, tok = tiny_model(n_layers=2), tiny_tokenizer()
+    first = self_prompts(model, tok, 5, seed=1, stop=STOP, max_tokens=12, batch=4)
+    assert len(first) == len(set(first)) == 5 and all(first)
+    assert self_prompts(model, tok, 5, seed=1, stop=STOP, max_tokens=12, batch=4) == first
+    assert self_prompts(model, tok, 5, seed=2, stop=STOP, max_tokens=12, batch=4) != first
+    rest = self_prompts(model, tok, 3, seed=1, stop=STOP, max_tokens=12, batch=4,
+                        exclude=set(first[:2]))
+    assert not set(rest) & set(first[:2])
+    with pytest.raises(ValueError, match="lower --self-prompts"):
+        self_prompts(model, tok, 5, seed=1, stop=set(), max_tokens=3, batch=4)  # never ends
+
+
+def test_replies_answer_template_and_self_written_prompts():
+    model, tok = tiny_model(n_layers=2), tiny_tokenizer()
+    config = RepliesConfig(prompts=3, self_prompts=2, heldout=2, max_new_tokens=4, gen_batch=8,
+                           top_k=4, features=False)
+    train, held, summary = generate_replies(model, tok, config)
+    assert len(train.sequences) == 5 and len(held.sequences) == 2
+    written = summary["self_prompt_examples"]
+    assert len(written) == 2
+    texts = [tok.decode(s[:p]) for s, p in zip(train.sequences, train.prompt_lens, strict=True)]
+    assert all(any(w in t for t in texts) for w in written)
