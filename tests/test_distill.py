@@ -23,8 +23,8 @@ from targetrows.decoding.chat import encode_prompt  # noqa: E402
 from targetrows.hf.tiny import reference_logits, save_tiny, tiny_model, tiny_tokenizer  # noqa: E402
 
 SMALL = dict(steps=12, batch_size=4, warmup=2, n_random=64, compile=False)
-DATA = RepliesConfig(prompts=24, heldout=4, max_new_tokens=8, gen_batch=8, top_k=8,
-                     features=False)
+DATA = RepliesConfig(prompts=24, self_prompts=0, heldout=4, max_new_tokens=8, gen_batch=8,
+                     top_k=8, features=False)
 
 
 @pytest.mark.parametrize("tied", [False, True])
@@ -73,8 +73,8 @@ def test_batched_replies_are_each_prompts_own_greedy_reply():
 def test_bfloat16_training_replies_leave_the_target_and_the_heldout_replies_float32():
     target, tok = tiny_model(n_layers=2), tiny_tokenizer()
     before = {k: v.clone() for k, v in target.state_dict().items()}
-    config = RepliesConfig(prompts=6, heldout=3, max_new_tokens=6, gen_batch=6, top_k=4,
-                           features=False, dtype="float32")
+    config = RepliesConfig(prompts=6, self_prompts=0, heldout=3, max_new_tokens=6, gen_batch=6,
+                           top_k=4, features=False, dtype="float32")
     _, held32, s32 = generate_replies(target, tok, config)
     train16, held, s16 = generate_replies(target, tok, RepliesConfig(**{**config.__dict__,
                                                                         "dtype": "bfloat16"}))
@@ -126,8 +126,8 @@ def test_distill_builds_a_reproducible_draft(tmp_path, capsys):
     argv.append("--no-compile")
     assert cli.main(argv) == 2
     assert "already exists" in capsys.readouterr().err
-    data_args = ["--prompts", "24", "--heldout", "4", "--max-new-tokens", "8", "--gen-batch", "8",
-                 "--top-k", "8"]
+    data_args = ["--prompts", "24", "--self-prompts", "0", "--heldout", "4", "--max-new-tokens",
+                 "8", "--gen-batch", "8", "--top-k", "8"]
     assert cli.main([*argv, *data_args, "--force"]) == 0
     again = load_file(tmp_path / "models" / "draft" / "model.safetensors")
     assert weights.keys() == again.keys()

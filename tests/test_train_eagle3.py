@@ -134,8 +134,8 @@ def test_the_draft_vocabulary_is_the_smallest_covering_set_plus_stops():
 def test_train_eagle3_builds_a_reproducible_lossless_head(tmp_path, capsys):
     target_dir = save_tiny(tmp_path / "target", n_layers=N_LAYERS)
     replies = tmp_path / "replies"
-    assert cli.main(["replies", "--target", target_dir, "--out", str(replies), "--prompts", "16",
-                     "--heldout", "3", "--max-new-tokens", "8", "--gen-batch", "8"]) == 0
+    assert cli.main(["replies", "--target", target_dir, "--out", str(replies), "--prompts", "14",
+                     "--self-prompts", "2", "--heldout", "3", "--max-new-tokens", "8", "--gen-batch", "8"]) == 0
     args = ["--target", target_dir, "--replies", str(replies), "--steps", "6",
             "--batch-size", "4", "--warmup", "2", "--eval-depth", "2", "--threads", "1"]
     assert cli.main(["train-eagle3", *args, "--out", str(tmp_path / "a")]) == 0
@@ -159,7 +159,8 @@ def test_train_eagle3_builds_a_reproducible_lossless_head(tmp_path, capsys):
         assert got.tokens == want, name
     # replies without features cannot train a head
     assert cli.main(["replies", "--target", target_dir, "--out", str(tmp_path / "nf"),
-                     "--prompts", "4", "--heldout", "2", "--max-new-tokens", "4",
+                     "--prompts", "4", "--self-prompts", "0", "--heldout", "2",
+                     "--max-new-tokens", "4",
                      "--no-features"]) == 0
     assert cli.main(["train-eagle3", "--target", target_dir, "--replies", str(tmp_path / "nf"),
                      "--out", str(tmp_path / "c")]) == 2
