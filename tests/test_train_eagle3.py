@@ -135,7 +135,8 @@ def test_train_eagle3_builds_a_reproducible_lossless_head(tmp_path, capsys):
     target_dir = save_tiny(tmp_path / "target", n_layers=N_LAYERS)
     replies = tmp_path / "replies"
     assert cli.main(["replies", "--target", target_dir, "--out", str(replies), "--prompts", "14",
-                     "--self-prompts", "2", "--heldout", "3", "--max-new-tokens", "8", "--gen-batch", "8"]) == 0
+                     "--self-prompts", "2", "--heldout", "3", "--max-new-tokens", "8",
+                     "--gen-batch", "8"]) == 0
     args = ["--target", target_dir, "--replies", str(replies), "--steps", "6",
             "--batch-size", "4", "--warmup", "2", "--eval-depth", "2", "--threads", "1"]
     assert cli.main(["train-eagle3", *args, "--out", str(tmp_path / "a")]) == 0

@@ -10,9 +10,9 @@ the batch) keeps, at no extra cost:
   ``hidden_states[i]``; by default 2, L//2 and L-3, what an EAGLE-3 head reads), fp16.
 
 Batch 32-128 generates about 9x more tokens per second on a CPU than batch-1 decoding, and prompt
-variety matters more than reply length: the prompts are template requests (`chat_prompts`) and,
-with `self_prompts`, requests the target writes itself (`self_prompts`). The training replies are generated in
-the dtype the decoders run the target in (bfloat16 on a GPU, float32 on a CPU; `dtype`), the
+variety matters more than reply length: the prompts are template requests (`chat_prompts`) and
+requests the target writes itself (`self_prompts`). The training replies are generated in the
+dtype the decoders run the target in (bfloat16 on a GPU, float32 on a CPU; `dtype`), the
 held-out replies, which measure agreement, by the target as loaded (float32). The folder holds
 ``train.pt`` and ``heldout.pt`` (plain tensors, loaded weights-only) and ``replies.json``
 (settings, sizes, time).
@@ -39,7 +39,7 @@ from .self_prompts import self_prompts
 
 @dataclass
 class RepliesConfig:
-    seed: int = 0  # which training prompts (`training_prompts(prompts, seed)`, self_prompts')
+    seed: int = 0  # which training prompts, of both kinds
     # the prompts' mix and number are sized for a 15-minute head on 2 CPU cores (docs/eagle3.md)
     prompts: int = 256  # distinct template training prompts, one greedy reply each
     self_prompts: int = 512  # and training prompts the target writes itself (`self_prompts`)

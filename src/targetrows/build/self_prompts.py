@@ -37,7 +37,7 @@ def user_turn_prefix(tokenizer) -> list[int]:
 
 @torch.inference_mode()
 def sample_turns(model, prefix: list[int], n: int, max_tokens: int, stop: set[int],
-                 generator: torch.Generator) -> list[list[int]]:
+                 generator: torch.Generator) -> list[list[int] | None]:
     """`n` sampled continuations of `prefix` (one batch, one KV cache), each up to its first
     stop token (excluded); None for a row that reached `max_tokens` without one."""
     from transformers import DynamicCache
