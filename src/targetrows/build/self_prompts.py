@@ -85,7 +85,7 @@ def self_prompts(model, tokenizer, n: int, seed: int, stop: set[int], max_tokens
     while len(out) < n:
         if tries >= 4 * n + batch:
             raise ValueError(f"the target wrote only {len(out)} distinct finished user turns in "
-                             f"{tries} tries; lower --self-prompts or raise the turn length")
+                             f"{tries} tries; lower --self-prompts (0: template prompts only)")
         for turn in sample_turns(model, prefix, batch, max_tokens, stop, generator):
             tries += 1
             text = None if turn is None else tokenizer.decode(turn, skip_special_tokens=True).strip()
@@ -93,5 +93,6 @@ def self_prompts(model, tokenizer, n: int, seed: int, stop: set[int], max_tokens
                 seen.add(text)
                 out.append(text)
                 bar.update(1)
+        bar.set_postfix(sampled=tries)  # the rest ran past max_tokens or repeated a request
     bar.close()
     return out
