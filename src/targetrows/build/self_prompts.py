@@ -45,7 +45,8 @@ def sample_turns(model, prefix: list[int], n: int, max_tokens: int, stop: set[in
     dev = model.get_output_embeddings().weight.device
     ids = torch.tensor(prefix, device=dev).repeat(n, 1)
     cache = DynamicCache(config=model.config)
-    logits = model(input_ids=ids, cache=cache, use_cache=True).logits[:, -1]
+    # logits of the last position only: a batch of full prefixes would be n x len x vocab
+    logits = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
     stop_t = torch.tensor(sorted(stop), dtype=torch.long, device=dev)
     alive = torch.arange(n, device=dev)
     turns: list[list[int] | None] = [None] * n
