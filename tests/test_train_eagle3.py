@@ -1,6 +1,6 @@
 """train-eagle3 on tiny random-weight models: the unrolled training forward is the backend's tree
-pass, the draft vocabulary, the reply features, and the whole command (reproducible, loadable,
-lossless as a draft)."""
+pass, the loss is autograd's, the draft vocabulary, the reply features, and the whole command
+(reproducible, loadable, lossless as a draft)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from targetrows import cli  # noqa: E402
 from targetrows.build import eagle3_init as ei  # noqa: E402
 from targetrows.build import eagle3_train as et  # noqa: E402
 from targetrows.build.replies import TeacherData, generate_batch  # noqa: E402
+from targetrows.build.schedule import batch_order  # noqa: E402
 from targetrows.core.tree import Tree  # noqa: E402
 from targetrows.decoding.loop import DecodeConfig, generate  # noqa: E402
 from targetrows.hf.eagle3_checkpoint import load_eagle3, write_head  # noqa: E402
@@ -107,6 +108,52 @@ def test_batched_replies_keep_the_features_of_every_position_fed():
         want = torch.cat([hs[i][0] for i in LAYERS], -1)[:-1]
         assert feats.shape == want.shape  # every position but the last, prompt included
         assert torch.allclose(feats.float(), want, atol=2e-3 * want.abs().max().item())
+
+
+def test_the_chunked_soft_cross_entropy_is_autograds_in_value_and_gradient():
+    gen = torch.Generator().manual_seed(0)
+    target_p = torch.randn(9, 11, generator=gen, dtype=torch.float64).softmax(-1)
+    rows = torch.tensor([8, 0, 3, 3, 5, 1, 7])  # gathered, repeated, out of order
+    z = torch.randn(len(rows), 11, generator=gen, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(len(rows), 11, generator=gen, dtype=torch.float64)
+    want = -(target_p[rows] * z.log_softmax(-1)).sum(-1).mean()
+    (want_grad,) = torch.autograd.grad((want * 3.0) + (z * weight).sum(), z)
+    for chunk in (1, 3, 7, 64):  # chunks that split the rows unevenly, and one that does not
+        got = et.SoftCrossEntropy.apply(z, target_p, rows, chunk)
+        (grad,) = torch.autograd.grad((got * 3.0) + (z * weight).sum(), z)
+        assert torch.allclose(got, want, rtol=1e-12)
+        assert torch.allclose(grad, want_grad, rtol=1e-10, atol=1e-14)
+
+
+def test_length_sorted_batches_still_visit_every_sequence_once_an_epoch():
+    n, batch, steps = 37, 4, 30  # 120 indices: three whole epochs and part of a fourth
+    lengths = torch.randint(1, 200, (n,), generator=torch.Generator().manual_seed(1))
+    plain = batch_order(n, steps, batch, torch.Generator().manual_seed(0))
+    order = batch_order(n, steps, batch, torch.Generator().manual_seed(0), lengths, window=3)
+    assert len(order) == len(plain) >= steps * batch
+    for e in range(len(order) // n):  # each epoch is a permutation of all n, as without lengths
+        epoch = order[e * n : (e + 1) * n]
+        assert sorted(epoch.tolist()) == list(range(n))
+        assert sorted(epoch.tolist()) == sorted(plain[e * n : (e + 1) * n].tolist())
+        for w in epoch.split(3 * batch):  # each window of 3 batches runs shortest first
+            assert torch.equal(lengths[w], lengths[w].sort().values)
+    again = batch_order(n, steps, batch, torch.Generator().manual_seed(0), lengths, window=3)
+    assert torch.equal(order, again)
+
+
+def test_auto_precision_is_bfloat16_only_where_its_products_are_fast(monkeypatch):
+    from targetrows.hf.loading import fast_dtype
+
+    assert fast_dtype("auto", "cuda") == torch.bfloat16
+    assert fast_dtype("float32", "cuda") == torch.float32
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
+    assert fast_dtype("auto", "cpu") == torch.float32
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True, raising=False)
+    assert fast_dtype("auto", "cpu") == torch.bfloat16
+    assert fast_dtype("bfloat16", "cpu") == torch.bfloat16
+    with pytest.raises(ValueError, match="unknown dtype"):
+        fast_dtype("bf17", "cpu")
 
 
 def test_the_draft_vocabulary_is_the_smallest_covering_set_plus_stops():

@@ -8,10 +8,17 @@ import math
 import torch
 
 
-def batch_order(n: int, steps: int, batch: int, gen: torch.Generator) -> torch.Tensor:
-    """Sequence indices for `steps` batches of `batch`: whole shuffled epochs, back to back."""
-    return torch.cat([torch.randperm(n, generator=gen)
-                      for _ in range(math.ceil(steps * batch / n))])
+def batch_order(n: int, steps: int, batch: int, gen: torch.Generator,
+                lengths: torch.Tensor | None = None, window: int = 8) -> torch.Tensor:
+    """Sequence indices for `steps` batches of `batch`: whole shuffled epochs, back to back.
+    With the sequences' `lengths`, each run of `window` batches of an epoch is sorted by length,
+    so that a batch pads its sequences to a similar width (the windows stay random)."""
+    epochs = [torch.randperm(n, generator=gen) for _ in range(math.ceil(steps * batch / n))]
+    if lengths is not None:
+        span = window * batch
+        epochs = [torch.cat([w[lengths[w].argsort(stable=True)] for w in e.split(span)])
+                  for e in epochs]
+    return torch.cat(epochs)
 
 
 def adamw_warmup_cosine(params, lr: float, weight_decay: float, warmup: int, steps: int):

@@ -43,9 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=d.device,
                         help="where the target and the head run: cpu, cuda, cuda:1 (default cpu)")
     parser.add_argument("--autocast", default=d.autocast,
-                        help="dtype of the training's matrix products (autocast; float32 weights): "
-                        "auto (bfloat16 on a GPU, float32 on a CPU), float32, bfloat16 (default "
-                        f"{d.autocast})")
+                        help="dtype of the training's matrix products (autocast; float32 weights "
+                        "and labels): auto (bfloat16 on a GPU or a CPU with AMX or AVX512-BF16, "
+                        f"else float32), float32, bfloat16 (default {d.autocast})")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch CPU threads (default: torch's choice, one per core)")
     parser.add_argument("--train-minutes", type=float, default=None,

@@ -50,6 +50,24 @@ def resolve_dtype(dtype: str | torch.dtype, device: str) -> torch.dtype:
     return DTYPES[dtype]
 
 
+def bfloat16_is_fast(device: str) -> bool:
+    """Whether bfloat16 matrix products outrun float32 ones on `device`: on a GPU, and on a CPU
+    with AMX or AVX512-BF16 units (elsewhere a CPU emulates them, slower than float32)."""
+    if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
+        return True
+    cpu = torch.cpu
+    checks = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")  # private, so guarded
+    return any(getattr(cpu, name, lambda: False)() for name in checks)
+
+
+def fast_dtype(dtype: str | torch.dtype, device: str) -> torch.dtype:
+    """As `resolve_dtype`, but "auto" -> bfloat16 wherever `bfloat16_is_fast`: for passes whose
+    precision the results do not depend on (writing prompts, a training's matrix products)."""
+    if dtype == "auto":
+        return torch.bfloat16 if bfloat16_is_fast(device) else torch.float32
+    return resolve_dtype(dtype, device)
+
+
 def _locate(path: str, allow_pickle: bool, gguf_file: str | None) -> tuple[str, str | None]:
     """(folder or hub id, GGUF file name or None) for `path`, or ValueError naming it."""
     if os.path.isfile(path):
