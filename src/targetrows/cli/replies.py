@@ -31,6 +31,10 @@ def add_replies_arguments(parser: argparse.ArgumentParser) -> None:
                         help="dtype the target generates the training replies in: auto (what "
                         "the decoders use: bfloat16 on a GPU, float32 on a CPU), float32, bfloat16 "
                         f"(default {d.dtype}); held-out replies are always float32")
+    parser.add_argument("--write-dtype", dest="write_dtype", default=d.write_dtype,
+                        help="dtype the target writes its own prompts in (only their text is "
+                        "kept): auto (bfloat16 on a GPU or a CPU with AMX or AVX512-BF16, else "
+                        f"float32), float32, bfloat16 (default {d.write_dtype})")
     parser.add_argument("--data-minutes", type=float, default=None,
                         help="time cap on generating replies (makes the data machine-dependent)")
 
