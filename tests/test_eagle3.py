@@ -23,7 +23,7 @@ from targetrows.hf.tiny import random_tree, save_tiny, tiny_model  # noqa: E402
 
 DECODERS = decoder_names()
 from targetrows.hf.eagle3_checkpoint import load_eagle3  # noqa: E402
-from targetrows.hf.model import HFModel  # noqa: E402
+from targetrows.hf.model import HFModel, TorchRows  # noqa: E402
 
 N_LAYERS = 6  # default feature layers 2, L//2, L-3 = 2, 3, 3
 PROMPTS = [[5, 17, 42], [200, 3, 9, 9, 31], [64]]
@@ -164,6 +164,23 @@ def test_head_rows_match_a_no_cache_reference(llama_target, tmp_path, embed):
         draft.commit(ctx)
     one = draft.logits([7], Tree([7, 8], [-1, 0]), [0, 1])  # a one-token context: h = 0
     assert torch.isfinite(one[:, target_ids]).all()
+
+
+def test_the_heads_topk_over_its_vocabulary_is_the_topk_of_its_rows(llama_target, tmp_path):
+    """The head's top-k reads only its draft vocabulary's columns: the same tokens, order and
+    log-probs as over the full rows, ties at the k-th place included."""
+    folder = save_tiny_head(tmp_path / "h", llama_target.config, draft_vocab_size=90)
+    _, draft = _draft(llama_target, folder)
+    ctx = list(PROMPTS[0])
+    pool, _ = expand_model(draft, ctx, top_k=3, depth=2)
+    rows = draft.logits(ctx, pool, range(len(pool)))
+    tied = rows.clone()
+    tied[:, draft._target_cols[::3]] = 0.5  # 30 equal tokens, some of them at the k-th place
+    for r in (rows, tied):
+        for k in (1, 4, 35, 90, 120):  # 120 > the draft vocabulary: the full rows
+            got, want = draft.topk(r, k), TorchRows.topk(draft, r, k)
+            np.testing.assert_array_equal(got[0], want[0])
+            np.testing.assert_allclose(got[1], want[1], rtol=1e-12)
 
 
 @pytest.mark.parametrize("arch, layout, vocab", [("llama", "eagle", 272), ("qwen2", "speculators", 120),

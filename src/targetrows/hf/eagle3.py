@@ -155,7 +155,10 @@ class Eagle3Draft(TorchRows):
         draft_ids = torch.arange(self.head.shape.draft_vocab_size, device=self.device)
         target_ids = draft_ids + self.head.d2t.to(self.device)
         inside = target_ids < self._vocab_size
-        self._draft_cols, self._target_cols = draft_ids[inside], target_ids[inside]
+        # ascending target ids, so that a top-k over these columns breaks ties as over the rows
+        order = target_ids[inside].argsort()
+        self._draft_cols, self._target_cols = draft_ids[inside][order], target_ids[inside][order]
+        self._target_ids = self._target_cols.cpu().numpy()
 
     # -- cache state ---------------------------------------------------------------------------
     def reset(self, seed: int | None = None) -> None:
@@ -290,6 +293,16 @@ class Eagle3Draft(TorchRows):
         rows = small.new_full((small.shape[0], self.vocab_size), float("-inf"))
         rows[:, self._target_cols] = small[:, self._draft_cols]
         return rows
+
+    @torch.inference_mode()
+    def topk(self, logits: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """As for any rows, but over the draft vocabulary's columns only (every other token is
+        -inf, so its softmax is the same): on the embedded pair a 7.5k-wide softmax and top-k
+        per row instead of a 49k-wide one, the pool's top-k every level of every round."""
+        if k > len(self._target_ids):
+            return super().topk(logits, k)
+        ids, logp = super().topk(logits[:, self._target_cols], k)
+        return self._target_ids[ids], logp
 
     # -- commit --------------------------------------------------------------------------------
     @torch.inference_mode()
