@@ -11,7 +11,8 @@ the batch) keeps, at no extra cost:
 
 Batch 32-128 generates about 9x more tokens per second on a CPU than batch-1 decoding, and prompt
 variety matters more than reply length: the prompts are template requests (`chat_prompts`) and
-requests the target writes itself (`self_prompts`). The training replies are generated in the
+requests the target writes itself (`self_prompts`; only their text is kept, so they are written
+in bfloat16 wherever that is fast, `write_dtype`). The training replies are generated in the
 dtype the decoders run the target in (bfloat16 on a GPU, float32 on a CPU; `dtype`), the
 held-out replies, which measure agreement, by the target as loaded (float32). The folder holds
 ``train.pt`` and ``heldout.pt`` (plain tensors, loaded weights-only) and ``replies.json``
