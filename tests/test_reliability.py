@@ -91,6 +91,10 @@ def complete_lines(path) -> int:
         return 0
 
 
+def temp_files(folder: Path) -> list[Path]:
+    return [p for p in folder.iterdir() if p.name.endswith(".tmp")]
+
+
 def stable(record: dict) -> dict:
     """An answer without its timings: everything else must match between runs exactly."""
     record = json.loads(json.dumps(record))
@@ -141,10 +145,33 @@ def test_killed_decode_resumes_to_the_same_answers(pair, tmp_path):
     assert not out.exists()
     assert complete_lines(partial) == len(expected)  # every answer kept for the next run
 
-    # 3. the same command again finishes from what is on disk
+    assert temp_files(tmp_path)  # SIGKILL runs no cleanup: the unrenamed answers stay
+
+    # 3. the same command again finishes from what is on disk, and clears the dead temp file
     assert main(argv) == 0
     assert answers(out) == expected
     assert not partial.exists()
+    assert not temp_files(tmp_path)
+
+
+def test_terminated_decode_leaves_no_temp_file(pair, tmp_path):
+    """SIGTERM (scancel, a preemption) at the last moment: the temp file is removed, the
+    answers stay in OUT.partial, and the status says the process was terminated."""
+    prompts = write_prompts(tmp_path / "prompts.jsonl", QUESTIONS[:2])
+    out = tmp_path / "answers.jsonl"
+    argv = decode_args(pair, prompts, out, "--decoder", "pearl", "--budgets", "4",
+                       "--max-new-tokens", "8", "--top-k", "2", "--depth", "2")
+    driver = (f"import os, signal\nreal = os.replace\n"
+              f"def replace(src, dst):\n"
+              f"    if os.path.basename(dst) == {out.name!r}:\n"
+              f"        os.kill(os.getpid(), signal.SIGTERM)\n"
+              f"    return real(src, dst)\n"
+              f"os.replace = replace\n")
+    proc = start(argv, driver)
+    proc.wait(timeout=240)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr.read()[-3000:]
+    assert not out.exists() and not temp_files(tmp_path)
+    assert complete_lines(tmp_path / "answers.jsonl.partial") == 2
 
 
 def test_killed_record_resumes_to_the_same_bytes(pair, tmp_path):

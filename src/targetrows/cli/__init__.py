@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 
 from .common import UsageError
@@ -62,8 +63,19 @@ def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _exit_on_sigterm() -> None:
+    """scancel, a preemption and `kill` send SIGTERM, whose default action ends the process at
+    once; raised as SystemExit instead, every cleanup runs (a temp file being written is removed)
+    and the process still ends with status 143."""
+    try:
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    except ValueError:  # not the main thread (main() called from a thread): leave it as it is
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    _exit_on_sigterm()
     args = build_parser(argv[0] if argv else None).parse_args(argv)
     module = importlib.import_module(args._module)
     try:

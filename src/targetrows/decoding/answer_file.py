@@ -17,6 +17,8 @@ import os
 import sys
 import zlib
 
+from targetrows.core.atomic import remove_stale_temps
+
 from .answers import Question, answer_record, check_prompt, read_questions, write_jsonl_atomic
 from .costmodel import auto_budget
 from .loop import DecodeConfig, generate
@@ -149,6 +151,8 @@ def answer_file(target, draft, tokenizer, prompts_path: str, out: str,
                   f"{s.max_new_tokens}|{s.seed}|{s.top_k}|{s.depth}|{s.dtype}|" \
                   f"{prompts_digest}"
     partial = out + ".partial"
+    for path in (out, partial):  # a job killed mid-write (SIGKILL) left its temp file behind
+        remove_stale_temps(path)
     interrupted = list(_partial_records(partial))
     auto = None
     if "auto" in budgets:
