@@ -43,7 +43,7 @@ class RepliesConfig:
     seed: int = 0  # which training prompts, of both kinds
     # the prompts' mix and number are sized for a 15-minute head on 2 CPU cores (docs/eagle3.md)
     prompts: int = 256  # distinct template training prompts, one greedy reply each
-    self_prompts: int = 1024  # and training prompts the target writes itself (`self_prompts`)
+    self_prompts: int = 512  # and training prompts the target writes itself (`self_prompts`)
     heldout: int = len(HELDOUT_PROMPTS)
     max_new_tokens: int = 112
     gen_batch: int = 128
