@@ -11,10 +11,10 @@ the batch) keeps, at no extra cost:
 
 Batch 32-128 generates about 9x more tokens per second on a CPU than batch-1 decoding, and prompt
 variety matters more than reply length: the prompts are template requests (`chat_prompts`) and
-requests the target writes itself (`self_prompts`). Both the requests (`write_dtype`; only their
-text is kept) and the training replies (`dtype`) are generated in bfloat16 wherever that is fast,
-about twice as fast on AMX for a head that agrees as often; the held-out replies, which measure
-agreement, by the target as loaded (float32). The folder holds
+requests the target writes itself (`self_prompts`; only their text is kept, so they are written
+in bfloat16 wherever that is fast, `write_dtype`). The training replies are generated in the
+dtype the decoders run the target in (bfloat16 on a GPU, float32 on a CPU; `dtype`), the
+held-out replies, which measure agreement, by the target as loaded (float32). The folder holds
 ``train.pt`` and ``heldout.pt`` (plain tensors, loaded weights-only) and ``replies.json``
 (settings, sizes, time).
 """
@@ -49,7 +49,7 @@ class RepliesConfig:
     gen_batch: int = 128
     top_k: int = 32
     features: bool = True  # keep the EAGLE-3 feature layers' inputs
-    dtype: str = "auto"  # of the training replies (auto: bfloat16 where fast); held-out: float32
+    dtype: str = "auto"  # of the training replies (auto: the decoders'); held-out: float32
     write_dtype: str = "auto"  # of writing the self prompts (auto: bfloat16 where it is fast)
     data_minutes: float | None = None  # stop starting new batches after this (machine-dependent)
 
@@ -246,13 +246,13 @@ def generate_replies(target, tokenizer, config: RepliesConfig) -> tuple[TeacherD
                                                                           dict]:
     """(training data, held-out data, summary) for the loaded `target` (a transformers model)."""
     from targetrows.decoding.chat import encode_prompt, stop_ids
-    from targetrows.hf.loading import fast_dtype
+    from targetrows.hf.loading import fast_dtype, resolve_dtype
 
     if not 1 <= config.heldout <= len(HELDOUT_PROMPTS):
         raise ValueError(f"--heldout must be between 1 and {len(HELDOUT_PROMPTS)}")
     start = time.perf_counter()
     stop = stop_ids(tokenizer, target)
-    dtype = fast_dtype(config.dtype, str(target.device))
+    dtype = resolve_dtype(config.dtype, str(target.device))
     generator = in_dtype(target, dtype)
     prompts = training_prompts(config.prompts, config.seed)
     written = []
