@@ -68,6 +68,17 @@ def start(argv, driver=""):
                             stderr=subprocess.PIPE, text=True)
 
 
+def signal_at_rename(name: str, signal_name: str) -> str:
+    """A driver for `start`: the process sends itself `signal_name` just before it renames its
+    finished temp file to `name`."""
+    return (f"import os, signal\nreal = os.replace\n"
+            f"def replace(src, dst):\n"
+            f"    if os.path.basename(dst) == {name!r}:\n"
+            f"        os.kill(os.getpid(), signal.{signal_name})\n"
+            f"    return real(src, dst)\n"
+            f"os.replace = replace\n")
+
+
 def kill_when(proc, ready, what, timeout=240):
     """SIGKILL `proc` as soon as `ready()` holds; fail if it ends first (nothing interrupted)."""
     deadline = time.monotonic() + timeout
@@ -133,13 +144,7 @@ def test_killed_decode_resumes_to_the_same_answers(pair, tmp_path):
     assert [stable(r) for r in kept] == expected[: len(kept)]  # finished answers are final
 
     # 2. resumed, then killed at the last moment: the answers are written, not yet renamed
-    driver = (f"import os, signal\nreal = os.replace\n"
-              f"def replace(src, dst):\n"
-              f"    if os.path.basename(dst) == {out.name!r}:\n"
-              f"        os.kill(os.getpid(), signal.SIGKILL)\n"
-              f"    return real(src, dst)\n"
-              f"os.replace = replace\n")
-    proc = start(argv, driver)
+    proc = start(argv, signal_at_rename(out.name, "SIGKILL"))
     proc.wait(timeout=240)
     assert proc.returncode == -signal.SIGKILL, proc.stderr.read()[-3000:]
     assert not out.exists()
@@ -161,13 +166,7 @@ def test_terminated_decode_leaves_no_temp_file(pair, tmp_path):
     out = tmp_path / "answers.jsonl"
     argv = decode_args(pair, prompts, out, "--decoder", "pearl", "--budgets", "4",
                        "--max-new-tokens", "8", "--top-k", "2", "--depth", "2")
-    driver = (f"import os, signal\nreal = os.replace\n"
-              f"def replace(src, dst):\n"
-              f"    if os.path.basename(dst) == {out.name!r}:\n"
-              f"        os.kill(os.getpid(), signal.SIGTERM)\n"
-              f"    return real(src, dst)\n"
-              f"os.replace = replace\n")
-    proc = start(argv, driver)
+    proc = start(argv, signal_at_rename(out.name, "SIGTERM"))
     proc.wait(timeout=240)
     assert proc.returncode == 128 + signal.SIGTERM, proc.stderr.read()[-3000:]
     assert not out.exists() and not temp_files(tmp_path)
@@ -199,13 +198,7 @@ def test_killed_record_resumes_to_the_same_bytes(pair, tmp_path):
         rowlog.read(parts / done[0])
 
     # killed again while the merged log is in its temporary file, just before the rename
-    driver = (f"import os, signal\nreal = os.replace\n"
-              f"def replace(src, dst):\n"
-              f"    if os.path.basename(dst) == {out.name!r}:\n"
-              f"        os.kill(os.getpid(), signal.SIGKILL)\n"
-              f"    return real(src, dst)\n"
-              f"os.replace = replace\n")
-    proc = start(argv, driver)
+    proc = start(argv, signal_at_rename(out.name, "SIGKILL"))
     proc.wait(timeout=240)
     assert proc.returncode == -signal.SIGKILL, proc.stderr.read()[-3000:]
     assert not out.exists() and len(finished_parts()) == len(QUESTIONS)
