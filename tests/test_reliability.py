@@ -202,10 +202,12 @@ def test_killed_record_resumes_to_the_same_bytes(pair, tmp_path):
     proc.wait(timeout=240)
     assert proc.returncode == -signal.SIGKILL, proc.stderr.read()[-3000:]
     assert not out.exists() and len(finished_parts()) == len(QUESTIONS)
+    assert temp_files(out.parent)
 
     assert main(argv) == 0
     assert out.read_bytes() == reference.read_bytes()  # every array and the header, bit for bit
     assert not parts.exists()
+    assert not temp_files(out.parent)
 
 
 # -- bad input: a clear error, and nothing written ---------------------------------------------

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from targetrows.core.atomic import remove_stale_temps
 from targetrows.core.pool import expand_model
 from targetrows.core.tree import Tree
 from targetrows.decoding.answers import check_prompt, read_questions
@@ -204,6 +205,7 @@ def record_file(target, draft, encoder, prompts_path: str, out: str, config: Rec
     )))
     for item in prompts:  # first turns too long for the models fail before anything is written
         check_turn(target, draft, item, 0, encoder.encode(item["turns"][:1], []), config)
+    remove_stale_temps(out)  # a run killed while writing the log (SIGKILL) left its temp file
     parts_dir = out + ".parts"  # made with the first part: a failed start leaves nothing
     parts = []
     for q, item in enumerate(prompts):
