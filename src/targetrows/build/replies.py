@@ -139,7 +139,7 @@ def generate_batch(model, prompts: list[list[int]], max_new: int, stop: set[int]
     """Greedy replies to `prompts` (left-padded, one KV cache); finished rows leave the batch.
     Returns per prompt (reply ids, hidden [len, d] fp16, top [len, k], features or None), the
     features [prompt + reply - 1, len(feature_layers) * d] for every position fed."""
-    from transformers import DynamicCache
+    from targetrows.hf.cache import growing_cache
 
     base, weight = model.base_model, check_head(model)
     n, width = len(prompts), max(len(p) for p in prompts)
@@ -151,7 +151,7 @@ def generate_batch(model, prompts: list[list[int]], max_new: int, stop: set[int]
     dev = weight.device
     ids, mask = ids.to(dev), mask.to(dev)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    cache = DynamicCache(config=model.config)
+    cache = growing_cache(model.config, width + max_new)
     with layer_inputs(model, feature_layers) as store:
 
         def grab() -> torch.Tensor | None:  # the fed positions' features, layers concatenated

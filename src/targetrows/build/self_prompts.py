@@ -40,11 +40,11 @@ def sample_turns(model, prefix: list[int], n: int, max_tokens: int, stop: set[in
                  generator: torch.Generator) -> list[list[int] | None]:
     """`n` sampled continuations of `prefix` (one batch, one KV cache), each up to its first
     stop token (excluded); None for a row that reached `max_tokens` without one."""
-    from transformers import DynamicCache
+    from targetrows.hf.cache import growing_cache
 
     dev = model.get_output_embeddings().weight.device
     ids = torch.tensor(prefix, device=dev).repeat(n, 1)
-    cache = DynamicCache(config=model.config)
+    cache = growing_cache(model.config, len(prefix) + max_tokens)
     # logits of the last position only: a batch of full prefixes would be n x len x vocab
     logits = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
     stop_t = torch.tensor(sorted(stop), dtype=torch.long, device=dev)
