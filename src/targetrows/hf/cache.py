@@ -81,6 +81,15 @@ class GrowingLayer(DynamicLayer):
                 setattr(self, name, new)
             self._views()
 
+    def keep_entries(self, index: torch.Tensor, start: int) -> None:
+        """Move entries `index` (each >= `start`) to `start`, `start` + 1, ... in that order and
+        drop every entry after them: a committed path of tree nodes joining the prefix."""
+        index = index.to(self._k.device)
+        for buf in (self._k, self._v):
+            buf[:, :, start : start + len(index)] = buf.index_select(2, index)
+        self.length = start + len(index)
+        self._views()
+
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self._select(beam_idx)
 

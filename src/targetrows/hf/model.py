@@ -22,9 +22,9 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-from transformers import DynamicCache
-
 from targetrows.core.tree import Tree
+
+from targetrows.hf.cache import growing_cache
 
 
 class TorchRows:
@@ -200,7 +200,7 @@ class HFModel(TorchRows):
             self._generator.manual_seed(int(seed))
 
     def _clear_cache(self) -> None:
-        self._cache = DynamicCache(config=self.model.config)
+        self._cache = growing_cache(self.model.config)
         self._prefix = np.zeros(0, dtype=np.int64)  # committed tokens whose KV is cached
         self._tree: Tree | None = None  # the tree whose nodes follow the prefix in the cache
         self._tree_ctx_len = 0  # length of the context that tree was fed under
@@ -215,7 +215,7 @@ class HFModel(TorchRows):
         return self._prefix.copy()
 
     @property
-    def kv_cache(self) -> DynamicCache:
+    def kv_cache(self):
         """The KV cache (read it, don't change it): prefix entries, then tree entries."""
         return self._cache
 
@@ -414,11 +414,7 @@ class HFModel(TorchRows):
             idx = torch.tensor(kept, dtype=torch.long)
             end = start + len(kept)
             for layer in self._cache.layers:
-                for name in ("keys", "values"):
-                    entries = getattr(layer, name)
-                    picked = entries.index_select(-2, idx.to(entries.device))
-                    entries[..., start:end, :] = picked
-                    setattr(layer, name, entries[..., :end, :])
+                layer.keep_entries(idx, start)
             if self._features is not None:
                 feats = self._features
                 feats[start:end] = feats.index_select(0, idx.to(feats.device))
