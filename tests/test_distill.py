@@ -17,6 +17,7 @@ from targetrows.build.replies import (  # noqa: E402
     RepliesConfig,
     generate_batch,
     generate_replies,
+    shared_prefix,
     teacher_data,
 )
 from targetrows.decoding.chat import encode_prompt  # noqa: E402
@@ -69,6 +70,35 @@ def test_batched_replies_are_each_prompts_own_greedy_reply():
         cut = old.tolist().index(stop) + 1 if stop in old.tolist() else 10
         assert new.tolist() == old.tolist()[:cut]
 
+
+
+def test_learning_prompts_labels_their_text_after_the_shared_header():
+    target, tok = tiny_model(n_layers=2), tiny_tokenizer()
+    texts = ["hi", "a much longer prompt here", "mid size"]
+    prompts = [encode_prompt(tok, p) for p in texts]
+    header = shared_prefix(prompts)
+    assert 0 < header < min(len(p) for p in prompts)
+    assert all(p[:header] == prompts[0][:header] for p in prompts)
+    weight = target.get_output_embeddings().weight
+    config = RepliesConfig(prompts=3, self_prompts=0, heldout=1, max_new_tokens=5, gen_batch=2,
+                           top_k=4, features=False)
+    plain = teacher_data(target, prompts, config, set(), "replies")
+    data = teacher_data(target, prompts, config, set(), "replies", learn_prompts=True)
+    assert data.sequences == plain.sequences  # the same replies, more of them labelled
+    assert data.prompt_lens == [header] * 3
+    assert len(data.hidden) == sum(len(s) - header for s in data.sequences)
+    start = 0
+    for seq, p in zip(data.sequences, data.prompt_lens, strict=True):
+        logits = reference_logits(target, seq)[p - 1 : -1]  # positions header - 1 .. len - 2
+        rows = slice(start, start + len(seq) - p)
+        assert torch.allclose(data.hidden[rows].float() @ weight.T, logits, atol=0.05)
+        assert torch.equal(data.top[rows, 0].long(), logits.argmax(-1))
+        start += len(seq) - p
+    # the reply rows are the plain data's, bit for bit
+    ends = torch.tensor([len(s) - header for s in data.sequences]).cumsum(0).tolist()
+    tail = torch.cat([data.hidden[end - (len(s) - len(q)) : end]
+                      for s, q, end in zip(data.sequences, prompts, ends, strict=True)])
+    assert torch.equal(tail, plain.hidden)
 
 def test_bfloat16_training_replies_leave_the_target_and_the_heldout_replies_float32():
     target, tok = tiny_model(n_layers=2), tiny_tokenizer()

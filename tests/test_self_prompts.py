@@ -72,5 +72,7 @@ def test_replies_answer_template_and_self_written_prompts():
     assert len(train.sequences) == 5 and len(held.sequences) == 2
     written = summary["self_prompt_examples"]
     assert len(written) == 2
-    texts = [tok.decode(s[:p]) for s, p in zip(train.sequences, train.prompt_lens, strict=True)]
+    texts = [tok.decode(s) for s in train.sequences]
     assert all(any(w in t for t in texts) for w in written)
+    # the training data is labelled from the chat header on, the held-out data from the reply on
+    assert len(set(train.prompt_lens)) == 1 and held.prompt_lens[0] > train.prompt_lens[0]

@@ -5,7 +5,9 @@ One batched greedy pass per group of prompts (left padding, one KV cache; finish
 the batch) keeps, at no extra cost:
 - at every reply position, the target's final hidden state (fp16) and its top-k token ids: with
   the output head, any target logit is one dot product away, so neither training runs the
-  target again;
+  target again. With `learn_prompts`, the same for the training prompts' own text: every
+  position after the chat header all prompts share (the user's request is text the target
+  predicts too, 30% more labelled positions at no extra pass);
 - at every position but the last, the residual stream entering the feature layers (Hugging Face
   ``hidden_states[i]``; by default 2, L//2 and L-3, what an EAGLE-3 head reads), fp16.
 
@@ -49,6 +51,7 @@ class RepliesConfig:
     gen_batch: int = 128
     top_k: int = 32
     features: bool = True  # keep the EAGLE-3 feature layers' inputs
+    learn_prompts: bool = True  # label the training prompts' text after their shared header
     dtype: str = "auto"  # of the training replies (auto: the decoders'); held-out: float32
     write_dtype: str = "auto"  # of writing the self prompts (auto: bfloat16 where it is fast)
     data_minutes: float | None = None  # stop starting new batches after this (machine-dependent)
@@ -61,9 +64,11 @@ def default_feature_layers(n_layers: int) -> tuple[int, int, int]:
 
 @dataclass
 class TeacherData:
-    """The target's greedy replies: `sequences[i]` = prompt + reply. For the reply positions of
-    all sequences in order (position p predicts token p + 1, p = prompt_len - 1 .. len - 2):
-    the target's final hidden state `hidden` (fp16) and its top-k ids `top`, best first. For
+    """The target's greedy replies: `sequences[i]` = prompt + reply, labelled from
+    `prompt_lens[i]` on: the reply, or with `learn_prompts` the user's text and the reply (then
+    `prompt_lens[i]` is the shared chat header's length). For the labelled positions of all
+    sequences in order (position p predicts token p + 1, p = prompt_len - 1 .. len - 2): the
+    target's final hidden state `hidden` (fp16) and its top-k ids `top`, best first. For
     positions 0 .. len - 2 of all sequences in order: `features`, the inputs of
     `feature_layers` concatenated (fp16), or None."""
 
@@ -135,10 +140,12 @@ def layer_inputs(model, layer_ids: Sequence[int]):
 
 @torch.inference_mode()
 def generate_batch(model, prompts: list[list[int]], max_new: int, stop: set[int], top_k: int,
-                   feature_layers: Sequence[int] = ()):
+                   feature_layers: Sequence[int] = (), label_from: Sequence[int] | None = None):
     """Greedy replies to `prompts` (left-padded, one KV cache); finished rows leave the batch.
     Returns per prompt (reply ids, hidden [len, d] fp16, top [len, k], features or None), the
-    features [prompt + reply - 1, len(feature_layers) * d] for every position fed."""
+    features [prompt + reply - 1, len(feature_layers) * d] for every position fed. hidden and
+    top start at position `label_from[i]` of prompt i (default: its last position, whose next
+    token is the reply's first)."""
     from targetrows.hf.cache import growing_cache
 
     base, weight = model.base_model, check_head(model)
@@ -159,9 +166,14 @@ def generate_batch(model, prompts: list[list[int]], max_new: int, stop: set[int]
                 return None
             return torch.cat([store[i] for i in feature_layers], -1).half()
 
-        hidden = base(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache,
-                      use_cache=True).last_hidden_state[:, -1]
-        prefill = grab()
+        states = base(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache,
+                      use_cache=True).last_hidden_state
+        hidden, prefill = states[:, -1], grab()
+        # the prompts' own labelled positions (before the last), row by row: logits are wide
+        early = [states[i, width - len(p) + label_from[i] : -1] if label_from else states[i, :0]
+                 for i, p in enumerate(prompts)]
+        early = [(h.half().cpu(), (h @ weight.T).float().topk(top_k).indices.int().cpu())
+                 for h in early]
         pos, alive = pos[:, -1:], torch.arange(n, device=dev)
         stop_t = torch.tensor(sorted(stop), dtype=torch.long, device=dev)
         rows, hs, tops, toks, feats = [], [], [], [], []
@@ -192,8 +204,9 @@ def generate_batch(model, prompts: list[list[int]], max_new: int, stop: set[int]
     steps_t = torch.cat([torch.full_like(r, s) for s, r in enumerate(rows)])
     order = torch.argsort(rows_t * (max_new + 1) + steps_t)
     counts = torch.bincount(rows_t, minlength=n).tolist()
-    replies = zip(torch.cat(toks)[order].split(counts), torch.cat(hs)[order].split(counts),
-                  torch.cat(tops)[order].split(counts), strict=True)
+    replies = [(t, torch.cat([e[0], h]), torch.cat([e[1], k])) for t, h, k, e in zip(
+        torch.cat(toks)[order].split(counts), torch.cat(hs)[order].split(counts),
+        torch.cat(tops)[order].split(counts), early, strict=True)]
     if not feature_layers:
         return [(*r, None) for r in replies]
     # a reply of m tokens fed its first m - 1 (step s feeds the token chosen at step s)
@@ -207,11 +220,24 @@ def generate_batch(model, prompts: list[list[int]], max_new: int, stop: set[int]
             for i, r in enumerate(replies)]
 
 
+def shared_prefix(prompts: list[list[int]]) -> int:
+    """How many leading tokens all `prompts` share (a chat template's header)."""
+    first, n = prompts[0], min(len(p) for p in prompts)
+    for p in prompts[1:]:
+        n = next((j for j in range(n) if p[j] != first[j]), n)
+    return n
+
+
 def teacher_data(model, prompts: list[list[int]], config: RepliesConfig, stop: set[int],
-                 desc: str, deadline: float | None = None) -> TeacherData:
+                 desc: str, deadline: float | None = None,
+                 learn_prompts: bool = False) -> TeacherData:
     """The target's greedy replies to `prompts`, in batches of similar length (sorted), in the
-    prompts' order; prompts not reached before `deadline` (perf_counter) are left out."""
+    prompts' order; prompts not reached before `deadline` (perf_counter) are left out. With
+    `learn_prompts`, labelled from the end of the prompts' shared header on."""
     layers = default_feature_layers(model.config.num_hidden_layers) if config.features else ()
+    shared = shared_prefix(prompts) if learn_prompts and prompts else None
+    label_from = [len(p) - 1 if shared is None else max(min(shared, len(p)) - 1, 0)
+                  for p in prompts]
     order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
     done: dict[int, tuple] = {}
     bar = tqdm(total=len(prompts), desc=desc, unit="prompt", mininterval=2.0)
@@ -220,7 +246,7 @@ def teacher_data(model, prompts: list[list[int]], config: RepliesConfig, stop: s
             break
         chunk = order[start:start + config.gen_batch]
         out = generate_batch(model, [prompts[i] for i in chunk], config.max_new_tokens, stop,
-                             config.top_k, layers)
+                             config.top_k, layers, [label_from[i] for i in chunk])
         done.update(zip(chunk, out, strict=True))
         bar.update(len(chunk))
         bar.set_postfix(tokens=sum(len(v[0]) for v in done.values()))
@@ -228,7 +254,7 @@ def teacher_data(model, prompts: list[list[int]], config: RepliesConfig, stop: s
     kept = sorted(done)
     return TeacherData(
         sequences=[prompts[i] + done[i][0].tolist() for i in kept],
-        prompt_lens=[len(prompts[i]) for i in kept],
+        prompt_lens=[label_from[i] + 1 for i in kept],
         hidden=torch.cat([done[i][1] for i in kept]),
         top=torch.cat([done[i][2] for i in kept]),
         features=torch.cat([done[i][3] for i in kept]) if layers else None,
@@ -265,7 +291,8 @@ def generate_replies(target, tokenizer, config: RepliesConfig) -> tuple[TeacherD
     train_ids = [encode_prompt(tokenizer, p) for p in prompts + written]
     held_ids = [encode_prompt(tokenizer, p) for p in HELDOUT_PROMPTS[: config.heldout]]
     cap = None if config.data_minutes is None else start + 60 * config.data_minutes
-    train = teacher_data(generator, train_ids, config, stop, "target replies", cap)
+    train = teacher_data(generator, train_ids, config, stop, "target replies", cap,
+                         config.learn_prompts)
     del generator
     held = teacher_data(target, held_ids, config, stop, "held-out replies")
     summary = {

@@ -37,6 +37,9 @@ def add_replies_arguments(parser: argparse.ArgumentParser) -> None:
                         f"float32), float32, bfloat16 (default {d.write_dtype})")
     parser.add_argument("--data-minutes", type=float, default=None,
                         help="time cap on generating replies (makes the data machine-dependent)")
+    parser.add_argument("--replies-only", dest="learn_prompts", action="store_false",
+                        help="label the replies only, not also the training prompts' own text "
+                        "after the chat header they share")
 
 
 def replies_config(args: argparse.Namespace, features: bool):
