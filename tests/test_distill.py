@@ -24,8 +24,8 @@ from targetrows.decoding.chat import encode_prompt  # noqa: E402
 from targetrows.hf.tiny import reference_logits, save_tiny, tiny_model, tiny_tokenizer  # noqa: E402
 
 SMALL = dict(steps=12, batch_size=4, warmup=2, n_random=64, compile=False)
-DATA = RepliesConfig(prompts=24, self_prompts=0, heldout=4, max_new_tokens=8, gen_batch=8,
-                     top_k=8, features=False)
+DATA = RepliesConfig(prompts=24, self_prompts=0, heldout=4, max_new_tokens=8,
+                     heldout_max_new_tokens=8, gen_batch=8, top_k=8, features=False)
 
 
 @pytest.mark.parametrize("tied", [False, True])
@@ -157,7 +157,7 @@ def test_distill_builds_a_reproducible_draft(tmp_path, capsys):
     assert cli.main(argv) == 2
     assert "already exists" in capsys.readouterr().err
     data_args = ["--prompts", "24", "--self-prompts", "0", "--heldout", "4", "--max-new-tokens",
-                 "8", "--gen-batch", "8", "--top-k", "8"]
+                 "8", "--heldout-max-new-tokens", "8", "--gen-batch", "8", "--top-k", "8"]
     assert cli.main([*argv, *data_args, "--force"]) == 0
     again = load_file(tmp_path / "models" / "draft" / "model.safetensors")
     assert weights.keys() == again.keys()

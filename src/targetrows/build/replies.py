@@ -29,7 +29,7 @@ import sys
 import time
 from collections.abc import Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -47,7 +47,8 @@ class RepliesConfig:
     prompts: int = 256  # distinct template training prompts, one greedy reply each
     self_prompts: int = 512  # and training prompts the target writes itself (`self_prompts`)
     heldout: int = len(HELDOUT_PROMPTS)
-    max_new_tokens: int = 112
+    max_new_tokens: int = 112  # cap on a training reply
+    heldout_max_new_tokens: int = 112  # on a held-out one: fixed, so agreements compare
     gen_batch: int = 128
     top_k: int = 32
     features: bool = True  # keep the EAGLE-3 feature layers' inputs
@@ -294,7 +295,8 @@ def generate_replies(target, tokenizer, config: RepliesConfig) -> tuple[TeacherD
     train = teacher_data(generator, train_ids, config, stop, "target replies", cap,
                          config.learn_prompts)
     del generator
-    held = teacher_data(target, held_ids, config, stop, "held-out replies")
+    held_config = replace(config, max_new_tokens=config.heldout_max_new_tokens)
+    held = teacher_data(target, held_ids, held_config, stop, "held-out replies")
     summary = {
         "config": asdict(config), "train_dtype": str(dtype).removeprefix("torch."),
         "feature_layers": list(train.feature_layers),

@@ -18,7 +18,9 @@ def add_replies_arguments(parser: argparse.ArgumentParser) -> None:
         ("prompts", "distinct template training prompts, one greedy reply each"),
         ("self-prompts", "training prompts the target writes itself (user turns sampled from "
                          "its chat template), one greedy reply each"),
-        ("heldout", "held-out prompts to evaluate on"), ("max-new-tokens", "reply length cap"),
+        ("heldout", "held-out prompts to evaluate on"),
+        ("max-new-tokens", "training reply length cap"),
+        ("heldout-max-new-tokens", "held-out reply length cap"),
         ("gen-batch", "prompts per generation batch"),
         ("top-k", "target's top tokens kept per position"),
     ]:
