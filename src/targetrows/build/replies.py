@@ -45,9 +45,9 @@ class RepliesConfig:
     seed: int = 0  # which training prompts, of both kinds
     # the prompts' mix and number are sized for a 15-minute head on 2 CPU cores (docs/eagle3.md)
     prompts: int = 256  # distinct template training prompts, one greedy reply each
-    self_prompts: int = 512  # and training prompts the target writes itself (`self_prompts`)
+    self_prompts: int = 1024  # and training prompts the target writes itself (`self_prompts`)
     heldout: int = len(HELDOUT_PROMPTS)
-    max_new_tokens: int = 112  # cap on a training reply
+    max_new_tokens: int = 80  # cap on a training reply
     heldout_max_new_tokens: int = 112  # on a held-out one: fixed, so agreements compare
     gen_batch: int = 128
     top_k: int = 32
