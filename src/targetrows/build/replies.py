@@ -7,7 +7,7 @@ the batch) keeps, at no extra cost:
   the output head, any target logit is one dot product away, so neither training runs the
   target again. With `learn_prompts`, the same for the training prompts' own text: every
   position after the chat header all prompts share (the user's request is text the target
-  predicts too, 30% more labelled positions at no extra pass);
+  predicts too: 40% more labelled positions at no extra pass);
 - at every position but the last, the residual stream entering the feature layers (Hugging Face
   ``hidden_states[i]``; by default 2, L//2 and L-3, what an EAGLE-3 head reads), fp16.
 

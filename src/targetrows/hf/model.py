@@ -22,8 +22,8 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-from targetrows.core.tree import Tree
 
+from targetrows.core.tree import Tree
 from targetrows.hf.cache import growing_cache
 
 
