@@ -151,6 +151,7 @@ def generate_batch(model, prompts: list[list[int]], max_new: int, stop: set[int]
 
     base, weight = model.base_model, check_head(model)
     n, width = len(prompts), max(len(p) for p in prompts)
+    label_from = [len(p) - 1 for p in prompts] if label_from is None else label_from
     ids = torch.zeros((n, width), dtype=torch.long)
     mask = torch.zeros((n, width), dtype=torch.long)
     for i, p in enumerate(prompts):
@@ -171,8 +172,7 @@ def generate_batch(model, prompts: list[list[int]], max_new: int, stop: set[int]
                       use_cache=True).last_hidden_state
         hidden, prefill = states[:, -1], grab()
         # the prompts' own labelled positions (before the last), row by row: logits are wide
-        early = [states[i, width - len(p) + label_from[i] : -1] if label_from else states[i, :0]
-                 for i, p in enumerate(prompts)]
+        early = [states[i, width - len(p) + label_from[i] : -1] for i, p in enumerate(prompts)]
         early = [(h.half().cpu(), (h @ weight.T).float().topk(top_k).indices.int().cpu())
                  for h in early]
         pos, alive = pos[:, -1:], torch.arange(n, device=dev)
