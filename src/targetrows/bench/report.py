@@ -29,7 +29,18 @@ RATIO_HEADS = {  # the ratio columns, one per Hugging Face baseline
 
 
 def _model(model) -> str:
-    return f"{model.name} ({model.dtype}, {model.device})" if model is not None else "none"
+    if model is None:
+        return "none"
+    return f"{model.name} ({model.dtype}, {model.device}, {_linears(model)} linear layers)"
+
+
+def _linears(model) -> str:
+    """"packed" when the model's linear layers multiply by prepacked weights, else "plain"."""
+    from targetrows.hf.packed import PackedLinear
+
+    module = getattr(model, "model", None) or getattr(model, "head", None)
+    modules = module.modules() if module is not None else ()
+    return "packed" if any(isinstance(m, PackedLinear) for m in modules) else "plain"
 
 
 def header(settings, target, draft, n_prompts: int, command: str | None = None,
@@ -54,7 +65,8 @@ def header(settings, target, draft, n_prompts: int, command: str | None = None,
             "machine": machine,
             "versions": f"python {platform.python_version()}, torch {torch.__version__}, "
             f"transformers {transformers.__version__}, numpy {np.__version__}",
-            "target": f"{target.name} ({target.dtype}, {target.device}, vocab {target.vocab_size})",
+            "target": f"{target.name} ({target.dtype}, {target.device}, vocab {target.vocab_size}, "
+            f"{_linears(target)} linear layers)",
             "draft": _model(draft),
         }
     )

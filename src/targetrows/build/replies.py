@@ -149,7 +149,8 @@ def generate_batch(model, prompts: list[list[int]], max_new: int, stop: set[int]
     token is the reply's first)."""
     from targetrows.hf.cache import growing_cache
 
-    base, weight = model.base_model, check_head(model)
+    check_head(model)
+    base, head = model.base_model, model.get_output_embeddings()  # logits: head(hidden)
     n, width = len(prompts), max(len(p) for p in prompts)
     label_from = [len(p) - 1 for p in prompts] if label_from is None else label_from
     ids = torch.zeros((n, width), dtype=torch.long)
@@ -157,7 +158,7 @@ def generate_batch(model, prompts: list[list[int]], max_new: int, stop: set[int]
     for i, p in enumerate(prompts):
         ids[i, width - len(p):] = torch.tensor(p)
         mask[i, width - len(p):] = 1
-    dev = weight.device
+    dev = head.weight.device
     ids, mask = ids.to(dev), mask.to(dev)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     cache = growing_cache(model.config, width + max_new)
@@ -173,13 +174,13 @@ def generate_batch(model, prompts: list[list[int]], max_new: int, stop: set[int]
         hidden, prefill = states[:, -1], grab()
         # the prompts' own labelled positions (before the last), row by row: logits are wide
         early = [states[i, width - len(p) + label_from[i] : -1] for i, p in enumerate(prompts)]
-        early = [(h.half().cpu(), (h @ weight.T).float().topk(top_k).indices.int().cpu())
+        early = [(h.half().cpu(), head(h).float().topk(top_k).indices.int().cpu())
                  for h in early]
         pos, alive = pos[:, -1:], torch.arange(n, device=dev)
         stop_t = torch.tensor(sorted(stop), dtype=torch.long, device=dev)
         rows, hs, tops, toks, feats = [], [], [], [], []
         for step in range(max_new):
-            logits = (hidden @ weight.T).float()
+            logits = head(hidden).float()
             nxt = logits.argmax(-1)  # the greedy token is also the label at this position
             rows.append(alive)
             hs.append(hidden.half())
@@ -312,12 +313,17 @@ def generate_replies(target, tokenizer, config: RepliesConfig) -> tuple[TeacherD
 
 
 def load_target(target_dir: str, device: str = "cpu"):
-    """(tokenizer, fp32 transformers model in eval mode on `device`) of a target folder."""
+    """(tokenizer, fp32 transformers model in eval mode on `device`) of a target folder; on the
+    CPU its linear layers multiply by prepacked weights (`targetrows.hf.packed`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from targetrows.hf.packed import pack_linears
 
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
-    return tokenizer, target.to(device).eval()
+    target = target.to(device).eval()
+    pack_linears(target)
+    return tokenizer, target
 
 
 def make_replies(target_dir: str, out: str | Path, config: RepliesConfig,

@@ -86,7 +86,7 @@ def _load_assistant(args, tokenizer):
         )
     device = args.draft_device or resolve_device(args.target_device)
     assistant, _ = load_model(path, device, args.dtype, trust, args.allow_pickle,
-                              tokenizer=tokenizer)
+                              tokenizer=tokenizer, packed=not args.plain_linears)
     return assistant
 
 

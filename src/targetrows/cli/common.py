@@ -61,7 +61,7 @@ def check_draft(decoders, draft: str | None) -> None:
 
 def add_model_arguments(parser: argparse.ArgumentParser, draft: bool = True) -> None:
     """--target --draft --target-device --draft-device --dtype --trust-remote-code
-    --allow-pickle (no draft options when ``draft=False``). Imports torch (the dtypes)."""
+    --allow-pickle --plain-linears (no draft options when ``draft=False``). Imports torch (the dtypes)."""
     from targetrows.hf.loading import DTYPES, TRUST_CHOICES
 
     parser.add_argument(
@@ -104,6 +104,12 @@ def add_model_arguments(parser: argparse.ArgumentParser, draft: bool = True) -> 
         action="store_true",
         help="allow pickle .bin weights, which can run code when loaded",
     )
+    parser.add_argument(
+        "--plain-linears",
+        action="store_true",
+        help="on the CPU in float32, keep torch's own linear layers instead of weights "
+        "prepacked for oneDNN (slower; rows differ only by float rounding)",
+    )
 
 
 def load_from_args(args: argparse.Namespace):
@@ -118,4 +124,5 @@ def load_from_args(args: argparse.Namespace):
         args.dtype,
         args.trust_remote_code,
         args.allow_pickle,
+        packed=not args.plain_linears,
     )

@@ -15,6 +15,7 @@ import re
 import torch
 
 from .model import HFModel
+from .packed import pack_linears
 
 DTYPES = {
     "float32": torch.float32,
@@ -136,12 +137,14 @@ def load_model(
     allow_pickle: bool = False,
     gguf_file: str | None = None,
     tokenizer=None,
+    packed: bool = True,
 ):
     """(HFModel, tokenizer) for the causal LM at `path` (local folder, hub id or .gguf file).
 
     device: "cpu", "cuda", "cuda:1", ..., "auto" (spread over the GPUs with device_map="auto"),
     or None (the first GPU if any, else the CPU). dtype: "auto" (bfloat16 on a GPU, float32 on
-    the CPU) or a name in `DTYPES`. Pass `tokenizer` to skip loading it again.
+    the CPU) or a name in `DTYPES`. Pass `tokenizer` to skip loading it again. `packed`: a
+    float32 CPU model's linear layers multiply by prepacked weights (`targetrows.hf.packed`).
     """
     from transformers import AutoModelForCausalLM
 
@@ -172,6 +175,8 @@ def load_model(
         if "trust_remote_code" in str(err):
             raise _remote_code_refused(path) from err
         raise
+    if packed:
+        pack_linears(model)
     width = int(model.get_output_embeddings().weight.shape[0])
     return HFModel(model, vocab_size=min(len(tokenizer), width), name=path), tokenizer
 
@@ -229,18 +234,20 @@ def load_pair(
     dtype: str | torch.dtype = "auto",
     trust_remote_code: bool | str = False,
     allow_pickle: bool = False,
+    packed: bool = True,
 ) -> tuple[HFModel, HFModel | None, object]:
     """(target, draft, tokenizer). The draft goes on `draft_device` (default: the target's
     device); ``draft=None`` gives no draft (autoregressive decoding). Rows of both models are
     cut to one vocabulary size. `trust_remote_code`: see `trusts`. A draft that is an EAGLE-3
     head (folder or hub id) is checked against the target before its weights load and bound
-    to it (`targetrows.hf.eagle3`)."""
+    to it (`targetrows.hf.eagle3`). `packed`: as in `load_model`, for both models."""
     if draft is not None:
         from .eagle3_checkpoint import head_config
 
         if head_config(draft) is not None:
             return _load_target_and_head(target, draft, target_device, draft_device, dtype,
-                                         trusts(trust_remote_code, "target"), allow_pickle)
+                                         trusts(trust_remote_code, "target"), allow_pickle,
+                                         packed)
     target_device = resolve_device(target_device)
     draft_device = target_device if draft_device is None else draft_device
     trust_target = trusts(trust_remote_code, "target")
@@ -256,7 +263,7 @@ def load_pair(
                 f"target {target!r} and draft {draft!r} have different tokenizers ({difference}); "
                 "speculative decoding needs a draft that shares the target's tokenizer"
             )
-    options = dict(dtype=dtype, allow_pickle=allow_pickle, tokenizer=tokenizer)
+    options = dict(dtype=dtype, allow_pickle=allow_pickle, tokenizer=tokenizer, packed=packed)
     target_model, _ = load_model(target, target_device, trust_remote_code=trust_target,
                                  **options)
     if draft is None:
@@ -269,7 +276,7 @@ def load_pair(
 
 
 def _load_target_and_head(target, head, target_device, head_device, dtype, trust_target,
-                          allow_pickle):
+                          allow_pickle, packed):
     """`load_pair` for an EAGLE-3 head: it has no tokenizer of its own (it drafts in the
     target's ids), so the checks are the head's config against the target's."""
     from .eagle3_checkpoint import load_eagle3
@@ -277,6 +284,8 @@ def _load_target_and_head(target, head, target_device, head_device, dtype, trust
     target_device = resolve_device(target_device)
     tokenizer = load_tokenizer(target, trust_target, allow_pickle=allow_pickle)
     target_model, _ = load_model(target, target_device, dtype, trust_target, allow_pickle,
-                                 tokenizer=tokenizer)
+                                 tokenizer=tokenizer, packed=packed)
     draft = load_eagle3(head, target_model, device=head_device, target_name=target)
+    if packed:
+        pack_linears(draft.head)
     return target_model, draft, tokenizer

@@ -1,0 +1,129 @@
+"""Linear layers with prepacked weights (`targetrows.hf.packed`): the same products as
+`nn.Linear` up to float rounding, never a stale weight, gradients through the plain path, and
+decoders on packed models as lossless as on plain ones."""
+
+import copy
+import itertools
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from targetrows.decoding.loop import DecodeConfig, generate  # noqa: E402
+from targetrows.decoding.registry import decoder_names  # noqa: E402
+from targetrows.hf.loading import load_model  # noqa: E402
+from targetrows.hf.model import HFModel  # noqa: E402
+from targetrows.hf.packed import PackedLinear, pack_linears, packing_works  # noqa: E402
+from targetrows.hf.tiny import reference_logits, save_tiny, tiny_model  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not packing_works(), reason="this torch has no oneDNN packing")
+
+
+def packed_copy(linear: torch.nn.Linear) -> PackedLinear:
+    out = copy.deepcopy(linear)
+    assert pack_linears(out) == 1
+    return out
+
+
+@pytest.mark.parametrize("rows,bias", list(itertools.product([1, 3, 9, 17, 65], [False, True])))
+def test_products_equal_plain_linear(rows, bias):
+    torch.manual_seed(rows)
+    plain = torch.nn.Linear(96, 160, bias=bias)
+    packed = packed_copy(plain)
+    x = torch.randn(2, rows, 96)
+    with torch.inference_mode():
+        torch.testing.assert_close(packed(x), plain(x), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(packed(x[0, :1]), plain(x[0, :1]), rtol=1e-5, atol=1e-5)
+
+
+def test_a_changed_weight_is_packed_again():
+    """In-place updates (an optimiser step) and replaced tensors (load_state_dict) are seen."""
+    torch.manual_seed(0)
+    layer = packed_copy(torch.nn.Linear(64, 32))
+    x = torch.randn(4, 64)
+    with torch.no_grad():
+        first = layer(x)
+        layer.weight.mul_(2)
+        torch.testing.assert_close(layer(x) - layer.bias, 2 * (first - layer.bias), rtol=1e-5,
+                                   atol=1e-5)
+        other = torch.nn.Linear(64, 32)
+        layer.load_state_dict(other.state_dict())
+        torch.testing.assert_close(layer(x), other(x), rtol=1e-5, atol=1e-5)
+
+
+def test_training_takes_the_plain_path():
+    """With gradients the layer is an nn.Linear: same gradients, and it still learns."""
+    torch.manual_seed(0)
+    plain = torch.nn.Linear(48, 24)
+    packed = packed_copy(plain)
+    x = torch.randn(5, 48)
+    with torch.no_grad():
+        packed(x)  # a packed copy exists before training starts
+    for layer in (plain, packed):
+        layer(x).square().sum().backward()
+    torch.testing.assert_close(packed.weight.grad, plain.weight.grad)
+    with torch.no_grad():
+        packed.weight -= 0.1 * packed.weight.grad
+        torch.testing.assert_close(packed(x), torch.nn.functional.linear(x, packed.weight,
+                                                                         packed.bias))
+
+
+def test_models_copy_save_and_keep_tied_weights():
+    model = tiny_model("llama", seed=0, n_layers=2, dtype=torch.float32)
+    model.config.tie_word_embeddings = True
+    model.tie_weights()
+    keys = list(model.state_dict())
+    assert pack_linears(model) == sum(isinstance(m, PackedLinear) for m in model.modules()) > 0
+    ids = [5, 17, 42, 7]
+    model(torch.tensor([ids]))  # packs
+    assert list(model.state_dict()) == keys
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    twin = copy.deepcopy(model)  # the packed copies are not copied; the twin packs its own
+    torch.testing.assert_close(reference_logits(twin, ids), reference_logits(model, ids))
+    assert pack_linears(tiny_model("llama", seed=0, dtype=torch.float64)) == 0  # float32 only
+
+
+def test_packed_target_logits_match_plain():
+    plain = tiny_model("qwen3", seed=0, n_layers=2, dtype=torch.float32)
+    packed = copy.deepcopy(plain)
+    pack_linears(packed)
+    ids = list(range(3, 40))
+    torch.testing.assert_close(reference_logits(packed, ids), reference_logits(plain, ids),
+                               rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_decoders_on_packed_models_are_lossless(arch):
+    """Every decoder commits the tokens of `ar` on the same packed float32 target, and `ar`
+    those of Hugging Face greedy generation on it, with a draft that gets trees accepted."""
+    target_hf = tiny_model(arch, seed=0, n_layers=2, dtype=torch.float32)
+    draft_hf = copy.deepcopy(target_hf)
+    gen = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for p in draft_hf.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.01)
+    for model in (target_hf, draft_hf):
+        pack_linears(model)
+    target, draft = HFModel(target_hf, name="target"), HFModel(draft_hf, name="draft")
+    for prompt in ([5, 17, 42], [100, 101, 102, 103]):
+        ar = generate(target, None, prompt, DecodeConfig("ar", max_new_tokens=32)).tokens
+        hf = target_hf.generate(torch.tensor([prompt]), max_new_tokens=32, min_new_tokens=32,
+                                do_sample=False, eos_token_id=None, pad_token_id=0)
+        assert ar == hf[0, len(prompt):].tolist()
+        for decoder, budget in itertools.product(decoder_names()[1:], (4, 24)):
+            config = DecodeConfig(decoder, budget=budget, max_new_tokens=32, top_k=4, depth=4)
+            result = generate(target, draft, prompt, config)
+            assert result.tokens == ar, (arch, decoder, budget, prompt)
+            assert sum(r.accepted for r in result.rounds) > 0
+
+
+def test_load_model_packs_float32_cpu_models_only(tmp_path):
+    path = save_tiny(tmp_path / "m", "llama", seed=0)
+
+    def packed(model) -> bool:
+        return any(isinstance(m, PackedLinear) for m in model.model.modules())
+
+    assert packed(load_model(path, "cpu")[0])
+    assert not packed(load_model(path, "cpu", packed=False)[0])
+    assert not packed(load_model(path, "cpu", "bfloat16")[0])
