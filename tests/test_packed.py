@@ -52,6 +52,17 @@ def test_a_changed_weight_is_packed_again():
         torch.testing.assert_close(layer(x), other(x), rtol=1e-5, atol=1e-5)
 
 
+def test_weights_made_under_inference_mode():
+    """Inference tensors have no version counter (a model loaded inside inference_mode)."""
+    torch.manual_seed(0)
+    with torch.inference_mode():
+        plain = torch.nn.Linear(32, 16)
+        layer = packed_copy(plain)
+        assert layer.weight.is_inference()
+        x = torch.randn(3, 32)
+        torch.testing.assert_close(layer(x), plain(x), rtol=1e-5, atol=1e-5)
+
+
 def test_training_takes_the_plain_path():
     """With gradients the layer is an nn.Linear: same gradients, and it still learns."""
     torch.manual_seed(0)

@@ -20,6 +20,8 @@ EAGLE-3 (and SpecForge):
 
 from __future__ import annotations
 
+import copy
+
 import json
 import math
 import time
@@ -287,9 +289,14 @@ def evaluate(head: Eagle3Head, embed, data: TeacherData, depth: int,
 @torch.inference_mode()
 def forward_cost(target, head: Eagle3Head, context: int = 128, reps: int = 15) -> dict:
     """One head step (one new entry after `context` cached ones, its draft-vocabulary logits)
-    against one cached target decode step, both batch 1, median of `reps`."""
+    against one cached target decode step, both batch 1, median of `reps`. The head is timed
+    as the decoders run it: a copy with packed linear layers (as `load_pair` packs it)."""
+    from targetrows.hf.packed import pack_linears
+
     from .distill import forward_seconds
 
+    head = copy.deepcopy(head)
+    pack_linears(head)
     s, dev = head.shape, head.d2t.device
     past = torch.randn(s.num_kv_heads, context, s.head_dim, device=dev)
     h, emb = torch.randn(2, 1, s.hidden_size, device=dev)

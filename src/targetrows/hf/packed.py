@@ -42,8 +42,10 @@ class PackedLinear(nn.Linear):
 
     def _packed_weight(self) -> torch.Tensor:
         # keyed by the weight's storage and version counter: an optimiser step, a load_state_dict
-        # or a .to() makes a new copy; a pass never reads a stale one
-        key = (self.weight.data_ptr(), self.weight._version)
+        # or a .to() makes a new copy. A weight made under inference_mode has no version counter;
+        # it cannot be changed in place outside inference_mode, and is not changed inside it.
+        w = self.weight
+        key = (w.data_ptr(), None if w.is_inference() else w._version)
         held = self.__dict__.get("_packed")
         if held is None or held[0] != key:
             packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), BATCH_HINT)
