@@ -21,7 +21,6 @@ EAGLE-3 (and SpecForge):
 from __future__ import annotations
 
 import copy
-
 import json
 import math
 import time
