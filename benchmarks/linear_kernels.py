@@ -2,7 +2,7 @@
 
 A pass over a token tree must cost little more than a one-token pass for speculative decoding
 to pay on a CPU. This times, for n = 1..33 new tokens after a cached context, one pass of a
-causal LM with its stock linear layers and with `targetrows.hf.packed.pack_linears`, and the
+causal LM with its plain linear layers and with `targetrows.hf.packed.pack_linears`, and the
 largest difference between the two passes' logits; with `--hints`, the packed layers' time for
 several oneDNN batch-size hints.
 
@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
+import platform
 import statistics
+import sys
 import time
 
 import torch
@@ -54,18 +57,21 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(args.threads)
-    stock = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32,
+    plain = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32,
                                                  attn_implementation="sdpa").eval()
-    fast = copy.deepcopy(stock)
-    print(f"packed {packed.pack_linears(fast)} linear layers; {args.threads} thread(s), "
-          f"{args.context} cached tokens, torch {torch.__version__}")
+    fast = copy.deepcopy(plain)
+    count = packed.pack_linears(fast)
+    print(f"# Linear layers: plain against packed\n\n- command: `python {' '.join(sys.argv)}`\n"
+          f"- machine: {platform.platform()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+          f"{args.threads} thread(s)\n- one pass over n new tokens after {args.context} cached "
+          f"ones, median of {args.repeats}; {count} linear layers packed\n")
     hints = [h for h in args.hints if h != packed.BATCH_HINT]
-    head = ["new tokens", "stock ms", f"packed ms (hint {packed.BATCH_HINT})",
-            *[f"hint {h} ms" for h in hints], "stock/packed", "max |logit diff|"]
+    head = ["new tokens", "plain ms", f"packed ms (hint {packed.BATCH_HINT})",
+            *[f"hint {h} ms" for h in hints], "plain / packed", "max abs logit difference"]
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     default_hint = packed.BATCH_HINT
     for n in args.tokens:
-        stock_ms, stock_logits = pass_ms(stock, args.context, n, args.repeats)
+        plain_ms, plain_logits = pass_ms(plain, args.context, n, args.repeats)
         fast_ms, fast_logits = pass_ms(fast, args.context, n, args.repeats)
         by_hint = []
         for hint in hints:
@@ -76,9 +82,9 @@ def main() -> None:
             packed.BATCH_HINT = default_hint
             for module in fast.modules():
                 module.__dict__.pop("_packed", None)
-        diff = (stock_logits - fast_logits).abs().max().item()
-        print(f"| {n} | {stock_ms:.1f} | {fast_ms:.1f} | " + "".join(f"{h} | " for h in by_hint)
-              + f"{stock_ms / fast_ms:.2f} | {diff:.1e} |", flush=True)
+        diff = (plain_logits - fast_logits).abs().max().item()
+        print(f"| {n} | {plain_ms:.1f} | {fast_ms:.1f} | " + "".join(f"{h} | " for h in by_hint)
+              + f"{plain_ms / fast_ms:.2f} | {diff:.1e} |", flush=True)
 
 
 if __name__ == "__main__":

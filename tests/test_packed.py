@@ -129,7 +129,7 @@ def test_decoders_on_packed_models_are_lossless(arch):
             assert sum(r.accepted for r in result.rounds) > 0
 
 
-def test_load_model_packs_float32_cpu_models_only(tmp_path):
+def test_load_model_packs_cpu_models(tmp_path):
     path = save_tiny(tmp_path / "m", "llama", seed=0)
 
     def packed(model) -> bool:
@@ -137,4 +137,27 @@ def test_load_model_packs_float32_cpu_models_only(tmp_path):
 
     assert packed(load_model(path, "cpu")[0])
     assert not packed(load_model(path, "cpu", packed=False)[0])
-    assert not packed(load_model(path, "cpu", "bfloat16")[0])
+    assert packed(load_model(path, "cpu", "bfloat16")[0]) == packing_works(torch.bfloat16)
+    assert not packed(load_model(path, "cpu", "float64")[0])
+
+
+@pytest.mark.skipif(not packing_works(torch.bfloat16), reason="no oneDNN bfloat16 here")
+def test_a_bfloat16_packed_head_on_a_float32_target_is_lossless(tmp_path):
+    """`load_pair(..., draft_dtype="bfloat16")`: the head packed in bfloat16, the target in
+    float32; every decoder still commits ar's tokens, and trees do get accepted."""
+    from targetrows.hf.eagle3_tiny import save_tiny_head
+    from targetrows.hf.loading import load_pair
+
+    target_dir = save_tiny(tmp_path / "t", "llama", seed=0, n_layers=6)
+    config = tiny_model("llama", seed=0, n_layers=6).config
+    head_dir = save_tiny_head(tmp_path / "h", config, draft_vocab_size=120)
+    target, head, _ = load_pair(target_dir, head_dir, "cpu", draft_dtype="bfloat16")
+    linears = [m for m in head.head.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(isinstance(m, PackedLinear) and m.packed_dtype == torch.bfloat16
+                           for m in linears)
+    assert target.dtype == torch.float32 and head.dtype == torch.bfloat16
+    for prompt in ([5, 17, 42], [200, 3, 9, 9, 31]):
+        ar = generate(target, None, prompt, DecodeConfig("ar", max_new_tokens=24)).tokens
+        for decoder in decoder_names()[1:]:
+            config = DecodeConfig(decoder, budget=8, max_new_tokens=24, top_k=4, depth=4)
+            assert generate(target, head, prompt, config).tokens == ar, (decoder, prompt)

@@ -85,7 +85,8 @@ def _load_assistant(args, tokenizer):
             f"({difference}); assisted generation needs the target's tokenizer"
         )
     device = args.draft_device or resolve_device(args.target_device)
-    assistant, _ = load_model(path, device, args.dtype, trust, args.allow_pickle,
+    dtype = args.dtype if args.draft_dtype is None else args.draft_dtype
+    assistant, _ = load_model(path, device, dtype, trust, args.allow_pickle,
                               tokenizer=tokenizer, packed=not args.plain_linears)
     return assistant
 

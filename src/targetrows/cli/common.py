@@ -60,8 +60,9 @@ def check_draft(decoders, draft: str | None) -> None:
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, draft: bool = True) -> None:
-    """--target --draft --target-device --draft-device --dtype --trust-remote-code
-    --allow-pickle --plain-linears (no draft options when ``draft=False``). Imports torch (the dtypes)."""
+    """--target --draft --target-device --draft-device --dtype --draft-dtype
+    --trust-remote-code --allow-pickle --plain-linears (no draft options when
+    ``draft=False``). Imports torch (the dtypes)."""
     from targetrows.hf.loading import DTYPES, TRUST_CHOICES
 
     parser.add_argument(
@@ -90,6 +91,14 @@ def add_model_arguments(parser: argparse.ArgumentParser, draft: bool = True) -> 
         choices=["auto", *DTYPES],
         help="weights dtype; auto: bfloat16 on GPU, float32 on CPU",
     )
+    if draft:
+        parser.add_argument(
+            "--draft-dtype",
+            default=None,
+            choices=["auto", *DTYPES],
+            help="the draft's weights dtype; default: --dtype (a draft only proposes tokens, so "
+            "its precision changes speed, never the output)",
+        )
     parser.add_argument(
         "--trust-remote-code",
         nargs="?",
@@ -125,4 +134,5 @@ def load_from_args(args: argparse.Namespace):
         args.trust_remote_code,
         args.allow_pickle,
         packed=not args.plain_linears,
+        draft_dtype=getattr(args, "draft_dtype", None),
     )

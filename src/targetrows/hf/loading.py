@@ -235,19 +235,23 @@ def load_pair(
     trust_remote_code: bool | str = False,
     allow_pickle: bool = False,
     packed: bool = True,
+    draft_dtype: str | torch.dtype | None = None,
 ) -> tuple[HFModel, HFModel | None, object]:
     """(target, draft, tokenizer). The draft goes on `draft_device` (default: the target's
     device); ``draft=None`` gives no draft (autoregressive decoding). Rows of both models are
     cut to one vocabulary size. `trust_remote_code`: see `trusts`. A draft that is an EAGLE-3
     head (folder or hub id) is checked against the target before its weights load and bound
-    to it (`targetrows.hf.eagle3`). `packed`: as in `load_model`, for both models."""
+    to it (`targetrows.hf.eagle3`). `packed`: as in `load_model`, for both models.
+    `draft_dtype`: the draft's own dtype (default: `dtype`); a draft only proposes tokens, so
+    its precision changes speed and acceptance, never the committed tokens."""
+    draft_dtype = dtype if draft_dtype is None else draft_dtype
     if draft is not None:
         from .eagle3_checkpoint import head_config
 
         if head_config(draft) is not None:
             return _load_target_and_head(target, draft, target_device, draft_device, dtype,
                                          trusts(trust_remote_code, "target"), allow_pickle,
-                                         packed)
+                                         packed, draft_dtype)
     target_device = resolve_device(target_device)
     draft_device = target_device if draft_device is None else draft_device
     trust_target = trusts(trust_remote_code, "target")
@@ -268,6 +272,7 @@ def load_pair(
                                  **options)
     if draft is None:
         return target_model, None, tokenizer
+    options["dtype"] = draft_dtype
     draft_model, _ = load_model(draft, draft_device, trust_remote_code=trust_draft, **options)
     # the shared vocabulary: padding (logit widths, GGUF placeholders) is cut from both
     vocab = min(vocab, target_model.vocab_size, draft_model.vocab_size)
@@ -276,7 +281,7 @@ def load_pair(
 
 
 def _load_target_and_head(target, head, target_device, head_device, dtype, trust_target,
-                          allow_pickle, packed):
+                          allow_pickle, packed, head_dtype):
     """`load_pair` for an EAGLE-3 head: it has no tokenizer of its own (it drafts in the
     target's ids), so the checks are the head's config against the target's."""
     from .eagle3_checkpoint import load_eagle3
@@ -285,7 +290,9 @@ def _load_target_and_head(target, head, target_device, head_device, dtype, trust
     tokenizer = load_tokenizer(target, trust_target, allow_pickle=allow_pickle)
     target_model, _ = load_model(target, target_device, dtype, trust_target, allow_pickle,
                                  tokenizer=tokenizer, packed=packed)
-    draft = load_eagle3(head, target_model, device=head_device, target_name=target)
+    head_dtype = resolve_dtype(head_dtype, head_device or target_device)
+    draft = load_eagle3(head, target_model, device=head_device, dtype=head_dtype,
+                        target_name=target)
     if packed:
         pack_linears(draft.head)
     return target_model, draft, tokenizer

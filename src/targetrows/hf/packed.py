@@ -1,19 +1,23 @@
-"""Linear layers that multiply by a copy of their weight prepacked for oneDNN, on the CPU in
-float32: what `torch.compile`'s CPU freezing does to a model's linear layers, without compiling.
+"""Linear layers that multiply by a copy of their weight prepacked for oneDNN, on the CPU:
+what `torch.compile`'s CPU freezing does to a model's linear layers, without compiling.
 
 Why. A transformer pass over a few tokens is almost all `nn.Linear`, and the default CPU path
 (`F.linear`, an MKL sgemm on the weight as stored) rearranges the weight into its own blocked
 layout on every call. A verify pass over a small token tree pays that on every layer: on the
-embedded target (SmolLM2-135M, 1 thread) a 9-token pass took 74 ms against 38 ms for one token.
-With the weight packed once, in the blocked layout oneDNN's kernels read directly, a one-token
-pass takes 25 ms and a 9-token pass 33 ms (`benchmarks/linear_kernels.py` measures both). Rows
-differ from `F.linear`'s by float rounding only (another summation order, ~1e-5 relative).
+embedded target (SmolLM2-135M, float32, 1 thread) a 9-token pass took 76 ms against 38 ms for
+one token. With the weight packed once, in the blocked layout oneDNN's kernels read directly, a
+one-token pass takes 25 ms and a 9-token pass 36 ms (`benchmarks/linear_kernels.py` measures
+both). Rows differ from `F.linear`'s by float rounding only (another summation order).
 
 `pack_linears(model)` turns a model's `nn.Linear` modules into `PackedLinear` in place: the same
 parameters, names and state dict (tied weights stay tied), so Hugging Face `generate`, copies
-and checkpoints work as before. The packed copy is made on the first pass without gradients and
-made again when the weight changes; passes that need gradients, other devices and other dtypes
-take plain `F.linear`, so a packed model still trains.
+and checkpoints work as before. A module is packed for the dtype its weight has then: float32,
+or bfloat16 where oneDNN supports it (an EAGLE-3 head's one-to-three-entry passes took 0.7 ms
+instead of 1.2 in float32). Converted to another dtype later, it takes plain `F.linear`: the
+replies' bfloat16 request writer, a copy of the float32 target, stays on torch's own layers,
+where packing gained nothing at batch 128. The packed copy is made on the first pass without
+gradients and made again when the weight changes; passes that need gradients and other devices
+take plain `F.linear` too, so a packed model still trains.
 """
 
 from __future__ import annotations
@@ -29,12 +33,14 @@ BATCH_HINT = 16
 
 
 class PackedLinear(nn.Linear):
-    """An `nn.Linear` that, on the CPU in float32 and without gradients, multiplies by a copy of
-    its weight prepacked for oneDNN (the copy costs as much memory as the weight)."""
+    """An `nn.Linear` that, on the CPU in the dtype it was packed for and without gradients,
+    multiplies by a copy of its weight prepacked for oneDNN (as much memory as the weight)."""
+
+    packed_dtype: torch.dtype = torch.float32  # set per module by `pack_linears`
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
-        if (w.device.type != "cpu" or w.dtype != torch.float32 or x.dtype != torch.float32
+        if (w.device.type != "cpu" or w.dtype != self.packed_dtype or x.dtype != w.dtype
                 or (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad))):
             return F.linear(x, w, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self._packed_weight(), self.bias,
@@ -48,7 +54,7 @@ class PackedLinear(nn.Linear):
         key = (w.data_ptr(), None if w.is_inference() else w._version)
         held = self.__dict__.get("_packed")
         if held is None or held[0] != key:
-            packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), BATCH_HINT)
+            packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), BATCH_HINT)
             held = self.__dict__["_packed"] = (key, packed)
         return held[1]
 
@@ -61,36 +67,44 @@ class PackedLinear(nn.Linear):
 
 
 @functools.cache
-def packing_works() -> bool:
-    """Whether this torch build has oneDNN's packed linear ops and they agree with `F.linear`
-    (checked once, on a small random layer, with and without bias)."""
+def packing_works(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether this torch build and CPU have oneDNN's packed linear ops for `dtype` (float32 or
+    bfloat16) and they agree with `F.linear` (checked once per dtype, on a small random layer,
+    with and without bias)."""
     ops = torch.ops.mkldnn
     if not (torch.backends.mkldnn.is_available() and hasattr(ops, "_reorder_linear_weight")
             and hasattr(ops, "_linear_pointwise")):
         return False
+    if dtype == torch.bfloat16:
+        if not (hasattr(ops, "_is_mkldnn_bf16_supported") and ops._is_mkldnn_bf16_supported()):
+            return False
+    elif dtype != torch.float32:
+        return False
     gen = torch.Generator().manual_seed(0)
     w, b = torch.randn(48, 40, generator=gen), torch.randn(48, generator=gen)
     x = torch.randn(3, 5, 40, generator=gen)
+    w, b, x = w.to(dtype), b.to(dtype), x.to(dtype)
+    tol = 1e-4 if dtype == torch.float32 else 3e-2  # bfloat16 rounds each product's output
     try:
         packed = ops._reorder_linear_weight(w, BATCH_HINT)
         outs = [ops._linear_pointwise(x, packed, bias, "none", [], "") for bias in (None, b)]
     except RuntimeError:
         return False
-    return all(torch.allclose(out, F.linear(x, w, bias), rtol=1e-4, atol=1e-4)
+    return all(torch.allclose(out.float(), F.linear(x, w, bias).float(), rtol=tol, atol=tol)
                for out, bias in zip(outs, (None, b), strict=True))
 
 
 def pack_linears(model: nn.Module) -> int:
-    """Make every plain `nn.Linear` of `model` a `PackedLinear`, in place; the count made (0
-    when `packing_works` is false, or the model is not a float32 CPU model)."""
+    """Make every plain `nn.Linear` of `model` a `PackedLinear` for its weight's dtype, in place;
+    the count made (0 when the model is not on the CPU, or `packing_works` is false for that
+    dtype)."""
     params = list(model.parameters())
-    on_cpu_f32 = bool(params) and all(p.device.type == "cpu" and p.dtype == torch.float32
-                                      for p in params)
-    if not (on_cpu_f32 and packing_works()):
+    if not params or any(p.device.type != "cpu" for p in params):
         return 0
     count = 0
     for module in model.modules():
-        if type(module) is nn.Linear:
+        if type(module) is nn.Linear and packing_works(module.weight.dtype):
             module.__class__ = PackedLinear
+            module.packed_dtype = module.weight.dtype
             count += 1
     return count
