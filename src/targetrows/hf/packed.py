@@ -4,9 +4,9 @@ what `torch.compile`'s CPU freezing does to a model's linear layers, without com
 Why. A transformer pass over a few tokens is almost all `nn.Linear`, and the default CPU path
 (`F.linear`, an MKL sgemm on the weight as stored) rearranges the weight into its own blocked
 layout on every call. A verify pass over a small token tree pays that on every layer: on the
-embedded target (SmolLM2-135M, float32, 1 thread) a 9-token pass took 76 ms against 38 ms for
+embedded target (SmolLM2-135M, float32, 1 thread) a 9-token pass took 79 ms against 41 ms for
 one token. With the weight packed once, in the blocked layout oneDNN's kernels read directly, a
-one-token pass takes 25 ms and a 9-token pass 36 ms (`benchmarks/linear_kernels.py` measures
+one-token pass takes 27 ms and a 9-token pass 36 ms (`benchmarks/linear_kernels.py` measures
 both). Rows differ from `F.linear`'s by float rounding only (another summation order).
 
 `pack_linears(model)` turns a model's `nn.Linear` modules into `PackedLinear` in place: the same
