@@ -35,7 +35,7 @@ def _model(model) -> str:
 
 
 def _linears(model) -> str:
-    """"packed" when the model's linear layers multiply by prepacked weights, else "plain"."""
+    """Whether the model's linear layers multiply by prepacked weights ("packed") or not."""
     from targetrows.hf.packed import PackedLinear
 
     module = getattr(model, "model", None) or getattr(model, "head", None)

@@ -116,8 +116,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, draft: bool = True) -> 
     parser.add_argument(
         "--plain-linears",
         action="store_true",
-        help="on the CPU in float32, keep torch's own linear layers instead of weights "
-        "prepacked for oneDNN (slower; rows differ only by float rounding)",
+        help="on the CPU, keep torch's own linear layers instead of weights prepacked for "
+        "oneDNN (slower; rows differ only by float rounding)",
     )
 
 

@@ -144,7 +144,7 @@ def load_model(
     device: "cpu", "cuda", "cuda:1", ..., "auto" (spread over the GPUs with device_map="auto"),
     or None (the first GPU if any, else the CPU). dtype: "auto" (bfloat16 on a GPU, float32 on
     the CPU) or a name in `DTYPES`. Pass `tokenizer` to skip loading it again. `packed`: a
-    float32 CPU model's linear layers multiply by prepacked weights (`targetrows.hf.packed`).
+    CPU model's linear layers multiply by prepacked weights (`targetrows.hf.packed`).
     """
     from transformers import AutoModelForCausalLM
 
