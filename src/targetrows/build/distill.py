@@ -178,10 +178,9 @@ def forward_cost(target, draft) -> dict[str, float]:
     """Draft / target forward time: one decode step, and a 64-token block (a tree pass). The
     draft is timed as the decoders run it: a copy with packed linear layers (as `load_pair`
     packs it; the target from `load_target` is packed already)."""
-    from targetrows.hf.packed import pack_linears
+    from targetrows.hf.packed import packed_copy
 
-    draft = copy.deepcopy(draft)
-    pack_linears(draft)
+    draft = packed_copy(draft)
     out = {}
     for name, block in [("decode_step", 1), ("block_64", 64)]:
         t, d = forward_seconds(target, block), forward_seconds(draft, block)

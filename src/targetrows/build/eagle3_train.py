@@ -20,7 +20,6 @@ EAGLE-3 (and SpecForge):
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import time
@@ -290,12 +289,11 @@ def forward_cost(target, head: Eagle3Head, context: int = 128, reps: int = 15) -
     """One head step (one new entry after `context` cached ones, its draft-vocabulary logits)
     against one cached target decode step, both batch 1, median of `reps`. The head is timed
     as the decoders run it: a copy with packed linear layers (as `load_pair` packs it)."""
-    from targetrows.hf.packed import pack_linears
+    from targetrows.hf.packed import packed_copy
 
     from .distill import forward_seconds
 
-    head = copy.deepcopy(head)
-    pack_linears(head)
+    head = packed_copy(head)
     s, dev = head.shape, head.d2t.device
     past = torch.randn(s.num_kv_heads, context, s.head_dim, device=dev)
     h, emb = torch.randn(2, 1, s.hidden_size, device=dev)

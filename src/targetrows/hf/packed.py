@@ -22,6 +22,7 @@ take plain `F.linear` too, so a packed model still trains.
 
 from __future__ import annotations
 
+import copy
 import functools
 
 import torch
@@ -108,3 +109,11 @@ def pack_linears(model: nn.Module) -> int:
             module.packed_dtype = module.weight.dtype
             count += 1
     return count
+
+
+def packed_copy(model: nn.Module) -> nn.Module:
+    """A copy of `model` with packed linear layers, `model` left as it is: how a cost report
+    times a freshly trained draft as the decoders will run it (`load_pair` packs it)."""
+    model = copy.deepcopy(model)
+    pack_linears(model)
+    return model
