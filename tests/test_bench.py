@@ -145,9 +145,12 @@ def test_bench_auto_budget(pair, prompts_file, tmp_path):
     assert code == 0
     rows = list(csv.DictReader(open(tmp_path / "auto.csv")))
     assert [r["method"] for r in rows] == ["ar", "fts"]
-    budget = int(rows[1]["budget"])
+    budget, depth = int(rows[1]["budget"]), int(rows[1]["depth"])
     assert 1 <= budget <= 3 + 3 * 3  # within the candidate pool
-    assert f"fts, T=0: budget auto -> {budget}" in (tmp_path / "auto.md").read_text()
+    assert 1 <= depth <= 2 and rows[0]["depth"] == ""  # at most --depth; ar drafts no pool
+    report = (tmp_path / "auto.md").read_text()
+    assert f"fts, T=0: budget auto -> {budget} at depth {depth} (" in report
+    assert f"| fts | {budget} | {depth} |" in report
 
 
 def test_prompt_lookup_proposes_and_keeps_greedy_tokens():

@@ -93,7 +93,7 @@ def test_auto_budget_follows_the_verify_cost():
     free = cm.auto_budget(
         pair.target, pair.draft, prompt, "draft_rank", 0.0, 4, 3, budgets=budgets, parts=flat
     )
-    committed = np.array(free.committed)
+    committed = np.array(free.committed[free.depths.index(free.depth)])
     assert np.all(np.diff(committed) >= 0)
     assert free.budget == budgets[int(np.argmax(committed))]  # the most accepted tokens
     dear = cm.auto_budget(
@@ -103,6 +103,62 @@ def test_auto_budget_follows_the_verify_cost():
     assert "budget auto ->" in dear.describe()
     with pytest.raises(ValueError, match="ar"):
         cm.auto_budget(pair.target, pair.draft, prompt, "ar")
+
+
+def test_best_depth_budget_ties_go_to_cheaper_drafting():
+    tps = [[5.0, 6.0], [6.0, 6.0], [4.0, 1.0]]  # [depth][budget]
+    assert cm.best_depth_budget([3, 2, 1], [8, 4], tps) == (2, 4)  # not (3, 4), nor (2, 8)
+    with pytest.raises(ValueError, match="depths, budgets"):
+        cm.best_depth_budget([1, 2], [4], [[1.0, 2.0]])
+
+
+@pytest.mark.parametrize("decoder", ["draft_rank", "fts", "pearl", "fts_redraft"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_acceptance_by_depth_matches_one_depth_at_a_time(decoder, temperature):
+    """One expansion at the deepest depth and one target pass predict every shallower pool as
+    exactly as a prediction at that depth alone (whose pool is the first levels of the deepest)."""
+    pair = ToyPair(vocab_size=24, seed=5, closeness=0.9)
+    prompt, budgets = [4, 7, 1], [1, 2, 5, 8, 20, 36, 200]
+    args = (pair.target, pair.draft, prompt, budgets, decoder, temperature, 4)
+    committed, nodes = cm.acceptance_curve(*args, 3, contexts=1, depths=[1, 2, 3])
+    assert committed.shape == nodes.shape == (3, len(budgets))
+    for row, depth in enumerate([1, 2, 3]):
+        alone = cm.acceptance_curve(*args, depth, contexts=1)
+        np.testing.assert_array_equal(committed[row], alone[0])
+        np.testing.assert_array_equal(nodes[row], alone[1])
+    # over several contexts (moved on by the deepest depth's rounds) the deepest row is still
+    # the prediction at that depth alone
+    committed, nodes = cm.acceptance_curve(*args, 3, contexts=3, depths=[2, 3])
+    alone = cm.acceptance_curve(*args, 3, contexts=3)
+    np.testing.assert_array_equal(committed[1], alone[0])
+    np.testing.assert_array_equal(nodes[1], alone[1])
+    with pytest.raises(ValueError, match="depths must be 1..3"):
+        cm.acceptance_curve(*args, 3, depths=[4])
+
+
+def test_auto_depth_follows_the_draft_cost():
+    pair = ToyPair(vocab_size=24, seed=3, closeness=0.9)
+    budgets = (1, 2, 4, 8, 16, 32)
+    target = cm.PassCurve((1,), (0.01,))  # a tree costs what a token does
+    free = cm.PartTimes(target, cm.PassCurve((1,), (0.0,)), 3)
+    dear = cm.PartTimes(target, cm.PassCurve((1,), (0.05,)), 3)  # a level costs 5 target passes
+    args = (pair.target, pair.draft, [1, 2, 3], "draft_rank", 0.0, 4, 3)
+    deep = cm.auto_budget(*args, budgets=budgets, parts=free)
+    best = [max(row) for row in deep.committed]
+    assert best[0] < best[1] < best[2]  # deeper pools accept more
+    assert deep.depth == 3 and deep.depths == (1, 2, 3)
+    shallow = cm.auto_budget(*args, budgets=budgets, parts=dear)
+    assert shallow.depth < 3
+    # each depth's predictions are those of its own pool (a budget below the depth drafts less)
+    for row, depth in enumerate(shallow.depths):
+        np.testing.assert_allclose(shallow.tokens_per_s[row], cm.predicted_tokens_per_s(
+            "draft_rank", shallow.committed[row], shallow.nodes[row], dear, 0.0, 4, depth,
+            budgets=budgets))
+    # only the given depths are tried
+    assert cm.auto_budget(*args, budgets=budgets, parts=dear, depths=[3]).depth == 3
+    text = deep.describe()
+    assert text.startswith(f"budget auto -> {deep.budget} at depth 3 (")
+    assert "best predicted tokens/s by depth: 1: " in text and "\n" not in text
 
 
 @pytest.mark.parametrize("decoder", ["draft_rank", "pearl"])

@@ -54,6 +54,7 @@ def test_answers_are_spec_bench_records(pair, prompts, tmp_path):
         assert [len(t) for t in r["token_ids"]] == choice["new_tokens"]
         assert r["model_id"] and r["category"] and r["decoder"] == "fts"
         assert max(r["rounds"]["nodes"]) <= r["budget"]
+        assert r["depth"] == 3 and not r["budget_auto"]  # an integer budget runs at --depth
     assert not (tmp_path / "fts.jsonl.partial").exists()
     # ar's answers carry the same tokens: every decoder is lossless at temperature 0
     ar = tmp_path / "ar.jsonl"
@@ -95,8 +96,10 @@ def test_resume_keeps_the_budget_auto_chose(pair, prompts, tmp_path):
     proc = decode(pair, prompts, full, "--decoder", "fts", "--budgets", "auto")
     assert proc.returncode == 0, proc.stderr
     records = [json.loads(line) for line in full.read_text().splitlines()]
-    chosen = records[0]["budget"]
+    chosen, depth = records[0]["budget"], records[0]["depth"]
     assert all(r["budget"] == chosen and r["budget_auto"] for r in records)
+    assert 1 <= depth <= 3 and all(r["depth"] == depth for r in records)  # auto's own depth
+    assert f"budget auto -> {chosen} at depth {depth} (" in proc.stderr
     # the interrupted run had chosen another budget and finished its first answer
     other = 2 if chosen != 2 else 3
     first = dict(records[0], budget=other)
@@ -104,7 +107,8 @@ def test_resume_keeps_the_budget_auto_chose(pair, prompts, tmp_path):
     (tmp_path / "resumed.jsonl.partial").write_text(json.dumps(first) + "\n")
     proc = decode(pair, prompts, resumed, "--decoder", "fts", "--budgets", "auto")
     assert proc.returncode == 0, proc.stderr
-    assert f"budget auto -> {other}, as chosen by the interrupted run" in proc.stderr
+    said = f"budget auto -> {other} at depth {depth}, as chosen by the interrupted run"
+    assert said in proc.stderr
     out = [json.loads(line) for line in resumed.read_text().splitlines()]
     assert [r["budget"] for r in out] == [other] * len(records) and out[0] == first
     assert [r["token_ids"] for r in out] == [r["token_ids"] for r in records]  # T=0: lossless

@@ -136,6 +136,20 @@ def test_compare_end_to_end(saved_pair, tmp_path):
     assert all(r["token_ids"] == rows["ar"]["token_ids"] for r in rows.values())
     assert rows["ar"]["text"] == tiny_tokenizer().decode(rows["ar"]["token_ids"],
                                                          skip_special_tokens=True)
+    assert doc["budget"] == 8 and doc["depth"] == 6  # --depth's default
+
+
+def test_compare_budget_auto_runs_at_the_depth_it_picks(saved_pair, tmp_path):
+    target, draft = saved_pair
+    out = tmp_path / "compare.json"
+    proc = _cli("compare", "--target", target, "--draft", draft, "--prompt", "Tell me a story",
+                "--budget", "auto", "--decoders", "ar", "draft_rank", "--top-k", "4", "--depth",
+                "3", "--max-new-tokens", "12", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(out.read_text())
+    assert 1 <= doc["depth"] <= 3  # --depth is the deepest pool tried
+    said = f"draft_rank: budget auto -> {doc['budget']} at depth {doc['depth']} ("
+    assert said in proc.stderr
 
 
 class _RowTarget:

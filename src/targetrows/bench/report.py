@@ -72,10 +72,11 @@ def header(settings, target, draft, n_prompts: int, command: str | None = None,
     )
     if assistant is not None:
         out["assistant"] = _model(assistant)
+    deepest = " (the deepest auto tries)" if settings.budget == "auto" else ""
     out["settings"] = (
         f"{n_prompts} prompts, temperatures {list(settings.temperatures)}, budget "
         f"{settings.budget}, max_new_tokens {settings.max_new_tokens}, top_k {settings.top_k}, "
-        f"depth {settings.depth}, seed {settings.seed}"
+        f"depth {settings.depth}{deepest}, seed {settings.seed}"
     )
     if settings.hf:
         out["settings"] += f", prompt lookup tokens {settings.prompt_lookup_tokens}"
@@ -103,6 +104,7 @@ def summarize(rows: list[dict], settings) -> list[dict]:
             "temperature": temp,
             "method": method,
             "budget": group[0]["budget"],
+            "depth": group[0].get("depth", ""),  # rows of older runs have none
             "prompts": len(group),
             "tps_median": float(np.median(tps)),
             "tps_min": float(tps.min()),
@@ -151,6 +153,7 @@ def summary_markdown(summary: list[dict], settings) -> str:
     head = (
         "method",
         "budget",
+        "depth",
         "tokens/s median [min-max]",
         *RATIO_HEADS.values(),
         "tokens/round",
@@ -186,6 +189,7 @@ def summary_markdown(summary: list[dict], settings) -> str:
                     [
                         s["method"],
                         str(s["budget"]) or "-",
+                        str(s["depth"]) or "-",
                         f"{s['tps_median']:.1f} [{s['tps_min']:.1f}-{s['tps_max']:.1f}]",
                         *(_f(s[f"vs_{base}"]) for base in RATIO_HEADS),
                         _f(s.get("committed")),
@@ -296,7 +300,7 @@ def markdown(head: dict, summary: list[dict], context: dict, settings) -> str:
             "| draft ms | " + " | ".join(f"{t * 1e3:.1f}" for t in parts.draft.seconds) + " |",
         ]
     if context["choices"]:
-        lines += ["", "## Budgets picked by `--budget auto`", ""]
+        lines += ["", "## Budgets and depths picked by `--budget auto`", ""]
         for (decoder, temp), choice in context["choices"].items():
             lines.append(f"- {decoder}, T={temp:g}: {choice.describe()}")
     lines += ["", "## Goals", ""]

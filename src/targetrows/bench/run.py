@@ -63,7 +63,7 @@ class BenchSettings:
     budget: int | str = "auto"  # an int for every decoder, or "auto": costmodel.auto_budget each
     max_new_tokens: int = 64
     top_k: int = 10
-    depth: int = 6
+    depth: int = 6  # pool levels; under budget "auto", the deepest pool tried
     guesses: int = 2
     seed: int = 0
     hf: bool = True  # run the Hugging Face baselines
@@ -95,13 +95,14 @@ class BenchSettings:
 
 
 def pick_budgets(target, draft, prompt: BenchPrompt, settings: BenchSettings, parts):
-    """{(decoder, temperature): budget} and the auto choices made (for the report)."""
-    budgets, choices = {}, {}
+    """{(decoder, temperature): (budget, depth)} and the auto choices made (for the report):
+    --budget auto picks both, otherwise every decoder runs at --budget and --depth."""
+    plans, choices = {}, {}
     for name in settings.decoders:
         for temp in settings.temperatures:
             drafts = get_decoder(name).drafts
             if not drafts or settings.budget != "auto":
-                budgets[name, temp] = int(settings.budget) if drafts else 1
+                plans[name, temp] = (int(settings.budget) if drafts else 1, settings.depth)
                 continue
             choice = costmodel.auto_budget(
                 target,
@@ -114,8 +115,8 @@ def pick_budgets(target, draft, prompt: BenchPrompt, settings: BenchSettings, pa
                 settings.guesses,
                 parts=parts,
             )
-            budgets[name, temp], choices[name, temp] = choice.budget, choice
-    return budgets, choices
+            plans[name, temp], choices[name, temp] = (choice.budget, choice.depth), choice
+    return plans, choices
 
 
 def measure(target, draft, prompts: Sequence[BenchPrompt], settings: BenchSettings):
@@ -142,11 +143,13 @@ def run_method(
     prompt: BenchPrompt,
     temperature: float,
     budget: int,
+    depth: int,
     settings: BenchSettings,
     seed: int,
     max_new_tokens: int | None = None,
 ):
-    """(new tokens, wall seconds, DecodeResult or None) of one method on one prompt."""
+    """(new tokens, wall seconds, DecodeResult or None) of one method on one prompt; `budget`
+    and `depth` shape a tree decoder's rounds."""
     n = max_new_tokens or settings.max_new_tokens
     start = time.perf_counter()
     if method in HF_METHODS:
@@ -169,7 +172,7 @@ def run_method(
             temperature=temperature,
             max_new_tokens=n,
             top_k=settings.top_k,
-            depth=settings.depth,
+            depth=depth,
             guesses=settings.guesses,
             seed=seed,
             stop_ids=settings.stop_ids,
@@ -226,7 +229,7 @@ def run_bench(
     parts = measure(target, draft, prompts, settings)
     # what each prompt's first pass costs beyond a round's one-token pass (in every bound)
     prompt_s = [costmodel.time_prompt_pass(target, p.ids, settings.repeats) for p in prompts]
-    budgets, choices = pick_budgets(target, draft, prompts[0], settings, parts)
+    plans, choices = pick_budgets(target, draft, prompts[0], settings, parts)
     for method in methods:  # warm-up: lazy initialisation is nobody's cost
         run_method(
             method,
@@ -235,7 +238,7 @@ def run_bench(
             assistant,
             prompts[0],
             settings.temperatures[0],
-            budgets.get((method, settings.temperatures[0]), 1),
+            *plans.get((method, settings.temperatures[0]), (1, settings.depth)),
             settings,
             settings.seed,
             4,
@@ -246,7 +249,7 @@ def run_bench(
             order = methods[i % len(methods) :] + methods[: i % len(methods)]
             done = {}
             for method in order:
-                budget = budgets.get((method, temp), 0)
+                budget, depth = plans.get((method, temp), (0, settings.depth))
                 tokens, wall, result = run_method(
                     method,
                     target,
@@ -255,11 +258,12 @@ def run_bench(
                     prompt,
                     temp,
                     budget,
+                    depth,
                     settings,
                     settings.seed + i,
                 )
                 done[method] = tokens
-                rows.append(_row(method, prompt, temp, budget, tokens, wall, result))
+                rows.append(_row(method, prompt, temp, budget, depth, tokens, wall, result))
                 results.append(result)
                 prompt_of.append(i)
                 if progress is not None:
@@ -276,7 +280,7 @@ def run_bench(
                 parts,
                 result.rounds,
                 settings.top_k,
-                get_decoder(row["method"]).pool_depth(settings.depth,
+                get_decoder(row["method"]).pool_depth(row["depth"] or settings.depth,
                                                       row["budget"] or settings.depth),
                 settings.guesses,
                 prompt_s[i],
@@ -290,7 +294,7 @@ def run_bench(
     context = {
         "parts": parts,
         "prompt_s": prompt_s,
-        "budgets": budgets,
+        "plans": plans,
         "choices": choices,
         "methods": methods,
         "skipped": skipped,
@@ -298,11 +302,13 @@ def run_bench(
     return rows, context
 
 
-def _row(method, prompt, temperature, budget, tokens, wall, result) -> dict:
+def _row(method, prompt, temperature, budget, depth, tokens, wall, result) -> dict:
+    tree = method not in HF_METHODS and get_decoder(method).drafts
     row = {
         "method": method,
         "temperature": temperature,
-        "budget": budget if method not in HF_METHODS and get_decoder(method).drafts else "",
+        "budget": budget if tree else "",
+        "depth": depth if tree else "",  # the pool depth setting (`DecodeConfig.depth`)
         "question_id": prompt.question_id,
         "category": prompt.category,
         "prompt_tokens": len(prompt.ids),

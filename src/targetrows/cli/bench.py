@@ -24,7 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, nargs="+", default=[0.0],
                         help="one condition each (0: greedy; > 0: pure sampling)")
     parser.add_argument("--budget", type=budget_arg, default="auto",
-                        help="non-root nodes per tree, or auto (picked per decoder from timings)")
+                        help="non-root nodes per tree, or auto (budget and pool depth, at most "
+                             "--depth, picked per decoder from timings)")
     add_decoding_arguments(parser, max_new_tokens=64)
     parser.add_argument("--no-hf", dest="hf", action="store_false",
                         help="skip the Hugging Face baselines")

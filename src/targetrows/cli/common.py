@@ -34,7 +34,9 @@ def add_decoding_arguments(parser: argparse.ArgumentParser, max_new_tokens: int 
     parser.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--top-k", type=int, default=10, help="pool: children per frontier node")
-    parser.add_argument("--depth", type=int, default=6, help="pool: levels")
+    parser.add_argument("--depth", type=int, default=6,
+                        help="pool: levels; under --budget(s) auto, the deepest pool tried "
+                             "(auto picks the depth too)")
     if decoders:
         parser.add_argument("--decoders", nargs="+", default=list(decoder_names()),
                             choices=decoder_names())

@@ -17,8 +17,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt", required=True, help="the user message")
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--budget", type=common.budget_arg, default=59,
-                        help="non-root nodes per tree, or auto: the best predicted tokens/s on "
-                             "this machine for the first tree decoder listed")
+                        help="non-root nodes per tree, or auto: the budget and pool depth (at "
+                             "most --depth) of the best predicted tokens/s on this machine for "
+                             "the first tree decoder listed")
     common.add_decoding_arguments(parser)
     parser.add_argument("--json", dest="json_out", default=None,
                         help="also write the results, with token ids and text, to this file")
@@ -38,18 +39,18 @@ def run(args: argparse.Namespace) -> int:
     common.check_draft(args.decoders, args.draft)
     target, draft, tokenizer = common.load_from_args(args)
     prompt_ids = encode_prompt(tokenizer, args.prompt)
-    budget = args.budget
+    budget, depth = args.budget, args.depth
     if budget == "auto":
         tree_decoders = [d for d in args.decoders if get_decoder(d).drafts]
         budget = 1
         if tree_decoders:
             choice = auto_budget(target, draft, prompt_ids, tree_decoders[0], args.temperature,
                                  args.top_k, args.depth)
-            budget = choice.budget
+            budget, depth = choice.budget, choice.depth
             print(f"{tree_decoders[0]}: {choice.describe()}", file=sys.stderr)
     config = DecodeConfig(
         decoder="ar", budget=budget, temperature=args.temperature,
-        max_new_tokens=args.max_new_tokens, top_k=args.top_k, depth=args.depth, seed=args.seed,
+        max_new_tokens=args.max_new_tokens, top_k=args.top_k, depth=depth, seed=args.seed,
         stop_ids=frozenset(stop_ids(tokenizer, target)),
     )
     results = compare(target, draft, prompt_ids, args.decoders, config)
@@ -66,6 +67,6 @@ def run(args: argparse.Namespace) -> int:
             row["text"] = tokenizer.decode(res.tokens, skip_special_tokens=True)
             row["rounds"] = [r.__dict__ for r in res.rounds]
         document = {"prompt": args.prompt, "temperature": args.temperature,
-                    "budget": budget, "seed": args.seed, "decoders": rows}
+                    "budget": budget, "depth": depth, "seed": args.seed, "decoders": rows}
         atomic_write_text(args.json_out, json.dumps(document, indent=1) + "\n")
     return status

@@ -17,7 +17,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--decoder", required=True, choices=decoder_names())
     parser.add_argument("--budgets", type=common.budget_arg, nargs="+", default=[59],
                         help="non-root nodes per tree, one condition each (ignored by ar); "
-                             "auto: the best predicted tokens/s on this machine")
+                             "auto: the budget and pool depth (at most --depth) of the best "
+                             "predicted tokens/s on this machine")
     parser.add_argument("--temperature", type=float, default=0.0)
     common.add_decoding_arguments(parser, decoders=False)
     parser.add_argument("--model-id", default=None, help="model_id in the answers (default: target name)")

@@ -74,19 +74,27 @@ def _partial_records(path: str):
                 return  # the line being written when the job was killed
 
 
-def _auto_budget_of(records: list[dict], fingerprint: str) -> int | None:
-    """The budget that `--budgets auto` chose in the interrupted run, if any."""
+def _depth_of(record: dict, depth: int) -> int:
+    """The pool depth a record's condition ran at: records written before `--budgets auto`
+    picked the depth have no field, and ran at --depth (part of the fingerprint)."""
+    return int(record.get("depth", depth))
+
+
+def _auto_choice_of(records: list[dict], fingerprint: str, depth: int) -> tuple[int, int] | None:
+    """The (budget, depth) that `--budgets auto` chose in the interrupted run, if any."""
     for record in records:
         if record.get("fingerprint") == fingerprint and record.get("budget_auto"):
-            return int(record["budget"])
+            return int(record["budget"]), _depth_of(record, depth)
     return None
 
 
-def _finished(records: list[dict], keys: set) -> dict:
-    """Answers already finished by an interrupted run, by (question_id, budget, fingerprint)."""
+def _finished(records: list[dict], keys: set, depth: int) -> dict:
+    """Answers already finished by an interrupted run, by (question_id, budget, depth,
+    fingerprint)."""
     done = {}
     for record in records:
-        key = (str(record.get("question_id")), record.get("budget"), record.get("fingerprint"))
+        key = (str(record.get("question_id")), record.get("budget"), _depth_of(record, depth),
+               record.get("fingerprint"))
         if key in keys:
             done[key] = record
     return done
@@ -120,7 +128,7 @@ class AnswerSettings:
     max_new_tokens: int = 128
     seed: int = 0
     top_k: int = 10
-    depth: int = 6
+    depth: int = 6  # pool levels of every budget; "auto" picks its own depth, at most this
     model_id: str = "target"  # model_id in the answers
     draft_name: str | None = None  # the draft's name or path
     dtype: str = "auto"
@@ -130,7 +138,8 @@ class AnswerSettings:
 def answer_file(target, draft, tokenizer, prompts_path: str, out: str,
                 s: AnswerSettings) -> None:
     """Decode every question of `prompts_path` at every budget condition into the answers file
-    `out` (one line per question and budget), resuming from ``out.partial``."""
+    `out` (one line per question and budget), resuming from ``out.partial``. A condition is a
+    (budget, pool depth): an integer budget runs at `s.depth`, "auto" at the depth it picks."""
     from .chat import encode_conversation, stop_ids
 
     questions = read_questions(prompts_path)
@@ -154,50 +163,52 @@ def answer_file(target, draft, tokenizer, prompts_path: str, out: str,
     for path in (out, partial):  # a job killed mid-write (SIGKILL) left its temp file behind
         remove_stale_temps(path)
     interrupted = list(_partial_records(partial))
-    auto = None
+    auto = None  # the (budget, depth) that --budgets auto chose
     if "auto" in budgets:
         # timings differ from run to run: a resumed run keeps the interrupted run's choice
-        auto = _auto_budget_of(interrupted, fingerprint)
+        auto = _auto_choice_of(interrupted, fingerprint, s.depth)
         if auto is not None:
-            print(f"{s.decoder}: budget auto -> {auto}, as chosen by the interrupted run "
-                  f"({partial})", file=sys.stderr)
+            print(f"{s.decoder}: budget auto -> {auto[0]} at depth {auto[1]}, as chosen by the "
+                  f"interrupted run ({partial})", file=sys.stderr)
         else:  # timed and calibrated on the first question's first turn
             first = encode_conversation(tokenizer, [("user", questions[0].turns[0])])
             choice = auto_budget(target, draft, first, s.decoder, s.temperature,
                                  s.top_k, s.depth)
             print(f"{s.decoder}: {choice.describe()}", file=sys.stderr)
-            auto = choice.budget
-        budgets = [auto if b == "auto" else b for b in budgets]
-    budgets = sorted(set(budgets), reverse=True)
+            auto = (choice.budget, choice.depth)
+    conditions = sorted({auto if b == "auto" else (b, s.depth) for b in budgets}, reverse=True)
     stops = frozenset(stop_ids(tokenizer, target))
-    keys = {(str(q.question_id), b, fingerprint) for q in questions for b in budgets}
-    done = _finished(interrupted, keys)
+    keys = {(str(q.question_id), b, d, fingerprint) for q in questions for b, d in conditions}
+    done = _finished(interrupted, keys, s.depth)
     # keep what survived (atomically: a kill now must not lose it), then append; a run that
     # fails before its first answer leaves no file behind
     if done:
         write_jsonl_atomic(partial, done.values())
     elif os.path.exists(partial):
         os.unlink(partial)
-    todo = [(b, q) for b in budgets for q in questions if (str(q.question_id), b, fingerprint) not in done]
+    todo = [(b, d, q) for b, d in conditions for q in questions
+            if (str(q.question_id), b, d, fingerprint) not in done]
     bar = _progress(len(todo), s.progress, f"{s.decoder} {model_id}")
-    for budget, question in todo:
+    for budget, depth, question in todo:
         config = DecodeConfig(
             decoder=s.decoder, budget=max(budget, 1), temperature=s.temperature,
-            max_new_tokens=s.max_new_tokens, top_k=s.top_k, depth=s.depth,
+            max_new_tokens=s.max_new_tokens, top_k=s.top_k, depth=depth,
             seed=s.seed, stop_ids=stops,
         )
         texts, results = decode_question(target, draft, tokenizer, question, config)
-        condition = {"decoder": s.decoder, "budget": budget, "budget_auto": budget == auto,
-                     "temperature": s.temperature, "seed": s.seed, "fingerprint": fingerprint}
+        condition = {"decoder": s.decoder, "budget": budget, "depth": depth,
+                     "budget_auto": (budget, depth) == auto, "temperature": s.temperature,
+                     "seed": s.seed, "fingerprint": fingerprint}
         record = answer_record(question, model_id, condition, texts, results)
         with open(partial, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
             f.flush()
             os.fsync(f.fileno())
-        done[(str(question.question_id), budget, fingerprint)] = record
+        done[(str(question.question_id), budget, depth, fingerprint)] = record
         bar.update(1)
     bar.close()
-    ordered = [done[(str(q.question_id), b, fingerprint)] for b in budgets for q in questions]
+    ordered = [done[(str(q.question_id), b, d, fingerprint)] for b, d in conditions
+               for q in questions]
     write_jsonl_atomic(out, ordered)
     if os.path.exists(partial):
         os.unlink(partial)

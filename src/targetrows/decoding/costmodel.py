@@ -9,14 +9,16 @@ as far as the run achieved overlap) plus its verify pass; selection, the verific
 cache compaction count as zero. With a run's own acceptance (tokens committed, nodes verified,
 draft passes per round) that gives the bound each decoder's measured speed is compared with.
 
-`auto_budget` predicts tokens/s for each candidate budget: part times from a short timing of the
-verify pass against tree size on the machine at hand (on CPU a big tree costs much more than on a
-GPU), and acceptance from a few rounds along the target's own greedy path, where one target pass
-over the largest candidate tree scores every smaller draft-ranked tree at once.
+`auto_budget` predicts tokens/s for each candidate budget and pool depth: part times from a short
+timing of the verify pass against tree size on the machine at hand (on CPU a big tree costs much
+more than on a GPU, and every pool level is one draft pass), and acceptance from a few rounds along
+the target's own greedy path, where one target pass over the largest candidate trees scores every
+smaller draft-ranked tree of every depth at once.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -50,6 +52,7 @@ __all__ = [
     "acceptance_curve",
     "auto_budget",
     "best_budget",
+    "best_depth_budget",
     "bound",
     "draft_pass_widths",
     "isotonic",
@@ -164,18 +167,33 @@ def bound(
 
 @dataclass(frozen=True)
 class BudgetChoice:
+    """`auto_budget`'s pick and its predictions: `tokens_per_s`, `committed` and `nodes` hold one
+    tuple per candidate depth (in `depths` order), each with one value per candidate budget."""
+
     budget: int
+    depth: int  # the pool depth to decode at (`DecodeConfig.depth`)
     budgets: tuple[int, ...]
-    tokens_per_s: tuple[float, ...]  # predicted, per candidate budget
-    committed: tuple[float, ...]  # predicted tokens per round
-    nodes: tuple[float, ...]  # predicted non-root nodes verified per round
+    depths: tuple[int, ...]
+    tokens_per_s: tuple[tuple[float, ...], ...]  # predicted, [depth][budget]
+    committed: tuple[tuple[float, ...], ...]  # predicted tokens per round
+    nodes: tuple[tuple[float, ...], ...]  # predicted non-root nodes verified per round
     parts: PartTimes
+
+    def at_depth(self, depth: int) -> tuple[float, ...]:
+        """Predicted tokens/s by budget at one candidate depth."""
+        return self.tokens_per_s[self.depths.index(depth)]
 
     def describe(self) -> str:
         curve = ", ".join(
-            f"{b}: {t:.1f}" for b, t in zip(self.budgets, self.tokens_per_s, strict=True)
+            f"{b}: {t:.1f}" for b, t in zip(self.budgets, self.at_depth(self.depth), strict=True)
         )
-        return f"budget auto -> {self.budget} (predicted tokens/s by budget: {curve})"
+        best = ", ".join(
+            f"{d}: {max(row):.1f}" for d, row in zip(self.depths, self.tokens_per_s, strict=True)
+        )
+        return (
+            f"budget auto -> {self.budget} at depth {self.depth} (predicted tokens/s by budget at "
+            f"depth {self.depth}: {curve}; best predicted tokens/s by depth: {best})"
+        )
 
 
 def predicted_tokens_per_s(
@@ -213,6 +231,22 @@ def best_budget(budgets: Sequence[int], tokens_per_s: Sequence[float]) -> int:
     return int(budgets[order][int(np.argmax(tps[order]))])
 
 
+def best_depth_budget(
+    depths: Sequence[int], budgets: Sequence[int], tokens_per_s
+) -> tuple[int, int]:
+    """(depth, budget) with the highest predicted tokens/s, `tokens_per_s` being [depth][budget]
+    (ties: the smallest depth, then the smallest budget: the cheaper drafting)."""
+    depths, budgets = np.asarray(depths), np.asarray(budgets)
+    tps = np.asarray(tokens_per_s, dtype=np.float64)
+    if len(depths) == 0 or len(budgets) == 0 or tps.shape != (len(depths), len(budgets)):
+        raise ValueError(f"need predicted speeds [depths, budgets] = {len(depths), len(budgets)}, "
+                         f"got shape {tps.shape}")
+    rows, cols = np.argsort(depths, kind="stable"), np.argsort(budgets, kind="stable")
+    # argmax takes the first maximum in row-major order: the smallest depth, then budget
+    row, col = np.unravel_index(int(np.argmax(tps[np.ix_(rows, cols)])), tps.shape)
+    return int(depths[rows[row]]), int(budgets[cols[col]])
+
+
 def acceptance_curve(
     target,
     draft,
@@ -224,57 +258,93 @@ def acceptance_curve(
     depth: int,
     contexts: int = 3,
     seed: int = 0,
+    depths: Sequence[int] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(tokens committed per round, nodes verified per round) predicted at each budget.
+    """(tokens committed per round, nodes verified per round) predicted at each budget: arrays
+    [len(budgets)] for a pool of `depth` levels, or with `depths` (candidate pool depths, each
+    1..depth) arrays [len(depths), len(budgets)].
 
     At each of `contexts` contexts along the target's greedy path (a draft_rank round of the
-    largest budget moves to the next), one target pass scores the largest draft-ranked tree;
-    a smaller budget's tree is its top nodes by draft log-prob, so a cumulative sum of reach
-    probabilities gives every budget's expected accepted nodes. By the decoder's rule's tree
-    (`Rule.tree`): a root-pool tree is predicted as draft_rank's (a lower bound for rerank); a
-    tree after t0 (pruned, or the top nodes below t0) is averaged over t0, which takes each
-    first-level branch with its edge's probability (`_after_t0_curve`); a redrafted tree is
-    draft_rank's under t0, plus t0.
+    largest budget at the deepest depth moves to the next), one target pass scores the largest
+    draft-ranked tree of every depth together (their union). A pool of depth d is the first d
+    levels of a deeper pool (expansion goes level by level), so one expansion at the deepest
+    depth serves every depth. A smaller budget's tree is its top nodes by draft log-prob, so a
+    cumulative sum of reach probabilities gives every budget's expected accepted nodes. By the
+    decoder's rule's tree (`Rule.tree`): a root-pool tree is predicted as draft_rank's (a lower
+    bound for rerank); a tree after t0 (pruned, or the top nodes below t0) is averaged over t0,
+    which takes each first-level branch with its edge's probability (`_after_t0_curve`); a
+    redrafted tree is draft_rank's under t0, plus t0.
     """
     shape = get_rule(get_decoder(decoder).rule).tree
     budgets = np.asarray(budgets, dtype=np.int64)
+    candidates = [depth] if depths is None else _check_depths(depths, depth)
+    deepest = max(candidates)
     ctx = [int(t) for t in prompt_ids]
     target.reset(seed)
     draft.reset(seed)
-    committed, nodes = np.zeros(len(budgets)), np.zeros(len(budgets))
+    committed = np.zeros((len(candidates), len(budgets)))
+    nodes = np.zeros((len(candidates), len(budgets)))
     for _ in range(contexts):
-        cand, logq = expand_model(draft, ctx, top_k, depth)
-        chosen = select.draft_rank(cand, logq, int(budgets.max()))
-        tree, tlogq = cand.subtree(chosen), logq[chosen]
+        cand, logq = expand_model(draft, ctx, top_k, deepest)
+        chosen = {d: _largest_tree(cand, logq, int(budgets.max()), d) for d in set(candidates)}
+        union = functools.reduce(np.union1d, chosen.values())  # ancestor-closed, as each is
+        tree, tlogq = cand.subtree(union), logq[union]
         logits = target.logits(ctx, tree, np.arange(len(tree)))
         draws = target.draw(logits, 0.0)
         edge = _edge_probs(target, logits, tree, draws, temperature)
-        rank = np.argsort(-tlogq[1:], kind="stable") + 1  # draft_rank order: ancestors first
-        take = np.minimum(budgets, len(tree) - 1)  # a pool smaller than the budget
-        expected = np.concatenate([[0.0], np.cumsum(reach_probability(tree, edge)[rank])])[take]
-        if shape in ("pruned", "below_t0"):
-            c, n = _after_t0_curve(tree, edge, rank, take, shape)
-            committed += c
-            nodes += n
-        else:
-            committed += expected + (2 if shape == "redraft" else 1)
-            nodes += take
-        path, bonus = walk(tree, draws)
-        ctx = ctx + tree.tokens[path].tolist() + [int(bonus)]
+        reach = reach_probability(tree, edge)
+        order = np.argsort(-tlogq[1:], kind="stable") + 1  # draft_rank order: ancestors first
+        for row, d in enumerate(candidates):
+            # depth d's tree in draft_rank order: the order restricted to its nodes
+            rank = order[tree.depth[order] <= d][: len(chosen[d]) - 1]
+            c, n = _budget_curve(tree, edge, reach, rank, budgets, shape)
+            committed[row] += c
+            nodes[row] += n
+        # the deepest tree's round alone moves on: the union holds nodes it would not verify
+        walked = cand.subtree(chosen[deepest])
+        path, bonus = walk(walked, draws[np.searchsorted(union, chosen[deepest])])
+        ctx = ctx + walked.tokens[path].tolist() + [int(bonus)]
         target.commit(ctx)
         draft.commit(ctx)
     target.reset(seed)
     draft.reset(seed)
-    return committed / contexts, nodes / contexts
+    committed, nodes = committed / contexts, nodes / contexts
+    return (committed[0], nodes[0]) if depths is None else (committed, nodes)
 
 
-def _after_t0_curve(tree: Tree, edge: np.ndarray, rank: np.ndarray, take: np.ndarray,
-                    shape: str) -> tuple[np.ndarray, np.ndarray]:
+def _check_depths(depths: Sequence[int], depth: int) -> list[int]:
+    candidates = [int(d) for d in depths]
+    if not candidates or any(not 1 <= d <= depth for d in candidates):
+        raise ValueError(f"candidate depths must be 1..{depth} (--depth), got {list(depths)}")
+    return candidates
+
+
+def _largest_tree(pool: Tree, logq: np.ndarray, budget: int, depth: int) -> np.ndarray:
+    """draft_rank's tree of `budget` nodes from the pool's first `depth` levels: the pool a round
+    of that depth drafts, since nodes are numbered level by level."""
+    levels = int(np.searchsorted(pool.depth, depth, side="right"))
+    return select.draft_rank(pool.subtree(np.arange(levels)), logq[:levels], budget)
+
+
+def _budget_curve(tree: Tree, edge: np.ndarray, reach: np.ndarray, rank: np.ndarray,
+                  budgets: np.ndarray, shape: str) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens committed, nodes verified) per round at each budget, for the draft-ranked tree
+    whose non-root nodes are `rank` (in rank order) within `tree`."""
+    take = np.minimum(budgets, len(rank))  # a pool smaller than the budget
+    if shape in ("pruned", "below_t0"):
+        return _after_t0_curve(tree, edge, reach, rank, take, shape)
+    expected = np.concatenate([[0.0], np.cumsum(reach[rank])])[take]
+    return expected + (2 if shape == "redraft" else 1), take
+
+
+def _after_t0_curve(tree: Tree, edge: np.ndarray, reach: np.ndarray, rank: np.ndarray,
+                    take: np.ndarray, shape: str) -> tuple[np.ndarray, np.ndarray]:
     """(tokens committed, nodes verified) per round at each budget for a tree after t0, averaged
     over t0 (first-level node f drawn with probability edge[f]). "pruned" keeps f's nodes among
     the top `take` of `rank`; "below_t0" keeps f's first `take` nodes in rank order. A round
-    commits t0, the accepted nodes and the bonus (`DecodeConfig.verify_empty`)."""
-    reach = reach_probability(tree, edge)[rank]
+    commits t0, the accepted nodes and the bonus (`DecodeConfig.verify_empty`). `reach`: every
+    node's reach probability in `tree`."""
+    reached = reach[rank]
     first = select.first_level_ancestor(tree)[rank]
     below = tree.depth[rank] > 1
     if shape == "pruned":  # position in the global order
@@ -285,7 +355,7 @@ def _after_t0_curve(tree: Tree, edge: np.ndarray, rank: np.ndarray, take: np.nda
             mine = below & (first == f)
             order[mine] = np.arange(mine.sum())
     kept = below[:, None] & (order[:, None] < take[None, :])  # [nodes in rank order, budgets]
-    return 2.0 + reach @ kept, edge[first] @ kept
+    return 2.0 + reached @ kept, edge[first] @ kept
 
 
 def _edge_probs(target, logits, tree: Tree, draws: np.ndarray, temperature: float) -> np.ndarray:
@@ -317,11 +387,14 @@ def auto_budget(
     repeats: int = 3,
     overlap: float | None = None,
     parts: PartTimes | None = None,
+    depths: Sequence[int] | None = None,
 ) -> BudgetChoice:
-    """The budget that maximises predicted tokens/s for `decoder` on this pair and machine.
+    """The budget and pool depth that maximise predicted tokens/s for `decoder` on this pair and
+    machine. `depth` is the deepest pool tried; `depths` the candidates (default 1..depth): each
+    level costs a draft pass, which a shallower pool saves when deep nodes are seldom accepted.
 
     Times target passes against tree size and the draft's passes at the prompt (unless `parts`
-    is given), predicts acceptance per budget (`acceptance_curve`), and takes the best.
+    is given), predicts acceptance per depth and budget (`acceptance_curve`), and takes the best.
     `overlap` defaults to full overlap when target and draft sit on different devices, none
     otherwise (the round loop's schedule).
     """
@@ -333,21 +406,33 @@ def auto_budget(
         raise ValueError("auto budget needs a non-empty prompt to time and calibrate on")
     cap = pool_size(top_k, depth)
     budgets = sorted({int(b) for b in budgets if 1 <= int(b) <= cap}) or [cap]
+    depths = sorted(set(_check_depths(range(1, depth + 1) if depths is None else depths, depth)))
     if overlap is None:
         overlap = 1.0 if target.device != draft.device else 0.0
-    if parts is None:
+    if parts is None:  # the deepest pool's passes cover every shallower one's
         widths = draft_pass_widths(decoder, top_k, depth, guesses) + [1, top_k]
         parts = measure_parts(target, draft, prompt_ids, target_sizes_for(budgets), widths, repeats)
     committed, nodes = acceptance_curve(
-        target, draft, prompt_ids, budgets, decoder, temperature, top_k, depth, contexts
+        target, draft, prompt_ids, budgets, decoder, temperature, top_k, depth, contexts,
+        depths=depths,
     )
-    tps = predicted_tokens_per_s(decoder, committed, nodes, parts, overlap, top_k, depth, guesses,
-                                 budgets)
+    # each (depth, budget) drafts `Decoder.pool_depth(depth, budget)` levels
+    tps = np.stack([
+        predicted_tokens_per_s(decoder, c, n, parts, overlap, top_k, d, guesses, budgets)
+        for d, c, n in zip(depths, committed, nodes, strict=True)
+    ])
+    best_depth, best = best_depth_budget(depths, budgets, tps)
     return BudgetChoice(
-        best_budget(budgets, tps),
+        best,
+        best_depth,
         tuple(budgets),
-        tuple(map(float, tps)),
-        tuple(map(float, committed)),
-        tuple(map(float, nodes)),
+        tuple(depths),
+        _nested(tps),
+        _nested(committed),
+        _nested(nodes),
         parts,
     )
+
+
+def _nested(table: np.ndarray) -> tuple[tuple[float, ...], ...]:
+    return tuple(tuple(map(float, row)) for row in table)
