@@ -14,7 +14,12 @@ from targetrows.decoding.loop import DecodeConfig, generate  # noqa: E402
 from targetrows.decoding.registry import decoder_names  # noqa: E402
 from targetrows.hf.loading import load_model  # noqa: E402
 from targetrows.hf.model import HFModel  # noqa: E402
-from targetrows.hf.packed import PackedLinear, pack_linears, packing_works  # noqa: E402
+from targetrows.hf.packed import (  # noqa: E402
+    PackedLinear,
+    pack_linears,
+    packed_product,
+    packing_works,
+)
 from targetrows.hf.tiny import reference_logits, save_tiny, tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not packing_works(), reason="this torch has no oneDNN packing")
@@ -161,3 +166,14 @@ def test_a_bfloat16_packed_head_on_a_float32_target_is_lossless(tmp_path):
         for decoder in decoder_names()[1:]:
             config = DecodeConfig(decoder, budget=8, max_new_tokens=24, top_k=4, depth=4)
             assert generate(target, head, prompt, config).tokens == ar, (decoder, prompt)
+
+
+@pytest.mark.parametrize("rows", [1, 40, 700])
+def test_one_off_packed_products_equal_the_plain_product(rows):
+    gen = torch.Generator().manual_seed(rows)
+    x, w = torch.randn(rows, 72, generator=gen), torch.randn(301, 72, generator=gen)
+    torch.testing.assert_close(packed_product(x, w), x @ w.T, rtol=1e-5, atol=1e-4)
+    w_grad = w.clone().requires_grad_()  # no graph through it: the caller owns the backward
+    assert not packed_product(x, w_grad).requires_grad
+    x64, w64 = x.double(), w.double()  # a dtype oneDNN does not pack: the plain product
+    torch.testing.assert_close(packed_product(x64, w64), x64 @ w64.T)

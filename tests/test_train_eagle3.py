@@ -5,6 +5,7 @@ pass, the loss is autograd's, the draft vocabulary, the reply features, and the 
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -123,6 +124,34 @@ def test_the_chunked_soft_cross_entropy_is_autograds_in_value_and_gradient():
         (grad,) = torch.autograd.grad((got * 3.0) + (z * weight).sum(), z)
         assert torch.allclose(got, want, rtol=1e-12)
         assert torch.allclose(grad, want_grad, rtol=1e-10, atol=1e-14)
+
+
+def test_the_head_logits_are_exact_and_their_gradients_close_in_bfloat16():
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(37, 24, generator=gen, requires_grad=True)
+    w = torch.randn(53, 24, generator=gen, requires_grad=True)
+    weight = torch.randn(37, 53, generator=gen)
+    want = x @ w.T
+    want_dx, want_dw = torch.autograd.grad((want * weight).sum(), (x, w))
+    for grad_dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+        z = et.HeadLogits.apply(x, w, grad_dtype)
+        assert z.dtype == torch.float32
+        assert torch.allclose(z, want, rtol=1e-5, atol=1e-5)  # the logits stay float32
+        dx, dw = torch.autograd.grad((z * weight).sum(), (x, w))
+        assert dx.dtype == dw.dtype == torch.float32
+        for got, ref in ((dx, want_dx), (dw, want_dw)):
+            assert (got - ref).abs().max() <= tol * ref.abs().max()
+    frozen = w.detach()  # a frozen lm_head gets no gradient
+    (dx,) = torch.autograd.grad(et.HeadLogits.apply(x, frozen, torch.bfloat16).sum(), (x,))
+    assert dx.shape == x.shape
+
+
+def test_feature_noise_scales_with_each_features_spread():
+    gen = torch.Generator().manual_seed(0)
+    spread = torch.tensor([0.1, 1.0, 30.0])
+    data = SimpleNamespace(features=torch.randn(5000, 3, generator=gen) * spread + 7.0)
+    assert torch.allclose(et.feature_std(data), spread, rtol=0.05)
+    assert et.feature_std(data, sample=100).shape == (3,)
 
 
 def test_length_sorted_batches_still_visit_every_sequence_once_an_epoch():

@@ -176,12 +176,16 @@ def forward_seconds(model, block: int, context: int = 128, reps: int = 15) -> fl
 
 def forward_cost(target, draft) -> dict[str, float]:
     """Draft / target forward time: one decode step, and a 64-token block (a tree pass). The
-    draft is timed as the decoders run it: a copy with packed linear layers (as `load_pair`
-    packs it; the target from `load_target` is packed already)."""
+    draft is timed as the decoders run it by default: a copy with packed linear layers, in the
+    dtype `load_pair` gives a draft (`draft_dtype_for`: bfloat16 where that is fast; the target
+    from `load_target` is packed already)."""
+    from targetrows.hf.loading import draft_dtype_for, resolve_dtype
     from targetrows.hf.packed import packed_copy
 
-    draft = packed_copy(draft)
-    out = {}
+    device = str(draft.device)
+    dtype = resolve_dtype(draft_dtype_for("auto", None, device), device)
+    draft = packed_copy(draft, dtype)
+    out = {"draft_dtype": str(dtype).removeprefix("torch.")}
     for name, block in [("decode_step", 1), ("block_64", 64)]:
         t, d = forward_seconds(target, block), forward_seconds(draft, block)
         out[f"{name}_target_ms"], out[f"{name}_draft_ms"] = 1e3 * t, 1e3 * d

@@ -32,6 +32,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from targetrows.hf.eagle3 import Eagle3Head
 from targetrows.hf.loading import fast_dtype
+from targetrows.hf.packed import packed_product
 
 from .eagle3_init import coverage_of, draft_vocabulary, head_tensors, new_head, target_rows
 from .embedded import new_folder
@@ -53,6 +54,10 @@ class Eagle3TrainConfig:
     warmup: int = 30
     weight_decay: float = 0.0
     clip: float = 0.5
+    # Gaussian noise added to the target's features, in units of each feature's standard
+    # deviation over the training positions (EAGLE trains on noised features too): the head
+    # sees each reply once or twice, and at inference reads features of text it never saw
+    feature_noise: float = 0.0
     init_from_target: bool = True  # lm_head and norm from the target's output rows and norm
     eval_depth: int = 4  # chain depths reported on held-out replies
     device: str = "cpu"  # where the target (for replies generated now) and the head run
@@ -198,11 +203,41 @@ class SoftCrossEntropy(torch.autograd.Function):
         return dz, None, None, None
 
 
-def batch_loss(head, embed, batch: Batch, config: Eagle3TrainConfig, target_w: torch.Tensor):
-    """Σ_k decay^k · soft cross-entropy of step k against the target's draft-vocabulary rows."""
+class HeadLogits(torch.autograd.Function):
+    """The head's logits ``x @ w.T`` in x's dtype, with their two backward products in
+    `grad_dtype`.
+
+    These products are as wide as the draft vocabulary and were most of an iteration on a CPU.
+    The logits stay float32 (see `batch_loss`), through a packed copy of w on a CPU
+    (`packed_product`: less than half the time of torch's own float32 product); their gradients
+    need no such precision, and in bfloat16 the two backward products cost a quarter of
+    float32's on a CPU with AVX512-BF16."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, grad_dtype: torch.dtype) -> torch.Tensor:
+        ctx.save_for_backward(x, w)
+        ctx.grad_dtype = grad_dtype
+        return packed_product(x, w)
+
+    @staticmethod
+    def backward(ctx, dz: torch.Tensor):
+        x, w = ctx.saved_tensors
+        dz_low = dz.to(ctx.grad_dtype)
+        dx = dw = None
+        if ctx.needs_input_grad[0]:
+            dx = (dz_low @ w.to(ctx.grad_dtype)).to(x.dtype)
+        if ctx.needs_input_grad[1]:
+            dw = (dz_low.T @ x.to(ctx.grad_dtype)).to(w.dtype)
+        return dx, dw, None
+
+
+def batch_loss(head, embed, batch: Batch, config: Eagle3TrainConfig, target_w: torch.Tensor,
+               grad_dtype: torch.dtype = torch.float32):
+    """Σ_k decay^k · soft cross-entropy of step k against the target's draft-vocabulary rows;
+    the logits' backward products run in `grad_dtype`."""
     # the labels in full precision even when the head's products run in bfloat16
     with torch.no_grad(), torch.autocast(batch.hidden.device.type, enabled=False):
-        target_p = (batch.hidden @ target_w.T).softmax(-1)
+        target_p = packed_product(batch.hidden, target_w).softmax(-1)
     total = batch.hidden.new_zeros(())
     for k, g in unrolled(head, embed, batch, config.ttt_steps):
         mask, rows = step_rows(batch, k)
@@ -210,8 +245,8 @@ def batch_loss(head, embed, batch: Batch, config: Eagle3TrainConfig, target_w: t
             continue
         # the logits in float32 as well: bfloat16 rounds a logit of 15 by 0.06, as much as the
         # margins the top-1 is decided by (480 iterations: 0.386 held-out agreement, not 0.381)
-        with torch.autocast(g.device.type, enabled=False):
-            z = head.draft_logits(g[mask].float())
+        with torch.autocast(g.device.type, enabled=False):  # head.draft_logits, but faster
+            z = HeadLogits.apply(head.norm(g[mask].float()), head.lm_head.weight, grad_dtype)
         total = total + config.ttt_decay ** k * SoftCrossEntropy.apply(z, target_p, rows)
     return total
 
@@ -233,6 +268,10 @@ def train(head: Eagle3Head, embed, data: TeacherData, config: Eagle3TrainConfig,
                                      config.steps)
     dev = target_w.device
     dtype = fast_dtype(config.autocast, str(dev))
+    noise_gen = torch.Generator(device=dev).manual_seed(config.seed + 1)
+    noise_scale = None
+    if config.feature_noise:
+        noise_scale = (config.feature_noise * feature_std(data)).to(dev)
     head.train()
     losses: list[float] = []
     bar = tqdm(range(config.steps), desc="training head", unit="step", mininterval=2.0)
@@ -241,8 +280,11 @@ def train(head: Eagle3Head, embed, data: TeacherData, config: Eagle3TrainConfig,
             break
         b = make_batch(data, stream[step * batch : (step + 1) * batch], config.ttt_steps,
                        f_off, h_off, dev)
+        if noise_scale is not None:
+            noise = torch.randn(b.features.shape, generator=noise_gen, device=dev)
+            b.features.add_(noise.mul_(noise_scale))
         with torch.autocast(dev.type, dtype=dtype, enabled=dtype != torch.float32):
-            loss = batch_loss(head, embed, b, config, target_w)
+            loss = batch_loss(head, embed, b, config, target_w, dtype)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, config.clip)
@@ -253,6 +295,13 @@ def train(head: Eagle3Head, embed, data: TeacherData, config: Eagle3TrainConfig,
     bar.close()
     head.eval()
     return losses
+
+
+def feature_std(data: TeacherData, sample: int = 65536) -> torch.Tensor:
+    """Each feature's standard deviation [F], over an evenly spaced sample of positions."""
+    n = len(data.features)
+    index = torch.linspace(0, n - 1, min(n, sample)).long()
+    return data.features[index].float().std(0)
 
 
 @torch.inference_mode()
@@ -288,15 +337,19 @@ def evaluate(head: Eagle3Head, embed, data: TeacherData, depth: int,
 def forward_cost(target, head: Eagle3Head, context: int = 128, reps: int = 15) -> dict:
     """One head step (one new entry after `context` cached ones, its draft-vocabulary logits)
     against one cached target decode step, both batch 1, median of `reps`. The head is timed
-    as the decoders run it: a copy with packed linear layers (as `load_pair` packs it)."""
+    as the decoders run it by default: a copy with packed linear layers, in the dtype `load_pair`
+    gives a draft (`draft_dtype_for`: bfloat16 where that is fast)."""
+    from targetrows.hf.loading import draft_dtype_for, resolve_dtype
     from targetrows.hf.packed import packed_copy
 
     from .distill import forward_seconds
 
-    head = packed_copy(head)
-    s, dev = head.shape, head.d2t.device
-    past = torch.randn(s.num_kv_heads, context, s.head_dim, device=dev)
-    h, emb = torch.randn(2, 1, s.hidden_size, device=dev)
+    dev = head.d2t.device
+    dtype = resolve_dtype(draft_dtype_for("auto", None, str(dev)), str(dev))
+    head = packed_copy(head, dtype)
+    s = head.shape
+    past = torch.randn(s.num_kv_heads, context, s.head_dim, device=dev, dtype=dtype)
+    h, emb = torch.randn(2, 1, s.hidden_size, device=dev, dtype=dtype)
     allowed = torch.ones(1, context + 1, dtype=torch.bool, device=dev)[None, None]
     pos = torch.tensor([context], device=dev)
     times = []
@@ -310,7 +363,7 @@ def forward_cost(target, head: Eagle3Head, context: int = 128, reps: int = 15) -
     head_s = sorted(times[3:])[reps // 2]
     target_s = forward_seconds(target, 1, context, reps)
     return {"head_step_ms": 1e3 * head_s, "target_step_ms": 1e3 * target_s,
-            "ratio": head_s / target_s}
+            "ratio": head_s / target_s, "head_dtype": str(dtype).removeprefix("torch.")}
 
 
 def check_replies(data: TeacherData, target) -> None:

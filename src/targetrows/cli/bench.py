@@ -64,6 +64,7 @@ def _load_assistant(args, tokenizer):
     device, trust and dtype), after checking it is no EAGLE-3 head and shares the tokenizer."""
     from targetrows.hf.eagle3_checkpoint import head_config
     from targetrows.hf.loading import (
+        draft_dtype_for,
         load_model,
         load_tokenizer,
         resolve_device,
@@ -86,7 +87,7 @@ def _load_assistant(args, tokenizer):
             f"({difference}); assisted generation needs the target's tokenizer"
         )
     device = args.draft_device or resolve_device(args.target_device)
-    dtype = args.dtype if args.draft_dtype is None else args.draft_dtype
+    dtype = draft_dtype_for(args.dtype, args.draft_dtype, device)
     assistant, _ = load_model(path, device, dtype, trust, args.allow_pickle,
                               tokenizer=tokenizer, packed=not args.plain_linears)
     return assistant

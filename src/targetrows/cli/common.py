@@ -98,8 +98,9 @@ def add_model_arguments(parser: argparse.ArgumentParser, draft: bool = True) -> 
             "--draft-dtype",
             default=None,
             choices=["auto", *DTYPES],
-            help="the draft's weights dtype; default: --dtype (a draft only proposes tokens, so "
-            "its precision changes speed, never the output)",
+            help="the draft's weights dtype (a draft only proposes tokens, so its precision "
+            "changes speed, never the output); default: --dtype, but under --dtype auto "
+            "bfloat16 wherever it is fast (a GPU, or a CPU with AMX or AVX512-BF16)",
         )
     parser.add_argument(
         "--trust-remote-code",

@@ -31,6 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ("steps", int, "training steps"), ("batch-size", int, "sequences per training step"),
         ("lr", float, "AdamW peak learning rate"), ("warmup", int, "linear warm-up steps"),
         ("weight-decay", float, "AdamW weight decay"), ("clip", float, "gradient norm clip"),
+        ("feature-noise", float, "Gaussian noise on the target's features in training, in "
+                                 "units of each feature's standard deviation"),
         ("eval-depth", int, "chain depths reported on held-out replies"),
     ]:
         key = name.replace("-", "_")

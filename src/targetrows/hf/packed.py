@@ -111,9 +111,25 @@ def pack_linears(model: nn.Module) -> int:
     return count
 
 
-def packed_copy(model: nn.Module) -> nn.Module:
-    """A copy of `model` with packed linear layers, `model` left as it is: how a cost report
-    times a freshly trained draft as the decoders will run it (`load_pair` packs it)."""
+def packed_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``x @ w.T`` without gradients, through a copy of `w` packed now: for one large product
+    (training's vocabulary-wide logits: 1,500 x 576 x 8,077 took 150 ms instead of 350 in
+    float32 on 1 thread; packing cost 7). Elsewhere, or when packing does not work, `x @ w.T`."""
+    w = w.detach()
+    if x.device.type != "cpu" or x.dtype != w.dtype or not packing_works(w.dtype):
+        return x @ w.T
+    packed = torch.ops.mkldnn._reorder_linear_weight(w, BATCH_HINT)
+    return torch.ops.mkldnn._linear_pointwise(x.detach(), packed, None, "none", [], "")
+
+
+def packed_copy(model: nn.Module, dtype: torch.dtype | None = None) -> nn.Module:
+    """A copy of `model` with packed linear layers and its parameters in `dtype` (default: as
+    they are; buffers such as rotary frequencies stay as they are), `model` left as it is: how
+    a cost report times a freshly trained draft as the decoders will run it (`load_pair` packs
+    it, in `loading.draft_dtype_for`'s dtype)."""
     model = copy.deepcopy(model)
+    if dtype is not None:
+        for param in model.parameters():
+            param.data = param.data.to(dtype)
     pack_linears(model)
     return model
