@@ -183,6 +183,22 @@ def test_the_heads_topk_over_its_vocabulary_is_the_topk_of_its_rows(llama_target
             np.testing.assert_allclose(got[1], want[1], rtol=1e-12)
 
 
+def test_the_heads_topk_at_nodes_is_the_topk_of_their_rows(llama_target, tmp_path):
+    """`topk_at` ranks the draft vocabulary's logits without widening them: the same tokens,
+    order and log-probs as `topk(logits(...))`, on a fresh tree and on one grown from it."""
+    folder = save_tiny_head(tmp_path / "h", llama_target.config, draft_vocab_size=90)
+    _, draft = _draft(llama_target, folder)
+    _, again = _draft(llama_target, folder)
+    ctx = list(PROMPTS[0])
+    pool, _ = expand_model(draft, ctx, top_k=3, depth=3)
+    for nodes in ([0], [1, 2, 3], range(len(pool))):
+        for k in (1, 3, 90, 120):
+            got = draft.topk_at(ctx, pool, nodes, k)
+            want = again.topk(again.logits(ctx, pool, nodes), k)
+            np.testing.assert_array_equal(got[0], want[0])
+            np.testing.assert_allclose(got[1], want[1], rtol=1e-12)
+
+
 @pytest.mark.parametrize("arch, layout, vocab", [("llama", "eagle", 272), ("qwen2", "speculators", 120),
                                                  ("qwen3", "eagle", 60)])
 def test_every_decoder_matches_greedy(tmp_path, arch, layout, vocab):

@@ -153,8 +153,7 @@ def pool_under(tree: Tree, logq: np.ndarray, token: int) -> tuple[Tree, np.ndarr
 
 def _model_propose(model: Any, context: Sequence[int], k: int) -> Propose:
     def propose(tokens, parents, nodes):
-        logits = model.logits(context, Tree(tokens, parents), nodes)
-        return model.topk(logits, k)
+        return model.topk_at(context, Tree(tokens, parents), nodes, k)
 
     return propose
 

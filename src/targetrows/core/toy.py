@@ -81,6 +81,10 @@ class ToyModel:
     def topk(self, logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         return topk_tokens(log_softmax(logits), k)
 
+    def topk_at(self, context: Sequence[int], tree: Tree, nodes: Sequence[int],
+                k: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.topk(self.logits(context, tree, nodes), k)
+
     def logprobs(self, logits: np.ndarray, tokens: np.ndarray, temperature: float) -> np.ndarray:
         lp = log_softmax(logits, temperature or 1.0)
         return np.take_along_axis(lp, np.atleast_2d(np.asarray(tokens, dtype=np.int64)), -1)

@@ -61,6 +61,12 @@ class Model(Protocol):
         """(tokens [rows, k], log-probs [rows, k]) of each row at temperature 1, best first,
         ties to the lower token id."""
 
+    def topk_at(self, context: Sequence[int], tree: Tree, nodes: Sequence[int],
+                k: int) -> tuple[np.ndarray, np.ndarray]:
+        """``topk(logits(context, tree, nodes), k)`` in one call: what pool expansion asks a
+        draft for each level. A backend may answer without full rows (an EAGLE-3 head ranks its
+        draft vocabulary, never widened to the target's)."""
+
     def logprobs(self, logits: Any, tokens: np.ndarray, temperature: float) -> np.ndarray:
         """Log-probabilities [rows, m] of ``tokens[r, :]`` under row r at `temperature`
         (temperature 0 is read as 1: a greedy row is one-hot, which ranks nothing)."""

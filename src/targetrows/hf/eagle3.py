@@ -254,10 +254,26 @@ class Eagle3Draft(TorchRows):
 
     @torch.inference_mode()
     def logits(self, context: Sequence[int], tree: Tree, nodes: Sequence[int]) -> torch.Tensor:
+        return self._rows(self._node_g(context, tree, nodes))
+
+    @torch.inference_mode()
+    def topk_at(self, context: Sequence[int], tree: Tree, nodes: Sequence[int],
+                k: int) -> tuple[np.ndarray, np.ndarray]:
+        """`topk` of the nodes' rows, ranked over the draft vocabulary's own logits: the rows
+        are never widened to the target's vocabulary (three times a round on the embedded pair,
+        0.2 ms each with the gather back)."""
+        g = self._node_g(context, tree, nodes)
+        if k > len(self._target_ids):
+            return self.topk(self._rows(g), k)
+        ids, logp = super().topk(self._draft_logits(g)[:, self._draft_cols], k)
+        return self._target_ids[ids], logp
+
+    def _node_g(self, context: Sequence[int], tree: Tree, nodes: Sequence[int]) -> torch.Tensor:
+        """The head's output g at `nodes` [len(nodes), H], feeding what is not cached yet."""
         ctx, nodes = self._request(context, tree, nodes)
         n_ctx = len(ctx)
         if len(nodes) == 0:
-            return torch.empty((0, self.vocab_size), dtype=self.dtype, device=self.device)
+            return self._g_committed.new_empty((0, self.head.shape.hidden_size))
 
         self._keep_prefix(ctx)
         self._feed_committed(ctx)
@@ -282,14 +298,19 @@ class Eagle3Draft(TorchRows):
             self._slot[level] = cache_len + np.arange(k)
             self._g[torch.from_numpy(level).to(self.device)] = self._feed(
                 h, tree.tokens[level], base_pos + tree.depth[level], allowed)
-        return self._rows(self._g[torch.from_numpy(nodes).to(self.device)])
+        return self._g[torch.from_numpy(nodes).to(self.device)]
 
-    def _rows(self, g: torch.Tensor) -> torch.Tensor:
-        """Draft logits scattered into the target's vocabulary, -inf elsewhere."""
+    def _draft_logits(self, g: torch.Tensor) -> torch.Tensor:
+        """The head's logits over its draft vocabulary [rows, draft_vocab_size]."""
         small = self.head.draft_logits(g)
         if bool(torch.isnan(small).any()):
             raise ValueError(f"{self.name}: the head's logits contain NaN; it overflows in "
-                             f"{self.dtype}: try --dtype float32")
+                             f"{self.dtype}: try --draft-dtype float32")
+        return small
+
+    def _rows(self, g: torch.Tensor) -> torch.Tensor:
+        """Draft logits scattered into the target's vocabulary, -inf elsewhere."""
+        small = self._draft_logits(g)
         rows = small.new_full((small.shape[0], self.vocab_size), float("-inf"))
         rows[:, self._target_cols] = small[:, self._draft_cols]
         return rows

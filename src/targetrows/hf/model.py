@@ -96,6 +96,9 @@ class TorchRows:
         vals, order = torch.sort(vals, dim=-1, descending=True, stable=True)
         return ids.gather(-1, order).cpu().numpy(), vals.double().cpu().numpy()
 
+    def topk_at(self, context, tree: Tree, nodes, k: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.topk(self.logits(context, tree, nodes), k)
+
     @torch.inference_mode()
     def logprobs(self, logits: torch.Tensor, tokens: np.ndarray, temperature: float) -> np.ndarray:
         tokens = np.atleast_2d(np.asarray(tokens, dtype=np.int64))
@@ -411,14 +414,17 @@ class HFModel(TorchRows):
                     break
                 kept.append(int(self._slot[node]))
         if kept:  # move the path's entries right after the prefix; everything after goes
-            idx = torch.tensor(kept, dtype=torch.long)
             end = start + len(kept)
-            for layer in self._cache.layers:
-                layer.keep_entries(idx, start)
-            if self._features is not None:
-                feats = self._features
-                feats[start:end] = feats.index_select(0, idx.to(feats.device))
-                self._features = feats[:end]
+            if kept == list(range(start, end)):  # in place already (ar's root): a crop will do
+                self._crop(end)
+            else:
+                idx = torch.tensor(kept, dtype=torch.long)
+                for layer in self._cache.layers:
+                    layer.keep_entries(idx, start)
+                if self._features is not None:
+                    feats = self._features
+                    feats[start:end] = feats.index_select(0, idx.to(feats.device))
+                    self._features = feats[:end]
             self._prefix = ctx[:end].copy()
         self._drop_tree()
 
