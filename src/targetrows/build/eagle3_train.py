@@ -49,7 +49,7 @@ class Eagle3TrainConfig:
     ttt_steps: int = 2  # unrolled steps per position (training-time test)
     ttt_decay: float = 0.8  # weight of step k's loss: decay ** k
     steps: int = 1240  # about 7 minutes on 2 CPU cores (AVX512-BF16) for a 135M target
-    batch_size: int = 8  # sequences per step (8 x 1240 beat 16 x 620 for equal time)
+    batch_size: int = 8  # sequences per step (8 x 1240: 0.391, 16 x 620: 0.386, same time)
     lr: float = 2e-3
     warmup: int = 30
     weight_decay: float = 0.0
