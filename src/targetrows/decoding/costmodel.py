@@ -223,12 +223,9 @@ def predicted_tokens_per_s(
 
 
 def best_budget(budgets: Sequence[int], tokens_per_s: Sequence[float]) -> int:
-    """The budget with the highest predicted tokens/s (ties: the smallest budget)."""
-    budgets, tps = np.asarray(budgets), np.asarray(tokens_per_s, dtype=np.float64)
-    if len(budgets) == 0 or budgets.shape != tps.shape:
-        raise ValueError(f"need one predicted speed per budget, got {len(tps)} for {len(budgets)}")
-    order = np.argsort(budgets, kind="stable")
-    return int(budgets[order][int(np.argmax(tps[order]))])
+    """The budget with the highest predicted tokens/s (ties: the smallest budget): one pool
+    depth's `best_depth_budget`."""
+    return best_depth_budget([0], budgets, [tokens_per_s])[1]
 
 
 def best_depth_budget(
