@@ -12,6 +12,7 @@ import torch
 from transformers import DynamicCache
 
 from targetrows.core.tree import Tree
+from targetrows.hf import gqa_attention
 from targetrows.hf.model import HFModel
 from targetrows.hf.tiny import ARCHS, TOKENIZER_SIZE, random_tree, reference_logits, tiny_model
 
@@ -78,6 +79,34 @@ def test_attention_implementations(attn):
     tree = random_tree(rng, context[-1], 12)
     nodes = np.arange(len(tree))
     assert_rows(hf.logits(context, tree, nodes), model, context, tree, nodes, atol=TOL[attn])
+
+
+def test_grouped_query_kernel_gives_the_same_rows_as_repeated_heads(monkeypatch):
+    """`HFModel` switches "sdpa" to "sdpa_gqa" (no cache copy per query group): its tree rows in
+    float32 are those of Hugging Face's own sdpa, to the bit."""
+    model = tiny_model("llama", seed=4, dtype=torch.float32)
+    assert model.config.num_key_value_heads < model.config.num_attention_heads
+    hf = wrap(model)
+    assert model.config._attn_implementation == gqa_attention.NAME
+    rng = np.random.default_rng(5)
+    context = rng.integers(V, size=7).tolist()
+    tree = random_tree(rng, context[-1], 10)
+    nodes = np.arange(len(tree))
+    kernel_queries = []  # queries of the passes that took torch's grouped-query kernel
+    real = gqa_attention.F.scaled_dot_product_attention
+
+    def counted(query, *args, **kwargs):
+        if kwargs.get("enable_gqa") and kwargs.get("attn_mask") is not None:
+            kernel_queries.append(query.shape[2])
+        return real(query, *args, **kwargs)
+
+    monkeypatch.setattr(gqa_attention.F, "scaled_dot_product_attention", counted)
+    ours = hf.logits(context, tree, nodes)
+    monkeypatch.undo()
+    assert kernel_queries and min(kernel_queries) > 1
+    hf.reset(0)
+    model.set_attn_implementation("sdpa")
+    assert torch.equal(hf.logits(context, tree, nodes), ours)
 
 
 def test_level_by_level_equals_one_shot(arch_model):

@@ -25,6 +25,8 @@ import torch
 
 from targetrows.core.tree import Tree
 from targetrows.hf.cache import growing_cache
+from targetrows.hf.gqa_attention import NAME as GQA_ATTENTION
+from targetrows.hf.gqa_attention import use_gqa_kernel
 
 
 class TorchRows:
@@ -134,11 +136,12 @@ class HFModel(TorchRows):
                 f"{name}: vocab_size {self.vocab_size} must be in 1..{width} (the logit width)"
             )
         attn = getattr(config, "_attn_implementation", None)
-        if attn not in ("eager", "sdpa"):
+        if attn not in ("eager", "sdpa", GQA_ATTENTION):
             raise ValueError(
                 f"{name}: attention implementation {attn!r} ignores custom 4D masks, so tree "
                 "attention would be wrong; load it with attn_implementation='sdpa' or 'eager'"
             )
+        use_gqa_kernel(model)  # sdpa without copying the cache per query group: same numbers
         if getattr(config, "sliding_window", None) is not None or "sliding_attention" in (
             getattr(config, "layer_types", None) or ()
         ):
