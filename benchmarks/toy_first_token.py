@@ -114,7 +114,7 @@ def seconds_per_token(decoder, runs, verify_empty, overlap) -> float:
     depth = cm.get_decoder(decoder).pool_depth(DEPTH, BUDGET)
     t = cm.round_seconds(decoder, parts, [r.nodes for r in rounds],
                          [r.draft_passes for r in rounds], overlap, TOP_K, depth,
-                         verify_empty=verify_empty)
+                         verify_empty=verify_empty, budget=BUDGET)
     return float(t.sum() / sum(r.committed for r in rounds))
 
 

@@ -46,6 +46,19 @@ def test_round_seconds_by_hand():
     assert cm.round_seconds("ar", PARTS, [0, 0], [0, 0], 0.0, 4, 3) == pytest.approx([0.01, 0.01])
 
 
+def test_pruned_pools_cost_their_narrower_passes():
+    # draft_rank at B=2, top_k 4, depth 2: only the best first-level node can have a child in
+    # the tree, so the second pass feeds 1 token: 2.1 + 2.1 ms; verify feeds root + 2 nodes
+    assert cm.draft_pass_widths("draft_rank", 4, 2, budget=2) == [1, 1]
+    assert cm.draft_pass_widths("draft_rank", 4, 3, budget=3) == [1, 2, 2]
+    assert cm.draft_pass_widths("rerank", 4, 2, budget=2) == [1, 4]  # any branch may be taken
+    got = cm.round_seconds("draft_rank", PARTS, [2], [2], 0.0, 4, 2, budget=2)
+    assert got[0] == pytest.approx(0.0042 + 0.012)
+    # a round whose pruned pool stopped after its first level pays that pass only
+    got = cm.round_seconds("draft_rank", PARTS, [2, 3], [1, 3], 0.0, 4, 3, budget=3)
+    np.testing.assert_allclose(got, [0.0021 + 0.012, 0.0021 + 2 * 0.0022 + 0.013])
+
+
 def test_bound_by_hand():
     rounds = [
         RoundStats(

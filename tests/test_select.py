@@ -133,3 +133,42 @@ def test_a_pool_as_deep_as_the_budget_gives_the_same_tree(budget):
                                       select.draft_rank(full, logq, budget))
         np.testing.assert_array_equal(select.target_rerank(cut, logq_cut, budget, root_row=root),
                                       select.target_rerank(full, logq, budget, root_row=root))
+
+
+class _CoarseDraft:
+    """A draft whose log-probs take a few values only, so that pools are full of ties."""
+
+    def __init__(self, vocab: int, seed: int, levels: int):
+        self.vocab, self.seed, self.levels = vocab, seed, levels
+
+    def topk_at(self, context, tree, nodes, k):
+        rows = []
+        for node in nodes:
+            path = tuple(context) + tuple(tree.path_tokens(int(node))[1:])
+            rng = np.random.default_rng([self.seed, *path])
+            logits = rng.integers(self.levels, size=self.vocab) * (4.0 / self.levels)
+            rows.append(logits - np.log(np.exp(logits).sum()))
+        return pool.topk_tokens(np.stack(rows), k)
+
+
+def _paths(tree, nodes):
+    return sorted(tuple(tree.path_tokens(int(v))) for v in nodes)
+
+
+@pytest.mark.parametrize("levels", [2, 5, 1000])
+def test_a_budget_pruned_pool_gives_the_same_draft_rank_tree(levels):
+    """`expand_model(..., budget=B)` expands only nodes that can still enter the top-B tree: its
+    draft_rank tree is the full pool's (same token paths), ties included, and it is part of it."""
+    rng = np.random.default_rng(levels)
+    for trial in range(60):
+        draft = _CoarseDraft(vocab=6, seed=trial, levels=levels)
+        context = rng.integers(6, size=3).tolist()
+        top_k, depth = int(rng.integers(1, 5)), int(rng.integers(1, 5))
+        full, logq = pool.expand_model(draft, context, top_k, depth)
+        for budget in range(1, 12):
+            cut, logq_cut = pool.expand_model(draft, context, top_k, depth, budget=budget)
+            assert set(_paths(cut, range(len(cut)))) <= set(_paths(full, range(len(full))))
+            assert _paths(cut, select.draft_rank(cut, logq_cut, budget)) == _paths(
+                full, select.draft_rank(full, logq, budget))
+            if budget == 1:
+                assert cut.depth.max() <= 1  # nothing below the first level can be chosen

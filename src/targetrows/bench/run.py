@@ -284,6 +284,7 @@ def run_bench(
                                                       row["budget"] or settings.depth),
                 settings.guesses,
                 prompt_s[i],
+                budget=row["budget"],
             )
             row.update(
                 overlap=b.overlap,

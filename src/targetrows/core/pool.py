@@ -4,6 +4,12 @@ Level 1 holds the draft's top_k tokens at the root. Then, ``depth - 1`` times, t
 of the last level by cumulative draft log-prob each propose their own top_k children, and all
 top_k**2 children enter the pool: ``top_k + (depth - 1) * top_k**2`` nodes in all (510 for 10, 6).
 Nodes are numbered level by level, so a pool is a valid `Tree` and grows by appending.
+
+A pool drafted for a draft_rank tree of B nodes (`budget`) expands only the frontier nodes that
+can still have a descendant in it: a child ranks below its parent (its cumulative log-prob is no
+higher and its index is larger), so a node with B - 1 or more nodes ranked above it cannot. The
+draft_rank tree of such a pool is the full pool's (a test checks it against brute force); on
+the embedded pair at B=2 the second level's pass feeds one node instead of top_k.
 """
 
 from __future__ import annotations
@@ -52,9 +58,14 @@ def grow(
     roots: Sequence[int],
     top_k: int,
     depth: int,
+    budget: int | None = None,
 ) -> None:
     """Expand a pool of `depth` levels under each of `roots`, in place, every level of every root
-    in one `propose` call (one draft pass per level)."""
+    in one `propose` call (one draft pass per level). With `budget` (one root only), expand only
+    the nodes that can still enter the pool's draft_rank tree of that many nodes; the pool may
+    then stop early (no node can)."""
+    if budget is not None and len(roots) != 1:
+        raise ValueError("a budget-pruned pool grows under one root")
     levels = [[r] for r in roots]  # each root's last level
     for level in range(depth):
         # each root's frontier: its last level's top_k by cumulative log-prob (ties: lower index)
@@ -64,8 +75,13 @@ def grow(
                 frontier.append(np.array(last))
             else:
                 lq = np.array([logq[i] for i in last])
-                frontier.append(np.array(last)[np.argsort(-lq, kind="stable")[:top_k]])
+                best = np.array(last)[np.argsort(-lq, kind="stable")[:top_k]]
+                if budget is not None:
+                    best = best[_rank(logq)[best] < budget - 1]
+                frontier.append(best)
         nodes = np.concatenate(frontier)
+        if len(nodes) == 0:
+            return
         child_tok, child_lp = propose(np.array(tokens), np.array(parents), nodes)
         levels = []
         row = 0
@@ -113,11 +129,13 @@ def expand(
     return Tree(tokens, parents), np.array(logq)
 
 
-def expand_model(model: Any, context: Sequence[int], top_k: int, depth: int) -> tuple[Tree, np.ndarray]:
-    """The candidate pool from a `targetrows.model.Model`: one draft pass per level."""
+def expand_model(model: Any, context: Sequence[int], top_k: int, depth: int,
+                 budget: int | None = None) -> tuple[Tree, np.ndarray]:
+    """The candidate pool from a `targetrows.model.Model`: one draft pass per level. With
+    `budget`, only as much of it as a draft_rank tree of `budget` nodes can use (`grow`)."""
     _check_shape(top_k, depth)
     tokens, parents, logq = [int(context[-1])], [-1], [0.0]
-    grow(_model_propose(model, context, top_k), tokens, parents, logq, [0], top_k, depth)
+    grow(_model_propose(model, context, top_k), tokens, parents, logq, [0], top_k, depth, budget)
     return Tree(tokens, parents), np.array(logq)
 
 
@@ -149,6 +167,16 @@ def pool_under(tree: Tree, logq: np.ndarray, token: int) -> tuple[Tree, np.ndarr
         return None
     sub, index_map = tree.reroot(node)
     return sub, logq[index_map] - logq[node]
+
+
+def _rank(logq: list[float]) -> np.ndarray:
+    """Each node's place among the non-root nodes in draft_rank's order (cumulative log-prob,
+    ties to the lower index; the root comes first)."""
+    order = np.argsort(-np.asarray(logq[1:]), kind="stable") + 1
+    rank = np.empty(len(logq), dtype=np.int64)
+    rank[0] = -1
+    rank[order] = np.arange(len(order))
+    return rank
 
 
 def _model_propose(model: Any, context: Sequence[int], k: int) -> Propose:

@@ -73,9 +73,10 @@ DEFAULT_BUDGETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 # -- the zero-overhead round -------------------------------------------------------------------
 
 
-def draft_pass_widths(decoder: str, top_k: int, depth: int, guesses: int = 2) -> list[int]:
+def draft_pass_widths(decoder: str, top_k: int, depth: int, guesses: int = 2,
+                      budget: int | None = None) -> list[int]:
     """New tokens per draft pass of one round's pool expansion (`Decoder.draft_widths`)."""
-    return get_decoder(decoder).draft_widths(top_k, depth, guesses)
+    return get_decoder(decoder).draft_widths(top_k, depth, guesses, budget)
 
 
 def round_seconds(
@@ -88,27 +89,32 @@ def round_seconds(
     depth: int,
     guesses: int = 2,
     verify_empty: bool = True,
+    budget: int | None = None,
 ) -> np.ndarray:
     """Zero-overhead seconds of rounds that verified `nodes` non-root nodes with `draft_passes`
     draft passes each (arrays, one entry per round). `overlap` in [0, 1] is the share of the
     shorter of drafting and the root pass hidden behind the other (0 on one device).
     `verify_empty`: as `DecodeConfig.verify_empty` (an empty tree after t0 verified for its
-    bonus token)."""
+    bonus token). `budget`: the rounds' budget, for a decoder whose pool is pruned to it (its
+    passes are narrower, and a round may stop before the last level)."""
     entry = get_decoder(decoder)
     nodes = np.asarray(nodes, dtype=np.float64)
     if not entry.drafts:
         return np.full(nodes.shape, parts.target(1))
     if parts.draft is None:
         raise ValueError(f"decoder {decoder!r} needs draft pass times")
-    widths = entry.draft_widths(top_k, depth, guesses)
+    widths = entry.draft_widths(top_k, depth, guesses, budget)
     drafting = float(sum(parts.draft(w) for w in widths))
+    if entry.prunes_pool:  # the passes each round took, each as wide as planned at most
+        done = np.clip(np.asarray(draft_passes, dtype=np.int64), 0, len(widths))
+        drafting = np.cumsum([0.0] + [parts.draft(w) for w in widths])[done]
     verify = parts.target(nodes + entry.verify_feeds)
     if entry.commits_t0 and not verify_empty:  # an empty tree after t0 is not verified
         verify = np.where(nodes > 0, verify, 0.0)
     if not entry.root_pass:
         return drafting + verify
     root = parts.target(1)
-    before = drafting + root - overlap * min(drafting, root)
+    before = drafting + root - overlap * np.minimum(drafting, root)
     # passes beyond the planned ones are a pool drafted under t0 after the root pass (a first
     # token the guesses missed), each level costing what a root pool's level does
     extra = np.maximum(np.asarray(draft_passes, float) - len(widths), 0.0) / depth
@@ -140,11 +146,13 @@ def bound(
     depth: int,
     guesses: int = 2,
     prompt_s: float = 0.0,
+    budget: int | None = None,
 ) -> Bound:
     """The speed `decoder` could reach with zero overhead, given its run's `rounds`
     (RoundStats: committed, nodes, draft_passes and the part times that show the overlap).
     `prompt_s`: seconds of the target's pass over the prompt beyond a one-token pass (the first
-    round of every decoder feeds the whole prompt once; 0 leaves it out)."""
+    round of every decoder feeds the whole prompt once; 0 leaves it out). `budget`: the run's
+    (see `round_seconds`)."""
     if not rounds:
         raise ValueError("bound needs at least one round")
     overlap = overlap_achieved(rounds)
@@ -157,6 +165,7 @@ def bound(
         top_k,
         depth,
         guesses,
+        budget=budget,
     )
     tps = sum(r.committed for r in rounds) / (prompt_s + float(np.sum(seconds)))
     return Bound(tps, tps * parts.target(1), overlap, float(np.mean(seconds)))
@@ -209,15 +218,17 @@ def predicted_tokens_per_s(
 ) -> np.ndarray:
     """Tokens per zero-overhead second at each candidate budget, from the tokens committed and
     nodes verified per round predicted there (fts is assumed to guess t0). With `budgets`, each
-    budget's pool is `min(depth, budget)` levels deep, as the round loop drafts it."""
+    budget's pool is `min(depth, budget)` levels deep, and pruned to the budget where the decoder
+    prunes it, as the round loop drafts it."""
     nodes = np.asarray(nodes, dtype=np.float64)
     entry = get_decoder(decoder)
     depths = ([depth] * nodes.size if budgets is None
               else [entry.pool_depth(depth, b) for b in budgets])
+    caps = [None] * nodes.size if budgets is None else list(budgets)
     seconds = np.array([
         round_seconds(decoder, parts, [n], [len(draft_pass_widths(decoder, top_k, d, guesses))],
-                      overlap, top_k, d, guesses)[0]
-        for n, d in zip(nodes.ravel(), depths, strict=True)
+                      overlap, top_k, d, guesses, budget=b)[0]
+        for n, d, b in zip(nodes.ravel(), depths, caps, strict=True)
     ]).reshape(nodes.shape)
     return np.asarray(committed, dtype=np.float64) / seconds
 

@@ -36,6 +36,9 @@ class Rule:
     # "below_t0": the top nodes below t0's first-level node of the root pool; "redraft": a
     # pool drafted anew under t0
     tree: str = "pool"
+    # the tree is the pool's top-B nodes by the draft's own scores (before any cut to t0), so
+    # the pool needs only the nodes that can still enter it (`targetrows.core.pool.grow`)
+    draft_ranked: bool = False
 
     def __post_init__(self):
         if self.tree not in TREES:
@@ -76,20 +79,28 @@ class Decoder:
             return 1
         return 1 if (self.commits_t0 or not self.root_pass) else 0
 
+    @property
+    def prunes_pool(self) -> bool:
+        """Drafts a root pool cut to what its draft_rank tree of B nodes can use."""
+        return self.drafts and get_rule(self.rule).draft_ranked and not self.guesses_pool
+
     def pool_depth(self, depth: int, budget: int) -> int:
         """Pool levels a round drafts (`targetrows.core.pool.pool_depth`)."""
         below = self.drafts and get_rule(self.rule).tree == "below_t0"
         return pool_depth(depth, budget, below_first=below)
 
-    def draft_widths(self, top_k: int, depth: int, guesses: int = 2) -> list[int]:
+    def draft_widths(self, top_k: int, depth: int, guesses: int = 2,
+                     budget: int | None = None) -> list[int]:
         """New tokens per draft pass of one round's pool expansion: the root, then the top_k
-        frontier nodes of each further level; a guesses pool feeds the root, the guesses, then
+        frontier nodes of each further level (at most B - 1 of them for a pool pruned to a
+        B-node tree, `budget`); a guesses pool feeds the root, the guesses, then
         guesses * top_k frontier nodes per level."""
         if not self.drafts:
             return []
         if self.guesses_pool:
             return [1, guesses] + [guesses * top_k] * (depth - 1)
-        return [1] + [top_k] * (depth - 1)
+        frontier = top_k if budget is None or not self.prunes_pool else min(top_k, budget - 1)
+        return [1] + [frontier] * (depth - 1)
 
 
 RULES: dict[str, Rule] = {}
@@ -133,13 +144,14 @@ def rule_names() -> tuple[str, ...]:
 
 
 for _rule in (
-    Rule("draft_rank", "top-B pool nodes by cumulative draft log-prob (EAGLE-2)"),
+    Rule("draft_rank", "top-B pool nodes by cumulative draft log-prob (EAGLE-2)",
+         draft_ranked=True),
     Rule("target_rerank", "draft_rank with first-level log-probs from the exact root row",
          baseline="draft_rank"),
     Rule("stale_rerank", "draft_rank with first-level log-probs from the previous context's "
          "row (inexact reuse; scoring only)", baseline="draft_rank"),
     Rule("pearl", "a B-node draft_rank tree drafted before t0, pruned to t0's subtree",
-         commits_t0=True, tree="pruned"),
+         commits_t0=True, tree="pruned", draft_ranked=True),
     Rule("first_token", "t0 from the exact root row, then the top-B nodes below t0 in the same "
          "root pool", commits_t0=True, baseline="pearl", tree="below_t0"),
     Rule("first_token_redraft", "t0 from the exact root row, then a B-node draft_rank tree from a "
