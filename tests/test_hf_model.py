@@ -292,6 +292,12 @@ def test_non_finite_logits_name_the_position():
     hf = wrap(model)
     with pytest.raises(ValueError, match=r"position\(s\) \[3\]"):
         hf.logits([1, 2, 42, 5], Tree.root_only(5), [0])
+    # finite rows whose sums overflow pass (the check sums rows before it looks at entries)
+    huge = torch.full((2, 8), 3e38)
+    hf._check_finite(huge, np.arange(2))
+    huge[1, 3] = float("inf")
+    with pytest.raises(ValueError, match=r"position\(s\) \[1\]"):
+        hf._check_finite(huge, np.arange(2))
 
 
 def test_sliding_window_models_are_refused():

@@ -385,8 +385,12 @@ class HFModel(TorchRows):
 
     def _check_finite(self, rows: torch.Tensor, positions: np.ndarray) -> None:
         """One reduction and one sync per pass: a NaN/inf row names its sequence position."""
+        # a row's sum is finite only if every entry is, and over 49k-wide rows a sum costs a
+        # fraction of an elementwise isfinite (3 rows, 1 thread: 0.01 ms against 0.17)
+        if bool(torch.isfinite(rows.sum(dim=-1)).all()):
+            return
         finite = torch.isfinite(rows).all(dim=-1)
-        if bool(finite.all()):
+        if bool(finite.all()):  # finite entries whose sum overflowed
             return
         bad = np.flatnonzero(~finite.cpu().numpy())
         raise ValueError(
