@@ -212,8 +212,10 @@ class HFModel(TorchRows):
         self._tree_ctx_len = 0  # length of the context that tree was fed under
         self._slot = np.zeros(0, dtype=np.int64)  # cache index of each tree node, -1 if unfed
         self._anc = np.zeros((0, 0), dtype=bool)
-        # per cache entry: the feature layers' inputs, concatenated (only with feature_layers)
+        # per cache entry: the feature layers' inputs, concatenated (only with feature_layers);
+        # a view of the first rows of a buffer that grows like the KV cache (no copy per pass)
         self._features: torch.Tensor | None = None
+        self._feature_buffer: torch.Tensor | None = None
 
     @property
     def cached_tokens(self) -> np.ndarray:
@@ -354,13 +356,21 @@ class HFModel(TorchRows):
         """The pass's layer inputs [1, q, H] each -> [q, len(layers) * H] after entry `base`,
         low | mid | high in the order of `feature_layers`."""
         fresh = torch.cat([captured[i][0].to(self.device) for i in self.feature_layers], dim=-1)
-        if self._features is None or len(self._features) != base:  # never out of step with KV
+        held = 0 if self._features is None else len(self._features)
+        if held != base:  # never out of step with KV
             if base:
                 self._clear_cache()
                 raise RuntimeError(f"{self.name}: features out of step with the KV cache")
-            self._features = fresh
-        else:
-            self._features = torch.cat([self._features, fresh])
+            held = 0
+        end = held + len(fresh)
+        buf = self._feature_buffer
+        if buf is None or len(buf) < end:  # room for twice as many: O(1) copies per entry
+            grown = fresh.new_empty((max(256, 2 * end), fresh.shape[1]))
+            if held:
+                grown[:held] = buf[:held]
+            self._feature_buffer = buf = grown
+        buf[held:end] = fresh
+        self._features = buf[:end]
 
     @torch.inference_mode()
     def features(self, context: Sequence[int], start: int, end: int) -> torch.Tensor:
