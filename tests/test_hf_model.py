@@ -370,3 +370,29 @@ def test_sampled_decoding_is_reproducible():
     ]
     assert runs[0] == runs[1] and len(runs[0]) == 10
     assert runs[0] != runs[2]
+
+
+def test_plain_decoding_passes_are_hugging_faces_own():
+    """ar's passes (the prompt's causal pass, then one-token steps) carry no mask of ours, so
+    their rows are those of Hugging Face's own generate() to the bit, not just to rounding."""
+    from targetrows.decoding.loop import DecodeConfig, generate
+
+    model = tiny_model("llama", seed=6, dtype=torch.float32)
+    hf = HFModel(model, name="tiny")
+    prompt = [5, 17, 3, 99, 42, 7, 8]
+    seen = []
+    logits = hf.logits
+
+    def recording(*args):
+        seen.append(logits(*args)[0].clone())
+        return seen[-1][None]
+
+    hf.logits = recording
+    result = generate(hf, None, prompt, DecodeConfig("ar", max_new_tokens=6))
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False,
+                             attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                             return_dict_in_generate=True, output_logits=True)
+    assert out.sequences[0, len(prompt):].tolist() == result.tokens
+    for ours, theirs in zip(seen, out.logits, strict=True):
+        assert torch.equal(ours, theirs[0])

@@ -319,9 +319,15 @@ class HFModel(TorchRows):
         region[m:, :m] = True
         in_region = slot >= start
         region[m:, slot[in_region] - start] = self._anc[query][:, in_region]
-        mask = torch.zeros((1, 1, q, base + q), dtype=self.dtype, device=self.input_device)
-        blocked = torch.from_numpy(~region).to(self.input_device)
-        mask[0, 0, :, start:].masked_fill_(blocked, torch.finfo(self.dtype).min)
+        if base == start and np.array_equal(region, np.tri(q, dtype=bool)):
+            # a plain causal chain after the prefix (a prompt's first pass, ar's step): no mask of
+            # ours, so the pass is the one Hugging Face's generate() runs (the same kernels and
+            # numbers; a one-token step without a mask is also 2% faster)
+            mask = None
+        else:
+            mask = torch.zeros((1, 1, q, base + q), dtype=self.dtype, device=self.input_device)
+            blocked = torch.from_numpy(~region).to(self.input_device)
+            mask[0, 0, :, start:].masked_fill_(blocked, torch.finfo(self.dtype).min)
 
         positions = np.concatenate([start + np.arange(m), n_ctx - 1 + tree.depth[query]])
         ids = np.concatenate([tail, tree.tokens[query]])
