@@ -104,10 +104,12 @@ def round_seconds(
     if parts.draft is None:
         raise ValueError(f"decoder {decoder!r} needs draft pass times")
     widths = entry.draft_widths(top_k, depth, guesses, budget)
-    drafting = float(sum(parts.draft(w) for w in widths))
-    if entry.prunes_pool:  # the passes each round took, each as wide as planned at most
+    pass_s = [parts.draft(w) for w in widths]
+    if entry.prunes_pool:  # the passes each round took (it may stop early), at most as wide
         done = np.clip(np.asarray(draft_passes, dtype=np.int64), 0, len(widths))
-        drafting = np.cumsum([0.0] + [parts.draft(w) for w in widths])[done]
+        drafting = np.cumsum([0.0, *pass_s])[done]
+    else:
+        drafting = float(sum(pass_s))
     verify = parts.target(nodes + entry.verify_feeds)
     if entry.commits_t0 and not verify_empty:  # an empty tree after t0 is not verified
         verify = np.where(nodes > 0, verify, 0.0)
