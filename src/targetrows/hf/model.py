@@ -6,6 +6,7 @@ copies of nodes whose row was asked for again, which nobody attends to). One `lo
 one forward pass: the uncached tail of the context as a chain, then the needed tree nodes, under
 a 4D additive float mask (a bool mask is silently wrong under eager attention). A node attends
 to the committed prefix, the tail, its fed ancestors and itself: never to other tree entries.
+A pass that is only a causal chain gets no mask of ours: Hugging Face's own causal pass.
 `commit` keeps the prefix plus the fed nodes along the committed path, gathered in place, and
 never re-prefills.
 
