@@ -210,6 +210,24 @@ def test_time_passes_on_the_toy_pair():
     assert all(t >= 0 for t in curve.seconds) and list(curve.seconds) == sorted(curve.seconds)
 
 
+def test_a_slow_spell_does_not_price_one_pass_size(monkeypatch):
+    """Sizes are timed in turn within each repeat: three slow passes in a row (another job on a
+    shared machine) slow one sample of three sizes, and the medians drop them."""
+    from targetrows.decoding import parttimes
+
+    calls = []
+
+    def fake_pass(model, ctx, tree):
+        calls.append(len(tree) - 1)
+        slow = 4 <= len(calls) <= 6  # the 4th to 6th timed passes (the 1st is the warm-up)
+        return 0.010 * (len(tree) - 1) + (0.050 if slow else 0.0)
+
+    monkeypatch.setattr(parttimes, "_timed_pass", fake_pass)
+    pair = ToyPair(vocab_size=24, seed=0)
+    curve = cm.time_passes(pair.target, [1, 2, 3], [1, 2, 3], repeats=3)
+    assert curve.seconds == pytest.approx((0.010, 0.020, 0.030))
+
+
 def test_budget_arg():
     assert budget_arg("auto") == "auto"
     assert budget_arg("8") == 8

@@ -67,7 +67,7 @@ class BenchSettings:
     guesses: int = 2
     seed: int = 0
     hf: bool = True  # run the Hugging Face baselines
-    repeats: int = 3  # timings per pass size for the cost model
+    repeats: int = 5  # timings per pass size for the cost model (interleaved, median)
     stop_ids: frozenset[int] = frozenset()
     # candidates per round of hf_prompt_lookup: 10 is the default of transformers' own
     # PromptLookupCandidateGenerator (num_output_tokens), from the prompt lookup decoding

@@ -394,7 +394,7 @@ def auto_budget(
     guesses: int = 2,
     budgets: Sequence[int] = DEFAULT_BUDGETS,
     contexts: int = 3,
-    repeats: int = 3,
+    repeats: int = 5,
     overlap: float | None = None,
     parts: PartTimes | None = None,
     depths: Sequence[int] | None = None,

@@ -64,6 +64,9 @@ def time_passes(
 
     The whole context is cached first, so a pass feeds exactly the n nodes; after each pass the
     model drops them again (commit of the same context), so every pass starts from one cache.
+    Each repeat times every size once, in turn: on a shared machine a slow spell then slows one
+    sample of every size, which the median drops, instead of every sample of one size (a 3-node
+    pass once measured 4 ms dearer than a 2-node one, and --budget auto took B=1 for it).
     """
     ctx = [int(t) for t in context]
     sizes = sorted({int(n) for n in sizes})
@@ -75,11 +78,11 @@ def time_passes(
     model.commit(ctx)
     trees = {n: _random_tree(rng, ctx[-1], n, model.vocab_size) for n in sizes}
     _timed_pass(model, ctx, trees[sizes[-1]])  # warm-up: allocator and kernels at full size
-    seconds = []
-    for n in sizes:
-        seconds.append(
-            float(np.median([_timed_pass(model, ctx, trees[n]) for _ in range(repeats)]))
-        )
+    samples: dict[int, list[float]] = {n: [] for n in sizes}
+    for _ in range(repeats):
+        for n in sizes:
+            samples[n].append(_timed_pass(model, ctx, trees[n]))
+    seconds = [float(np.median(samples[n])) for n in sizes]
     model.reset(seed)
     return PassCurve(tuple(sizes), tuple(isotonic(seconds)))
 
