@@ -133,3 +133,29 @@ def test_planners_are_the_registry_entries():
     for d in DECODERS.values():
         assert getattr(planners, d.planner.__name__) is d.planner
     assert np.all([callable(d.planner) for d in DECODERS.values()])
+
+
+@pytest.mark.parametrize("decoder", ["draft_rank", "pearl", "rerank", "fts"])
+def test_draft_passes_are_as_wide_as_the_registry_prices_them(decoder):
+    """At B=2, top-k 3, depth 2: draft_rank and pearl feed the best first-level node alone to
+    the second pass (pruned pools), the rules that re-score or cut by t0 all three; every pass
+    is at most as wide as `draft_widths` says."""
+    pair = ToyPair(vocab_size=16, seed=2, closeness=0.7)
+    widths = []
+    topk_at = pair.draft.topk_at
+
+    def counted(context, tree, nodes, k):
+        widths.append(len(nodes))
+        return topk_at(context, tree, nodes, k)
+
+    pair.draft.topk_at = counted
+    config = DecodeConfig(decoder, budget=2, top_k=3, depth=2, max_new_tokens=12)
+    result = generate(pair.target, pair.draft, [1, 2, 3], config)
+    planned = get_decoder(decoder).draft_widths(3, config.pool_depth, budget=config.budget)
+    assert planned == ([1, 1] if decoder in ("draft_rank", "pearl") else [1, 3])
+    assert len(widths) == sum(r.draft_passes for r in result.rounds)
+    assert widths[:2] == planned
+    start = 0
+    for r in result.rounds:  # no round's pass is wider than priced
+        taken, start = widths[start : start + r.draft_passes], start + r.draft_passes
+        assert all(w <= p for w, p in zip(taken, planned, strict=False))

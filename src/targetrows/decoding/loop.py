@@ -61,6 +61,11 @@ class DecodeConfig:
         """Pool levels the round loop drafts (`Decoder.pool_depth`)."""
         return get_decoder(self.decoder).pool_depth(self.depth, self.budget)
 
+    @property
+    def pool_budget(self) -> int | None:
+        """The tree size a round's root pool is pruned to (`Decoder.prunes_pool`), or None."""
+        return self.budget if get_decoder(self.decoder).prunes_pool else None
+
 
 @dataclass
 class DecodeResult:

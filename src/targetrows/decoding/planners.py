@@ -23,12 +23,9 @@ def plan_ar(r: Round) -> Plan:
 def _root_pool(r: Round):
     """The draft's candidate pool at the round's context (one draft pass per level); for a
     decoder whose tree is the pool's draft_rank tree, only what that tree can use
-    (`Decoder.prunes_pool`)."""
-    from .registry import get_decoder  # the registry imports the planners
-
+    (`DecodeConfig.pool_budget`)."""
     cfg = r.config
-    budget = cfg.budget if get_decoder(cfg.decoder).prunes_pool else None
-    cand, logq = expand_model(r.draft, r.context, cfg.top_k, cfg.pool_depth, budget)
+    cand, logq = expand_model(r.draft, r.context, cfg.top_k, cfg.pool_depth, cfg.pool_budget)
     r.stats.draft_passes += int(cand.depth.max())  # a pruned pool may stop early
     return cand, logq
 
