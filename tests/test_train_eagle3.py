@@ -79,6 +79,30 @@ def test_the_unrolled_training_forward_is_the_backends_tree_pass(tmp_path):
     assert checked > 10
 
 
+def test_a_head_started_from_the_target_layer_is_that_layer_on_its_feature():
+    target_hf = tiny_model(n_layers=N_LAYERS)
+    seq = torch.randint(0, 200, (11,), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        hs = target_hf(input_ids=seq[None], output_hidden_states=True).hidden_states
+    head, _ = ei.new_head(target_hf, torch.arange(50), LAYERS, init_from_target=True, seed=0,
+                          init_layer=True)
+    h = head.shape.hidden_size
+    with torch.no_grad():
+        assert not torch.equal(head.fc.weight[:, : 2 * h], torch.zeros(h, 2 * h))
+        ei.copy_target_layer(head, target_hf, LAYERS[-1], fc_scale=0.0)
+        for name in ("q_proj", "k_proj", "v_proj"):  # silence the token embedding's half
+            getattr(head.layer.self_attn, name).weight[:, :h] = 0
+        features = torch.cat([hs[i][0] for i in LAYERS], -1)
+        n, s = len(seq), head.shape
+        empty = torch.zeros(s.num_kv_heads, 0, s.head_dim)
+        causal = torch.ones(n, n, dtype=torch.bool).tril()[None, None]
+        g, _, _ = head.step(head.fc(features), torch.randn(n, h), torch.arange(n), empty, empty,
+                            causal)
+    # the target's layer LAYERS[-1] turns hidden_states[LAYERS[-1]] into the next ones
+    want = hs[LAYERS[-1] + 1][0]
+    assert torch.allclose(g, want, atol=1e-5 * want.abs().max().item())
+
+
 def test_reply_rows_line_up_with_the_positions_they_predict():
     target_hf = tiny_model(n_layers=N_LAYERS)
     seqs, plens = [[5, 6, 7, 8, 9, 10], [1, 2, 3, 4]], [3, 2]

@@ -1,7 +1,8 @@
 """A new EAGLE-3 head for a target, before training: its draft vocabulary (from the target's top
 tokens on its replies), its config.json in the EAGLE layout (the target's own layer shape and
 rotary settings, one layer), its initial weights (`lm_head` from the target's output rows,
-`norm` from its final norm), and its tensors as `write_head` saves them."""
+`norm` from its final norm, the layer from the target layer that reads the last feature layer),
+and its tensors as `write_head` saves them."""
 
 from __future__ import annotations
 
@@ -67,8 +68,9 @@ def layer_config(target_config, draft_vocab_size: int) -> dict:
 
 
 def new_head(target, draft_ids: torch.Tensor, feature_layers, init_from_target: bool,
-             seed: int) -> tuple[Eagle3Head, dict]:
-    """A fresh head for `target` (a transformers model) and its config.json."""
+             seed: int, init_layer: bool = False) -> tuple[Eagle3Head, dict]:
+    """A fresh head for `target` (a transformers model) and its config.json; `init_layer`
+    starts its layer as a copy of the target's (`copy_target_layer`)."""
     from targetrows.hf.eagle3_checkpoint import parse_config
 
     config = layer_config(target.config, len(draft_ids))
@@ -97,7 +99,35 @@ def new_head(target, draft_ids: torch.Tensor, feature_layers, init_from_target: 
             final_norm = getattr(target.base_model, "norm", None)
             if final_norm is not None:
                 head.norm.weight.copy_(final_norm.weight)
+    if init_layer:
+        copy_target_layer(head, target, feature_layers[-1])
     return head, config
+
+
+@torch.no_grad()
+def copy_target_layer(head: Eagle3Head, target, layer: int, fc_scale: float = 0.1) -> None:
+    """Start the head's layer as the target's layer `layer` (the one that reads the last
+    feature layer), and `fc` as a pass-through of that feature plus `fc_scale` x its random
+    start. Then, with the embedding's half of q/k/v at zero, the head's first step is exactly
+    that target layer on that feature (a test checks this); the embedding's half keeps its random
+    start, to be learnt. Attention biases (Qwen2 has them; the head has none) are left out.
+
+    A head trained from random weights on a CPU's few minutes of replies learns the language
+    from scratch and over-fits; one that starts from the target's own weights already maps its
+    features the way the target does. On the embedded target, 620 iterations: 0.401 held-out
+    top-1 agreement against 0.366 (docs/eagle3.md)."""
+    src, h = target.base_model.layers[layer], head.shape.hidden_size
+    slot = head.shape.n_features - 1  # the last feature slot holds `layer`'s input
+    head.fc.weight.mul_(fc_scale)
+    head.fc.weight[:, slot * h : (slot + 1) * h] += torch.eye(h)
+    mine, theirs = head.layer.self_attn, src.self_attn
+    for name in ("q_proj", "k_proj", "v_proj"):  # inputs: [embedding, features]
+        getattr(mine, name).weight[:, h:] = getattr(theirs, name).weight
+    mine.o_proj.weight.copy_(theirs.o_proj.weight)
+    for name in ("gate_proj", "up_proj", "down_proj"):
+        getattr(head.layer.mlp, name).weight.copy_(getattr(src.mlp, name).weight)
+    head.layer.hidden_norm.weight.copy_(src.input_layernorm.weight)
+    head.layer.post_attention_layernorm.weight.copy_(src.post_attention_layernorm.weight)
 
 
 def head_tensors(head: Eagle3Head, vocab_size: int) -> dict[str, torch.Tensor]:

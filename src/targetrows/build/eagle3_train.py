@@ -12,8 +12,10 @@ EAGLE-3 (and SpecForge):
   vocabulary (renormalised), computed from the stored final hidden states: the target never runs.
 - **Draft vocabulary and initialisation** (`eagle3_init`): the tokens the target ranks in its
   top few at the training reply positions, covering `coverage` of them, plus the stop tokens;
-  `lm_head` starts as the target's output rows of those tokens and `norm` as its final norm;
-  the target's embedding is used frozen (the checkpoint holds none, like the published heads).
+  `lm_head` starts as the target's output rows of those tokens and `norm` as its final norm,
+  the layer as the target layer that reads the last feature layer (`fc` passing that feature
+  through); the target's embedding is used frozen (the checkpoint holds none, like the
+  published heads).
 - AdamW, linear warm-up then cosine decay, gradient clipping. Seeded: the same data, config and
   thread count give the same head.
 """
@@ -59,6 +61,8 @@ class Eagle3TrainConfig:
     # over-fitting the replies it sees several times; 0.2 measured no gain on the embedded pair
     feature_noise: float = 0.0
     init_from_target: bool = True  # lm_head and norm from the target's output rows and norm
+    # the layer from the target layer that reads the last feature layer (eagle3_init.py)
+    init_layer: bool = True
     eval_depth: int = 4  # chain depths reported on held-out replies
     device: str = "cpu"  # where the target (for replies generated now) and the head run
     autocast: str = "auto"  # dtype of the matrix products (auto: bfloat16 where it is fast)
@@ -400,7 +404,7 @@ def train_eagle3(target_dir: str, out: str | Path, config: Eagle3TrainConfig,
     draft_ids = draft_vocabulary(train_data, config.coverage, stop_ids(tokenizer, target), vocab,
                                  config.vocab_top_k)
     head, head_config = new_head(target, draft_ids, train_data.feature_layers,
-                                 config.init_from_target, config.seed)
+                                 config.init_from_target, config.seed, config.init_layer)
     head.to(config.device)
     embed = target.get_input_embeddings().requires_grad_(False)
     target_w = target_rows(target, draft_ids)

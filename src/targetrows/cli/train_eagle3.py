@@ -40,6 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             help=f"{help_text} (default {getattr(d, key)})")
     parser.add_argument("--no-init-from-target", dest="init_from_target", action="store_false",
                         help="start lm_head and norm at random, not from the target's")
+    parser.add_argument("--no-init-layer", dest="init_layer", action="store_false",
+                        help="start the head's layer at random, not as a copy of the target "
+                        "layer that reads the last feature layer")
     parser.add_argument("--freeze-lm-head", dest="train_lm_head", action="store_false",
                         help="keep lm_head at the target's rows (with its initialisation)")
     parser.add_argument("--device", default=d.device,
