@@ -110,7 +110,9 @@ def copy_target_layer(head: Eagle3Head, target, layer: int, fc_scale: float = 0.
     feature layer), and `fc` as a pass-through of that feature plus `fc_scale` x its random
     start. Then, with the embedding's half of q/k/v at zero, the head's first step is exactly
     that target layer on that feature (a test checks this); the embedding's half keeps its random
-    start, to be learnt. Attention biases (Qwen2 has them; the head has none) are left out.
+    start, to be learnt. What the head's layer has no place for is left out: attention biases
+    (Qwen2) and the per-head norms of queries and keys (Qwen3); there the copy is a start near
+    that layer, not the layer.
 
     A head trained from random weights on a CPU's few minutes of replies learns the language
     from scratch and over-fits; one that starts from the target's own weights already maps its
