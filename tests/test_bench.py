@@ -332,3 +332,41 @@ def test_gpu_check_smoke(tmp_path):
     rows = list(csv.DictReader(open(tmp_path / "smoke.csv")))
     assert {float(r["temperature"]) for r in rows} == {0.0, 1.0}
     assert {r["method"] for r in rows} >= {"hf_generate", "hf_assisted", "fts", "pearl"}
+
+
+def _draft_guesses():
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "draft_guesses.py")
+    spec = importlib.util.spec_from_file_location("draft_guesses", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_draft_guesses_classify_and_score_positions_as_brute_force():
+    """Copies are reply tokens whose bigram with the token before occurs in the prompt; tokens
+    outside a draft vocabulary are neither; a hit is the draft's argmax at the exact context."""
+    from targetrows.core.toy import ToyPair
+
+    guesses = _draft_guesses()
+    prompt, reply = [5, 6, 7, 5], [6, 9, 6, 7, 3]
+    assert guesses.position_kinds(prompt, reply, None) == ["copy", "new", "new", "copy", "new"]
+    assert guesses.position_kinds(prompt, reply, np.array([3, 6, 7])) == [
+        "copy", "outside", "new", "copy", "new"]
+    pair = ToyPair(vocab_size=16, seed=3, closeness=0.7)
+    prompt, reply = [1, 2, 3], []
+    for j in range(6):  # the draft's own guess at even positions, a different token at odd ones
+        guess = int(np.argmax(pair.draft_row(prompt + reply)))
+        reply.append(guess if j % 2 == 0 else (guess + 1) % 16)
+    hits = guesses.draft_hits(pair.target, pair.draft, prompt, reply)
+    assert hits == [True, False, True, False, True, False]
+
+
+def test_prompt_lookups_guess_follows_the_earliest_match_of_the_last_two_tokens():
+    guesses = _draft_guesses()
+    seq = [1, 2, 3, 9, 2, 3, 4, 8, 2, 3]
+    assert guesses.lookup_guess(seq, len(seq)) == 9  # (2, 3) first seen at 1: then 9
+    assert guesses.lookup_guess([5, 6, 7, 6], 4) == 7  # no bigram match: the unigram 6's
+    assert guesses.lookup_guess([5, 6, 7], 3) is None
