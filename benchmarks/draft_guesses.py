@@ -45,9 +45,13 @@ def _rate(hits_and_count: list[int]) -> str:
 
 
 def draft_vocabulary(draft) -> np.ndarray | None:
-    """The target ids a draft can propose: an EAGLE-3 head's reduced vocabulary, else None (all)."""
-    ids = getattr(draft, "_target_ids", None)
-    return None if ids is None else np.asarray(ids)
+    """The target ids a draft can propose: an EAGLE-3 head's reduced vocabulary (draft id d is
+    target id d + d2t[d]), else None (all)."""
+    head = getattr(draft, "head", None)
+    if head is None:
+        return None
+    ids = (torch.arange(len(head.d2t)) + head.d2t.cpu()).numpy()
+    return ids[ids < draft.vocab_size]
 
 
 def position_kinds(prompt: list[int], reply: list[int], vocab: np.ndarray | None) -> list[str]:
@@ -80,17 +84,15 @@ def lookup_guess(seq: list[int], j: int, max_ngram: int = 2) -> int | None:
 @torch.inference_mode()
 def draft_hits(target, draft, prompt: list[int], reply: list[int]) -> list[bool]:
     """At each reply position, whether the draft's top-1 at the context before it is the
-    reply's token (one draft row per position; the caches carry over from one to the next)."""
+    reply's token (one draft row per position; the caches carry over from one to the next, and
+    a head has the target feed the features it reads)."""
     hits = []
     target.reset(0)
     draft.reset(0)
     seq = prompt + reply
     for j in range(len(prompt), len(seq)):
         ctx = seq[:j]
-        root = Tree.root_only(ctx[-1])
-        target.logits(ctx, root, [0])  # the target's cache (and features) up to ctx
-        target.commit(ctx)
-        ids, _ = draft.topk_at(ctx, root, [0], 1)
+        ids, _ = draft.topk_at(ctx, Tree.root_only(ctx[-1]), [0], 1)
         draft.commit(ctx)
         hits.append(int(ids[0, 0]) == seq[j])
     return hits
