@@ -193,6 +193,26 @@ def test_acceptance_prediction_matches_the_first_round(decoder, budget):
     assert nodes[0] == result.rounds[0].nodes
 
 
+def test_contexts_a_gap_apart_are_scored_as_each_alone():
+    """With `gap`, the next context is the walked round's tokens plus `gap` greedy target tokens
+    further on; the prediction is the mean of each context's own."""
+    pair = ToyPair(vocab_size=24, seed=5, closeness=0.9)
+    prompt, budgets = [4, 7, 1], [1, 5, 12]
+
+    def curve(ctx, temperature, **kw):
+        return cm.acceptance_curve(pair.target, pair.draft, ctx, budgets, "draft_rank",
+                                   temperature, 4, 3, **kw)
+
+    walked = int(curve(prompt, 0.0, contexts=1)[0][-1])  # T=0: the largest tree's real round
+    greedy = generate(pair.target, None, prompt, DecodeConfig("ar", max_new_tokens=30)).tokens
+    first = curve(prompt, 1.0, contexts=1)
+    second = curve(prompt + greedy[: walked + 6], 1.0, contexts=1)
+    both = curve(prompt, 1.0, contexts=2, gap=6)
+    for got, a, b in zip(both, first, second, strict=True):
+        np.testing.assert_allclose(got, (a + b) / 2)
+    assert not np.allclose(curve(prompt, 1.0, contexts=2)[0], both[0])  # the gap moved it
+
+
 def test_acceptance_at_temperature_one_is_a_probability_sum():
     pair = ToyPair(vocab_size=24, seed=5, closeness=0.9)
     committed, nodes = cm.acceptance_curve(
