@@ -316,15 +316,21 @@ def test_a_head_cannot_assist(pair, head, capsys):
     assert f"--assistant {head!r} is an EAGLE-3 head" in capsys.readouterr().err
 
 
-def test_gpu_check_smoke(tmp_path):
-    """The GPU script's stages, tiny and on CPU: identity passes, timing tables get written."""
+def _benchmark(name: str):
+    """The script benchmarks/<name>.py as a module (the folder is no package)."""
     import importlib.util
     import os
 
-    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "gpu_check.py")
-    spec = importlib.util.spec_from_file_location("gpu_check", path)
-    gpu_check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_check)
+    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_check_smoke(tmp_path):
+    """The GPU script's stages, tiny and on CPU: identity passes, timing tables get written."""
+    gpu_check = _benchmark("gpu_check")
     assert gpu_check.main(["--smoke", "--out-dir", str(tmp_path), "--name", "smoke"]) == 0
     report = (tmp_path / "smoke.md").read_text()
     assert "mismatches with HF greedy generate: 0 -> PASS" in report
@@ -334,23 +340,12 @@ def test_gpu_check_smoke(tmp_path):
     assert {r["method"] for r in rows} >= {"hf_generate", "hf_assisted", "fts", "pearl"}
 
 
-def _draft_guesses():
-    import importlib.util
-    import os
-
-    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "draft_guesses.py")
-    spec = importlib.util.spec_from_file_location("draft_guesses", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_draft_guesses_classify_and_score_positions_as_brute_force():
     """Copies are reply tokens whose bigram with the token before occurs in the prompt; tokens
     outside a draft vocabulary are neither; a hit is the draft's argmax at the exact context."""
     from targetrows.core.toy import ToyPair
 
-    guesses = _draft_guesses()
+    guesses = _benchmark("draft_guesses")
     prompt, reply = [5, 6, 7, 5], [6, 9, 6, 7, 3]
     assert guesses.position_kinds(prompt, reply, None) == ["copy", "new", "new", "copy", "new"]
     assert guesses.position_kinds(prompt, reply, np.array([3, 6, 7])) == [
@@ -365,7 +360,7 @@ def test_draft_guesses_classify_and_score_positions_as_brute_force():
 
 
 def test_prompt_lookups_guess_follows_the_earliest_match_of_the_last_two_tokens():
-    guesses = _draft_guesses()
+    guesses = _benchmark("draft_guesses")
     seq = [1, 2, 3, 9, 2, 3, 4, 8, 2, 3]
     assert guesses.lookup_guess(seq, len(seq)) == 9  # (2, 3) first seen at 1: then 9
     assert guesses.lookup_guess([5, 6, 7, 6], 4) == 7  # no bigram match: the unigram 6's
