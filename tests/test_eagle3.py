@@ -324,3 +324,44 @@ def test_compare_and_record_with_a_head(saved_target_and_head, tmp_path):
     assert len(rowlog.rec_scored) >= 6 and rowlog.header["draft"] == head
     drafted = rowlog.pool_tokens[rowlog.pool_parents >= 0]  # pools hold draft-vocabulary tokens
     assert len(drafted) and np.isin(drafted, draft_vocab(272, 200).numpy()).all()
+
+
+def test_compare_and_record_with_prompt_lookup_mixed_in(saved_target_and_head, tmp_path):
+    target, head = saved_target_and_head
+    proc = _cli("compare", "--target", target, "--draft", head, "--draft-lookup", "--prompt",
+                "say it again: the cat sat on the mat, the cat sat on the", "--budget", "8",
+                "--max-new-tokens", "16")
+    assert proc.returncode == 0, proc.stderr
+    assert "every decoder reproduced ar's tokens exactly" in proc.stdout
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"question_id": 1, "category": "x", "turns": ["Hi, hi"]}) + "\n")
+    log = tmp_path / "rows.npz"
+    proc = _cli("record", "--target", target, "--draft", head, "--draft-lookup", "--prompts",
+                str(prompts), "--out", str(log), "--max-new-tokens", "6", "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    from targetrows.rowlog.format import read
+
+    assert read(str(log)).header["draft"] == f"{head} + prompt lookup"
+    proc = _cli("compare", "--target", target, "--draft-lookup", "--decoders", "ar",
+                "--prompt", "Hi")
+    assert proc.returncode != 0 and "--draft-lookup mixes prompt lookup into a draft" in proc.stderr
+
+
+def test_prompt_lookup_guesses_outside_the_draft_vocabulary_stay_greedy(llama_target, tmp_path):
+    """The head ranks 40 of 272 tokens; prompt lookup guesses the rest too, and the head
+    expands them (its embedding is the target's): every decoder still reproduces greedy."""
+    from targetrows.decoding.lookup_draft import LookupDraft
+
+    folder = save_tiny_head(tmp_path / "h", llama_target.config, draft_vocab_size=40)
+    target, head = _draft(llama_target, folder)
+    draft = LookupDraft(head)
+    prompt = hf_greedy(llama_target, [7, 250, 99], 20)[:16] * 2  # copies to find
+    # ar is the reference (HF generate would read the prompt's token 0 as padding)
+    reference = generate(target, None, prompt, DecodeConfig("ar", max_new_tokens=30)).tokens
+    for decoder in DECODERS[1:]:
+        cfg = DecodeConfig(decoder, budget=8, max_new_tokens=30, top_k=3, depth=3)
+        assert generate(target, draft, prompt, cfg).tokens == reference, decoder
+    tokens, _ = draft.topk_at(prompt, Tree.root_only(prompt[-1]), [0], 3)
+    guessed = int(tokens[0, 0])
+    assert guessed == draft.index.guess(prompt)[0]
+    assert guessed not in head.topk_at(prompt, Tree.root_only(prompt[-1]), [0], 40)[0][0]

@@ -195,6 +195,7 @@ def assisting_model(draft, assistant: HFModel | None) -> HFModel | None:
                 "own weights, such as a distilled draft"
             )
         return assistant
+    draft = getattr(draft, "inner", draft)  # prompt lookup mixed in: HF assists with the model
     return draft if getattr(draft, "model", None) is not None else None
 
 

@@ -62,7 +62,7 @@ def check_draft(decoders, draft: str | None) -> None:
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, draft: bool = True) -> None:
-    """--target --draft --target-device --draft-device --dtype --draft-dtype
+    """--target --draft --draft-lookup --target-device --draft-device --dtype --draft-dtype
     --trust-remote-code --allow-pickle --plain-linears (no draft options when
     ``draft=False``). Imports torch (the dtypes)."""
     from targetrows.hf.loading import DTYPES, TRUST_CHOICES
@@ -77,6 +77,13 @@ def add_model_arguments(parser: argparse.ArgumentParser, draft: bool = True) -> 
             "--draft",
             default=None,
             help="draft model with the target's tokenizer (folder, .gguf, hub id)",
+        )
+        parser.add_argument(
+            "--draft-lookup",
+            action="store_true",
+            help="mix prompt lookup's guess (the token that followed the last two tokens, or "
+            "the last one, earlier in the context) into the draft's proposals; lossless like "
+            "any draft (docs/decoders.md)",
         )
     parser.add_argument(
         "--target-device",
@@ -124,11 +131,19 @@ def add_model_arguments(parser: argparse.ArgumentParser, draft: bool = True) -> 
     )
 
 
+def draft_label(args: argparse.Namespace) -> str | None:
+    """The draft as outputs name it: its path, marked when prompt lookup is mixed in."""
+    if args.draft and getattr(args, "draft_lookup", False):
+        return f"{args.draft} + prompt lookup"
+    return args.draft
+
+
 def load_from_args(args: argparse.Namespace):
-    """(target, draft, tokenizer): `load_pair` with the options `add_model_arguments` added."""
+    """(target, draft, tokenizer): `load_pair` with the options `add_model_arguments` added;
+    under --draft-lookup the draft is a `LookupDraft` around the loaded one."""
     from targetrows.hf.loading import load_pair
 
-    return load_pair(
+    target, draft, tokenizer = load_pair(
         args.target,
         getattr(args, "draft", None),
         args.target_device,
@@ -139,3 +154,10 @@ def load_from_args(args: argparse.Namespace):
         packed=not args.plain_linears,
         draft_dtype=getattr(args, "draft_dtype", None),
     )
+    if getattr(args, "draft_lookup", False):
+        if draft is None:
+            raise ValueError("--draft-lookup mixes prompt lookup into a draft: give --draft too")
+        from targetrows.decoding.lookup_draft import LookupDraft
+
+        draft = LookupDraft(draft)
+    return target, draft, tokenizer

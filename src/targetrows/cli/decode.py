@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
         decoder=args.decoder, budgets=tuple(args.budgets), temperature=args.temperature,
         max_new_tokens=args.max_new_tokens, seed=args.seed, top_k=args.top_k, depth=args.depth,
         model_id=args.model_id or os.path.basename(os.path.normpath(args.target)),
-        draft_name=args.draft, dtype=args.dtype, progress=args.progress,
+        draft_name=common.draft_label(args), dtype=args.dtype, progress=args.progress,
     )
     target, draft, tokenizer = common.load_from_args(args)
     answer_file(target, draft, tokenizer, args.prompts, args.out, settings)

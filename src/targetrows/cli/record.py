@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from .common import UsageError, check_temperature
+from .common import UsageError, check_temperature, draft_label
 
 
 def toy_pair(target: str, draft: str | None):
@@ -76,5 +76,5 @@ def run(args: argparse.Namespace) -> int:
         stop_ids=stops,
     )
     record_file(target, draft, encoder, args.prompts, args.out, config,
-                names=(args.target, args.draft or "toy"), quiet=args.quiet)
+                names=(args.target, draft_label(args) or "toy"), quiet=args.quiet)
     return 0
