@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from targetrows.core.atomic import atomic_write_text
+from targetrows.core.lookup import NgramIndex
 from targetrows.core.tree import Tree
 from targetrows.decoding.answers import read_questions
 from targetrows.decoding.chat import encode_prompt, stop_ids
@@ -71,14 +72,12 @@ def position_kinds(prompt: list[int], reply: list[int], vocab: np.ndarray | None
 
 
 def lookup_guess(seq: list[int], j: int, max_ngram: int = 2) -> int | None:
-    """Prompt lookup's guess for position j of `seq`: the token after the earliest occurrence of
-    the last n tokens before j (n = max_ngram down to 1) that has one after it before j."""
-    for n in range(min(max_ngram, j - 1), 0, -1):
-        tail = seq[j - n : j]
-        for i in range(j - n):
-            if seq[i : i + n] == tail:
-                return seq[i + n]
-    return None
+    """Prompt lookup's guess for position j of `seq` from the tokens before it
+    (`targetrows.core.lookup`, the rule `--draft-lookup` mixes into a draft)."""
+    index = NgramIndex(max_ngram)
+    index.extend(seq[:j])
+    found = index.guess(seq[:j])
+    return None if found is None else found[0]
 
 
 @torch.inference_mode()
