@@ -11,10 +11,11 @@ the guess into the draft's distribution q:
 
 with w_n the weight of a guess found by an n-token match (a longer match is right more often).
 Pool expansion only ever asks a draft for its top-k (`Model.topk_at`), so that is where the mix
-enters: the guess joins the top-k (in place of the k-th token when q does not rank it there;
-its own q is then counted as 0, a lower bound) and every rule picks its tree from the mixed
-pool. A guessed node is fed to the draft like any other (a head embeds it with the target's
-embedding, so a guess outside the head's draft vocabulary can still be expanded).
+enters: the top-k of q' (a guess that q does not rank in its top-k counts its own q as 0, a
+lower bound, and enters when its weight alone beats the k-th token), and every rule picks its
+tree from the mixed pool. A guessed node is fed to the draft like any other (a head embeds it
+with the target's embedding, so a guess outside the head's draft vocabulary can still be
+expanded).
 
 The guess looks at the committed context only (not at the tree path above the node) and uses
 the last tokens of context + path. Verification never reads the draft, so every decoder stays
@@ -110,15 +111,14 @@ class LookupDraft:
 def mix_guess(tokens: np.ndarray, logp: np.ndarray, guess: int,
               weight: float) -> tuple[np.ndarray, np.ndarray]:
     """One row's top-k (tokens, log-probs, best first) under (1 - weight) q + weight [guess],
-    best first (ties keep q's order). A guess outside the top-k takes the k-th place, its own q
-    counted as 0."""
+    best first (ties keep q's order). A guess outside q's top-k counts its own q as 0: it takes
+    the k-th place when the weight alone beats that token's mixed probability."""
     q = (1.0 - weight) * np.exp(logp)
-    tokens = tokens.copy()
     hit = np.flatnonzero(tokens == guess)
     if len(hit):
         q[hit[0]] += weight
     else:
-        tokens[-1], q[-1] = guess, weight
-    order = np.argsort(-q, kind="stable")
+        tokens, q = np.append(tokens, guess), np.append(q, weight)
+    order = np.argsort(-q, kind="stable")[: len(logp)]
     with np.errstate(divide="ignore"):
         return tokens[order], np.log(q[order])
