@@ -12,7 +12,10 @@ Top-1 agreement at a position is what a one-node chain accepts there, so the tab
 kind of position a better draft (or a larger draft vocabulary) would have to win. The rows are
 teacher-forced: the draft sees the target's own reply, as in a round after an accepted path.
 For scale, the last column gives prompt lookup's guess at the copies (Hugging Face's rule: the
-token after the earliest earlier occurrence of the last two tokens, else of the last one).
+token after the earliest earlier occurrence of the last two tokens, else of the last one;
+`targetrows.core.lookup`). A second table gives that guess at every position, by the length of
+the match it came from, and how often the draft's top-1 or the guess is right: what
+`--draft-lookup` (the guess mixed into the draft) has to work with.
 
     python benchmarks/draft_guesses.py --target RUN/resources/models/smollm2-135m-instruct \
         --draft RUN/resources/models/smollm2-135m-eagle3 --prompts config/prompts/*.jsonl \
@@ -38,6 +41,8 @@ from targetrows.decoding.loop import DecodeConfig, generate
 from targetrows.hf.loading import load_pair
 
 KINDS = ("outside", "copy", "new")
+# prompt lookup: its guess at copies; at every position, by match length; draft or guess right
+LOOKUP = ("lookup", "match2", "match1", "either")
 
 
 def _rate(hits_and_count: list[int]) -> str:
@@ -71,15 +76,6 @@ def position_kinds(prompt: list[int], reply: list[int], vocab: np.ndarray | None
     return kinds
 
 
-def lookup_guess(seq: list[int], j: int, max_ngram: int = 2) -> int | None:
-    """Prompt lookup's guess for position j of `seq` from the tokens before it
-    (`targetrows.core.lookup`, the rule `--draft-lookup` mixes into a draft)."""
-    index = NgramIndex(max_ngram)
-    index.extend(seq[:j])
-    found = index.guess(seq[:j])
-    return None if found is None else found[0]
-
-
 @torch.inference_mode()
 def draft_hits(target, draft, prompt: list[int], reply: list[int]) -> list[bool]:
     """At each reply position, whether the draft's top-1 at the context before it is the
@@ -99,18 +95,26 @@ def draft_hits(target, draft, prompt: list[int], reply: list[int]) -> list[bool]
 
 def table(counts: dict[str, dict[str, list[int]]]) -> str:
     """Markdown: per task, the share of positions of each kind and the draft's top-1 agreement on
-    each (n/a where a kind has no position)."""
+    each (n/a where a kind has no position); then prompt lookup's guess at every position, by the
+    length of the match it came from, and how often the draft's top-1 or that guess is right."""
     lines = ["| task | positions | outside vocabulary | copy share | top-1 at copy | "
              "top-1 at new | top-1 overall | prompt lookup at copy |", "|---|---|---|---|---|---|---|---|"]
     rows = dict(counts)
     rows["all"] = {k: [sum(c[k][0] for c in counts.values()), sum(c[k][1] for c in counts.values())]
-                   for k in (*KINDS, "lookup")}
+                   for k in (*KINDS, *LOOKUP)}
     for task, c in rows.items():
         n = sum(c[k][1] for k in KINDS)
         hit = sum(c[k][0] for k in KINDS)
         lines.append(f"| {task} | {n} | {c['outside'][1] / n:.2f} | {c['copy'][1] / n:.2f} | "
                      f"{_rate(c['copy'])} | {_rate(c['new'])} | {hit / n:.2f} | "
                      f"{_rate(c['lookup'])} |")
+    lines += ["", "| task | 2-token match share | right | 1-token match share | right | "
+              "top-1 or guess right |", "|---|---|---|---|---|---|"]
+    for task, c in rows.items():
+        n = sum(c[k][1] for k in KINDS)
+        lines.append(f"| {task} | {c['match2'][1] / n:.2f} | {_rate(c['match2'])} | "
+                     f"{c['match1'][1] / n:.2f} | {_rate(c['match1'])} | "
+                     f"{c['either'][0] / n:.2f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -131,20 +135,30 @@ def main(argv=None) -> int:
     stop = frozenset(stop_ids(tokenizer, target))
     config = DecodeConfig("ar", max_new_tokens=args.max_new_tokens, stop_ids=stop)
     counts: dict[str, dict[str, list[int]]] = defaultdict(
-        lambda: {k: [0, 0] for k in (*KINDS, "lookup")})
+        lambda: {k: [0, 0] for k in (*KINDS, *LOOKUP)})
     for path in args.prompts:
         for q in read_questions(path)[args.skip : args.skip + args.num_prompts]:
             prompt = encode_prompt(tokenizer, q.turns[0])
             reply = generate(target, None, prompt, config).tokens
             seq = prompt + reply
+            index = NgramIndex(2)
+            c = counts[q.category]
             for j, kind, hit in zip(range(len(prompt), len(seq)),
                                     position_kinds(prompt, reply, vocab),
                                     draft_hits(target, draft, prompt, reply), strict=True):
-                counts[q.category][kind][0] += int(hit)
-                counts[q.category][kind][1] += 1
+                c[kind][0] += int(hit)
+                c[kind][1] += 1
+                index.extend(seq[:j])
+                found = index.guess(seq[:j])
+                guessed = found is not None and found[0] == seq[j]
                 if kind == "copy":  # the same positions, guessed by prompt lookup
-                    counts[q.category]["lookup"][0] += int(lookup_guess(seq, j) == seq[j])
-                    counts[q.category]["lookup"][1] += 1
+                    c["lookup"][0] += int(guessed)
+                    c["lookup"][1] += 1
+                if found is not None:
+                    c[f"match{found[1]}"][0] += int(guessed)
+                    c[f"match{found[1]}"][1] += 1
+                c["either"][0] += int(hit or guessed)
+                c["either"][1] += 1
     names = [os.path.basename(os.path.normpath(m)) for m in (args.draft, args.target)]
     text = (f"Draft top-1 by position kind: {names[0]} drafting for {names[1]}, prompts "
             f"{args.skip + 1}..{args.skip + args.num_prompts} of each file, "

@@ -358,10 +358,3 @@ def test_draft_guesses_classify_and_score_positions_as_brute_force():
     hits = guesses.draft_hits(pair.target, pair.draft, prompt, reply)
     assert hits == [True, False, True, False, True, False]
 
-
-def test_prompt_lookups_guess_follows_the_earliest_match_of_the_last_two_tokens():
-    guesses = _benchmark("draft_guesses")
-    seq = [1, 2, 3, 9, 2, 3, 4, 8, 2, 3]
-    assert guesses.lookup_guess(seq, len(seq)) == 9  # (2, 3) first seen at 1: then 9
-    assert guesses.lookup_guess([5, 6, 7, 6], 4) == 7  # no bigram match: the unigram 6's
-    assert guesses.lookup_guess([5, 6, 7], 3) is None

@@ -265,3 +265,26 @@ def test_mean_parts_averages_two_timings():
     assert both.draft is DRAFT
     with pytest.raises(ValueError, match="sizes"):
         cm.mean_parts(PARTS, cm.PartTimes(cm.PassCurve((1, 2), (0.1, 0.2)), None, 1))
+
+
+def test_calibration_prompts_average_each_prompts_curve():
+    """Several calibration prompts: ceil(contexts / n) contexts along each, curves averaged."""
+    pair = ToyPair(vocab_size=24, seed=3, closeness=0.8)
+    parts = cm.PartTimes(cm.PassCurve((1,), (0.01,)), cm.PassCurve((1,), (0.002,)), 3)
+    prompts = [[1, 2, 3], [7, 7, 7, 7], [5]]
+    budgets = (1, 2, 4, 8)
+    choice = cm.auto_budget(pair.target, pair.draft, [9, 9], "draft_rank", 0.0, 3, 2,
+                            budgets=budgets, contexts=5, gap=2, parts=parts,
+                            calibration_prompts=prompts)
+    curves = [cm.acceptance_curve(pair.target, pair.draft, p, budgets, "draft_rank", 0.0, 3, 2,
+                                  contexts=2, depths=[1, 2], gap=2) for p in prompts]
+    np.testing.assert_allclose(choice.committed, np.mean([c for c, _ in curves], axis=0))
+    np.testing.assert_allclose(choice.nodes, np.mean([n for _, n in curves], axis=0))
+    alone = cm.auto_budget(pair.target, pair.draft, [1, 2, 3], "draft_rank", 0.0, 3, 2,
+                           budgets=budgets, contexts=2, gap=2, parts=parts)
+    assert alone.committed == cm.auto_budget(
+        pair.target, pair.draft, [9, 9], "draft_rank", 0.0, 3, 2, budgets=budgets, contexts=2,
+        gap=2, parts=parts, calibration_prompts=[[1, 2, 3]]).committed
+    with pytest.raises(ValueError, match="calibration_prompts"):
+        cm.auto_budget(pair.target, pair.draft, [1], "draft_rank", budgets=budgets, parts=parts,
+                       calibration_prompts=[[1], []])

@@ -94,9 +94,13 @@ class BenchSettings:
 # -- the run -----------------------------------------------------------------------------------
 
 
-def pick_budgets(target, draft, prompt: BenchPrompt, settings: BenchSettings, parts):
+def pick_budgets(target, draft, prompts: Sequence[BenchPrompt], settings: BenchSettings, parts):
     """{(decoder, temperature): (budget, depth)} and the auto choices made (for the report):
-    --budget auto picks both, otherwise every decoder runs at --budget and --depth."""
+    --budget auto picks both, calibrated on the first prompt of each category (the first of
+    all for the timing); otherwise every decoder runs at --budget and --depth."""
+    first_of_each: dict[str, tuple[int, ...]] = {}
+    for p in prompts:
+        first_of_each.setdefault(p.category, p.ids)
     plans, choices = {}, {}
     for name in settings.decoders:
         for temp in settings.temperatures:
@@ -107,13 +111,14 @@ def pick_budgets(target, draft, prompt: BenchPrompt, settings: BenchSettings, pa
             choice = costmodel.auto_budget(
                 target,
                 draft,
-                prompt.ids,
+                prompts[0].ids,
                 name,
                 temp,
                 settings.top_k,
                 settings.depth,
                 settings.guesses,
                 parts=parts,
+                calibration_prompts=list(first_of_each.values()),
             )
             plans[name, temp], choices[name, temp] = (choice.budget, choice.depth), choice
     return plans, choices
@@ -230,7 +235,7 @@ def run_bench(
     parts = measure(target, draft, prompts, settings)
     # what each prompt's first pass costs beyond a round's one-token pass (in every bound)
     prompt_s = [costmodel.time_prompt_pass(target, p.ids, settings.repeats) for p in prompts]
-    plans, choices = pick_budgets(target, draft, prompts[0], settings, parts)
+    plans, choices = pick_budgets(target, draft, prompts, settings, parts)
     for method in methods:  # warm-up: lazy initialisation is nobody's cost
         run_method(
             method,

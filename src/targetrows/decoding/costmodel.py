@@ -405,6 +405,7 @@ def auto_budget(
     overlap: float | None = None,
     parts: PartTimes | None = None,
     depths: Sequence[int] | None = None,
+    calibration_prompts: Sequence[Sequence[int]] | None = None,
 ) -> BudgetChoice:
     """The budget and pool depth that maximise predicted tokens/s for `decoder` on this pair and
     machine. `depth` is the deepest pool tried; `depths` the candidates (default 1..depth): each
@@ -416,8 +417,11 @@ def auto_budget(
     easiest to guess: on the embedded pair's EAGLE-3 head (`draft_rank`, B=4, depth 2), three
     contexts from the reply's start predicted 2.33, 1.67 and 3.00 tokens a round on three
     prompts that committed 1.64, 1.42 and 1.88; eight 4 tokens apart, 1.75, 1.38 and 2.12.
-    `overlap` defaults to full overlap when target and draft sit on different devices, none
-    otherwise (the round loop's schedule).
+    `calibration_prompts` spreads the contexts over several prompts (ceil(contexts / n) along
+    each, the curves averaged; default: `prompt_ids` alone): how much a draft gets right differs
+    from task to task, most for a draft with prompt lookup mixed in, which gains where replies
+    copy. `overlap` defaults to full overlap when target and draft sit on different devices,
+    none otherwise (the round loop's schedule).
     """
     if not get_decoder(decoder).drafts:
         raise ValueError(f"decoder {decoder} verifies no tree: it has no budget to pick")
@@ -433,10 +437,14 @@ def auto_budget(
     if parts is None:  # the deepest pool's passes cover every shallower one's
         widths = draft_pass_widths(decoder, top_k, depth, guesses) + [1, top_k]
         parts = measure_parts(target, draft, prompt_ids, target_sizes_for(budgets), widths, repeats)
-    committed, nodes = acceptance_curve(
-        target, draft, prompt_ids, budgets, decoder, temperature, top_k, depth, contexts,
-        depths=depths, gap=gap,
-    )
+    prompts = [prompt_ids] if calibration_prompts is None else list(calibration_prompts)
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("calibration_prompts must hold at least one prompt, none of them empty")
+    curves = [acceptance_curve(target, draft, p, budgets, decoder, temperature, top_k, depth,
+                               -(-contexts // len(prompts)), depths=depths, gap=gap)
+              for p in prompts]
+    committed = np.mean([c for c, _ in curves], axis=0)
+    nodes = np.mean([n for _, n in curves], axis=0)
     # each (depth, budget) drafts `Decoder.pool_depth(depth, budget)` levels
     tps = np.stack([
         predicted_tokens_per_s(decoder, c, n, parts, overlap, top_k, d, guesses, budgets)
