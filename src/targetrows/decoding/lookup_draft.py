@@ -17,9 +17,10 @@ tree from the mixed pool. A guessed node is fed to the draft like any other (a h
 with the target's embedding, so a guess outside the head's draft vocabulary can still be
 expanded).
 
-The guess looks at the committed context only (not at the tree path above the node) and uses
-the last tokens of context + path. Verification never reads the draft, so every decoder stays
-lossless with this draft as with any other. Rows (`logits`, `probs`) stay the inner draft's.
+The guess is keyed on the node's last tokens (context + path) and looked up in the committed
+context only (the tree's own n-grams are not indexed). Verification never reads the draft, so
+every decoder stays lossless with this draft as with any other. Rows (`logits`, `probs`) stay
+the inner draft's.
 """
 
 from __future__ import annotations
