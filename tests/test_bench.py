@@ -358,3 +358,20 @@ def test_draft_guesses_classify_and_score_positions_as_brute_force():
     hits = guesses.draft_hits(pair.target, pair.draft, prompt, reply)
     assert hits == [True, False, True, False, True, False]
 
+
+
+def test_calibration_spread_predicts_and_measures_with_a_head_and_lookup(pair, head,
+                                                                         prompts_file, tmp_path):
+    """The calibration script on the tiny pair's target and head with prompt lookup mixed in:
+    one measured value (the decoded prompts' tokens per round) and a prediction per placement,
+    each within what a B=2 tree can commit."""
+    spread = _benchmark("calibration_spread")
+    out = tmp_path / "spread.md"
+    assert spread.main(["--target", pair[0], "--draft", head, "--draft-lookup", "--prompts",
+                        prompts_file, prompts_file, "--num-prompts", "2", "--budget", "2",
+                        "--max-new-tokens", "8", "--out", str(out)]) == 0
+    text = out.read_text()
+    rows = [line.split("|") for line in text.splitlines() if line.startswith("| ")][1:]
+    assert len(rows) == len(spread.PLACEMENTS)
+    assert all(1.0 <= float(r[4]) <= 3.0 for r in rows)
+    assert "measured on 4 prompts (2 of each file" in text

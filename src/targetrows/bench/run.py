@@ -98,9 +98,10 @@ def pick_budgets(target, draft, prompts: Sequence[BenchPrompt], settings: BenchS
     """{(decoder, temperature): (budget, depth)} and the auto choices made (for the report):
     --budget auto picks both, calibrated at three contexts 12 greedy tokens apart along the
     first prompt of each category (what a draft gets right differs from task to task; a reply's
-    first tokens are its easiest, and two contexts 4 apart predicted 2.29 tokens a round for
-    the head with prompt lookup at B=4, depth 2, three 12 apart 2.05, against 1.96 measured on
-    the bench's 21 prompts); otherwise every decoder runs at --budget and --depth."""
+    first tokens are its easiest: for the head with prompt lookup at B=4, depth 2, two contexts
+    4 apart predicted 2.29 tokens a round, three 12 apart 2.05, against 1.96 measured on the
+    bench's 21 prompts; benchmarks/calibration_spread.py); otherwise every decoder runs at
+    --budget and --depth."""
     first_of_each: dict[str, tuple[int, ...]] = {}
     for p in prompts:
         first_of_each.setdefault(p.category, p.ids)
