@@ -41,8 +41,9 @@ DEFAULT_WEIGHTS = (0.15, 0.65)
 
 class LookupDraft:
     """`inner` (any `targetrows.decoding.model.Model` draft) with prompt lookup's guess mixed
-    into the top-k it proposes; `weights[n - 1]` is the weight of a guess from an n-token match
-    (0 turns that match length off)."""
+    into the top-k it proposes; `weights[n - 1]` is the weight of a guess from an n-token match.
+    The guess is always the longest match's, so a weight of 0 drops the guesses of that length
+    (it does not fall back to a shorter match)."""
 
     def __init__(self, inner: Any, weights: Sequence[float] = DEFAULT_WEIGHTS):
         weights = tuple(float(w) for w in weights)
