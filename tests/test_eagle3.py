@@ -326,25 +326,24 @@ def test_compare_and_record_with_a_head(saved_target_and_head, tmp_path):
     assert len(drafted) and np.isin(drafted, draft_vocab(272, 200).numpy()).all()
 
 
-def test_compare_and_record_with_prompt_lookup_mixed_in(saved_target_and_head, tmp_path):
+def test_compare_and_record_with_prompt_lookup_mixed_in(saved_target_and_head, tmp_path, capsys):
+    from targetrows.cli import main
+    from targetrows.rowlog.format import read
+
     target, head = saved_target_and_head
-    proc = _cli("compare", "--target", target, "--draft", head, "--draft-lookup", "--prompt",
-                "say it again: the cat sat on the mat, the cat sat on the", "--budget", "8",
-                "--max-new-tokens", "16")
-    assert proc.returncode == 0, proc.stderr
-    assert "every decoder reproduced ar's tokens exactly" in proc.stdout
+    assert main(["compare", "--target", target, "--draft", head, "--draft-lookup", "--prompt",
+                 "say it again: the cat sat on the mat, the cat sat on the", "--budget", "8",
+                 "--max-new-tokens", "16"]) == 0
+    assert "every decoder reproduced ar's tokens exactly" in capsys.readouterr().out
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"question_id": 1, "category": "x", "turns": ["Hi, hi"]}) + "\n")
     log = tmp_path / "rows.npz"
-    proc = _cli("record", "--target", target, "--draft", head, "--draft-lookup", "--prompts",
-                str(prompts), "--out", str(log), "--max-new-tokens", "6", "--quiet")
-    assert proc.returncode == 0, proc.stderr
-    from targetrows.rowlog.format import read
-
+    assert main(["record", "--target", target, "--draft", head, "--draft-lookup", "--prompts",
+                 str(prompts), "--out", str(log), "--max-new-tokens", "6", "--quiet"]) == 0
     assert read(str(log)).header["draft"] == f"{head} + prompt lookup"
-    proc = _cli("compare", "--target", target, "--draft-lookup", "--decoders", "ar",
-                "--prompt", "Hi")
-    assert proc.returncode != 0 and "--draft-lookup mixes prompt lookup into a draft" in proc.stderr
+    assert main(["compare", "--target", target, "--draft-lookup", "--decoders", "ar",
+                 "--prompt", "Hi"]) == 2
+    assert "--draft-lookup mixes prompt lookup into a draft" in capsys.readouterr().err
 
 
 def test_prompt_lookup_guesses_outside_the_draft_vocabulary_stay_greedy(llama_target, tmp_path):
