@@ -35,7 +35,7 @@ from targetrows.core.tree import Tree
 
 # Weight of a guess by match length (1 token, 2 tokens): the rate at which each was right on the
 # embedded target's greedy replies to prompts 4-5 of each bundled task (0.15 and 0.66, by
-# benchmarks/draft_guesses.py; the bench uses prompts 1-3). Weights (0.5, 0.9) decoded as fast.
+# benchmarks/draft_guesses.py; the bench uses prompts 1-3).
 DEFAULT_WEIGHTS = (0.15, 0.65)
 
 
