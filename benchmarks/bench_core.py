@@ -11,8 +11,11 @@ import time
 
 import numpy as np
 
-from targetrows import expected_accepted_batch, pool, select
+from targetrows import expected_accepted_batch
+from targetrows.core import pool
 from targetrows.core.atomic import atomic_write_text
+from targetrows.core.rules.root_pool import draft_rank, target_rerank
+from targetrows.core.rules.rule import first_level_logp
 from targetrows.core.toy import ToyPair
 
 
@@ -41,10 +44,11 @@ def bench_draft_rank(budget=59):
     cand, logq = pool.expand(pair.draft_row, [1, 2, 3], 10, 6)
     assert len(cand) == 511
     reps = 2000
-    seconds = best_of(lambda: [select.draft_rank(cand, logq, budget) for _ in range(reps)])
+    seconds = best_of(lambda: [draft_rank.select(cand, logq, budget) for _ in range(reps)])
     root_row = pair.target_row([1, 2, 3])
     seconds_rr = best_of(
-        lambda: [select.target_rerank(cand, logq, budget, root_row) for _ in range(reps)]
+        lambda: [target_rerank.select(cand, logq, budget, root_logp=first_level_logp(cand, root_row))
+                 for _ in range(reps)]
     )
     return seconds / reps * 1e6, seconds_rr / reps * 1e6
 

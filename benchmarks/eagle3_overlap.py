@@ -30,9 +30,9 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from targetrows.core import select
 from targetrows.core.acceptance import expected_accepted_greedy
 from targetrows.core.pool import expand_model, expand_under_guesses, pool_under
+from targetrows.core.rules.root_pool import draft_rank
 from targetrows.core.tree import Tree
 from targetrows.decoding.chat import encode_prompt
 from targetrows.decoding.loop import DecodeConfig, generate
@@ -46,7 +46,7 @@ DECODERS = decoder_names()
 
 def accepted(tree, logq, budget: int, continuation: list[int]) -> int:
     """Draft tokens of the greedy continuation in the draft_rank tree of `budget` nodes."""
-    return expected_accepted_greedy(tree.subtree(select.draft_rank(tree, logq, budget)),
+    return expected_accepted_greedy(tree.subtree(draft_rank.select(tree, logq, budget)),
                                     continuation)
 
 

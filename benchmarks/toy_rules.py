@@ -16,8 +16,12 @@ import argparse
 
 import numpy as np
 
-from targetrows import Tree, expected_accepted, pool, select
+from targetrows import Tree, expected_accepted
+from targetrows.core import pool
 from targetrows.core.atomic import atomic_write_text
+from targetrows.core.rules.after_t0 import first_token, pearl
+from targetrows.core.rules.root_pool import draft_rank, target_rerank
+from targetrows.core.rules.rule import draw_first_token, first_level_logp, tree_after_t0
 from targetrows.core.toy import ToyPair
 
 BUDGETS = (2, 4, 8, 16, 32)
@@ -36,21 +40,21 @@ def score_context(pair, context, rng, top_k, depth):
     cand, logq = pool.expand(pair.draft_row, context, top_k, depth)
     edge = edge_probs(pair, context, cand)
     root_row = pair.target_row(context)
-    t0 = select.first_token(root_row, rng)
+    t0 = draw_first_token(root_row, rng)
     under, under_logq = pool.expand(pair.draft_row, context + [t0], top_k, depth)
     under_edge = edge_probs(pair, context + [t0], under)
     out = {}
     for b in BUDGETS:
-        dr = select.draft_rank(cand, logq, b)
-        rr = select.target_rerank(cand, logq, b, root_row)
-        redraft = select.draft_rank(under, under_logq, b)
+        dr = draft_rank.select(cand, logq, b)
+        rr = target_rerank.select(cand, logq, b, root_logp=first_level_logp(cand, root_row))
+        redraft = draft_rank.select(under, under_logq, b)
         out["draft_rank", b] = expected_accepted(cand.subtree(dr), edge[dr])
         out["target_rerank", b] = expected_accepted(cand.subtree(rr), edge[rr])
         out["first_token_redraft", b] = expected_accepted(under.subtree(redraft),
                                                           under_edge[redraft])
-        for rule, kept in (("pearl", select.prune_to_first(cand, dr, t0)),
-                           ("first_token", select.first_token_subtree(cand, logq, b, t0))):
-            tree = select.pruned_tree(cand, kept, t0)
+        for rule, kept in (("pearl", pearl.select(cand, logq, b, t0=t0)),
+                           ("first_token", first_token.select(cand, logq, b, t0=t0))):
+            tree = tree_after_t0(cand, kept, t0)
             out[rule, b] = expected_accepted(tree, edge[kept]) if len(kept) else 0.0
             out[f"{rule}_nodes", b] = tree.budget
     return out

@@ -174,7 +174,7 @@ def test_auto_depth_follows_the_draft_cost():
     assert "best predicted tokens/s by depth: 1: " in text and "\n" not in text
 
 
-@pytest.mark.parametrize("decoder", ["draft_rank", "pearl"])
+@pytest.mark.parametrize("decoder", ["draft_rank", "pearl", "rerank", "fts"])
 @pytest.mark.parametrize("budget", [1, 5, 20])
 def test_acceptance_prediction_matches_the_first_round(decoder, budget):
     """At temperature 0 with one context, the prediction is exactly the first real round."""

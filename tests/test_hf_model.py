@@ -315,7 +315,7 @@ def test_tree_root_must_be_the_last_context_token():
 
 
 def test_pool_expansion_matches_full_forwards():
-    from targetrows import pool
+    from targetrows.core import pool
 
     model = tiny_model("qwen3", seed=9, dtype=torch.float64)
     context = [5, 17, 99, 3]

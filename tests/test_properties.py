@@ -5,8 +5,12 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from targetrows import Tree, expected_accepted, expected_accepted_batch, pool, select, verify
+from targetrows import Tree, expected_accepted, expected_accepted_batch, verify
+from targetrows.core import pool
 from targetrows.core.acceptance import reach_probability
+from targetrows.core.rules.after_t0 import first_token, pearl
+from targetrows.core.rules.root_pool import draft_rank, target_rerank
+from targetrows.core.rules.rule import draw_first_token, first_level_logp, tree_after_t0
 from targetrows.core.toy import ToyPair
 
 
@@ -76,18 +80,19 @@ def test_rules_on_random_pools(seed, top_k, depth, budget, closeness):
     cand, logq = pool.expand(pair.draft_row, [seed % 8, 1], top_k, depth)
     assert len(cand) == 1 + min(top_k, 8) + (depth - 1) * min(top_k, 8) ** 2
     root_row = pair.target_row([seed % 8, 1])
-    for chosen in (select.draft_rank(cand, logq, budget),
-                   select.target_rerank(cand, logq, budget, root_row)):
+    for chosen in (draft_rank.select(cand, logq, budget),
+                   target_rerank.select(cand, logq, budget,
+                                        root_logp=first_level_logp(cand, root_row))):
         assert chosen[0] == 0 and np.all(np.diff(chosen) > 0)
         assert len(chosen) - 1 == min(budget, len(cand) - 1)
         inside = set(chosen.tolist())
         assert all(int(cand.parents[i]) in inside for i in chosen[1:])
         sub = cand.subtree(chosen)  # a valid tree in its own right
         assert len(sub) == len(chosen)
-    dr = select.draft_rank(cand, logq, budget)
-    t0 = select.first_token(root_row, np.random.default_rng(seed))
-    kept = select.prune_to_first(cand, dr, t0)
-    tree = select.pruned_tree(cand, kept, t0)
+    dr = draft_rank.select(cand, logq, budget)
+    t0 = draw_first_token(root_row, np.random.default_rng(seed))
+    kept = pearl.select(cand, logq, budget, t0=t0)
+    tree = tree_after_t0(cand, kept, t0)
     assert tree.tokens[0] == t0 and len(tree) == max(len(kept), 1)
     # the pruned tree is no bigger than the budget and sits inside the selection
     assert set(kept.tolist()) <= set(dr.tolist()) and tree.budget <= budget
@@ -105,12 +110,12 @@ def test_first_tokens_tree_contains_pearls(seed, top_k, depth, budget, closeness
     ctx = [seed % 8, 3]
     cand, logq = pool.expand(pair.draft_row, ctx, top_k, depth)
     root_row = pair.target_row(ctx)
-    t0 = select.first_token(root_row, None if greedy_t0 else np.random.default_rng(seed))
-    pearl = select.prune_to_first(cand, select.draft_rank(cand, logq, budget), t0)
-    first = select.first_token_subtree(cand, logq, budget, t0)
-    assert set(pearl.tolist()) <= set(first.tolist())
-    assert (len(first) == 0) == (cand.child_with_token(0, t0) < 0)
-    trees = [select.pruned_tree(cand, kept, t0) for kept in (pearl, first)]
+    t0 = draw_first_token(root_row, None if greedy_t0 else np.random.default_rng(seed))
+    pruned = pearl.select(cand, logq, budget, t0=t0)
+    below = first_token.select(cand, logq, budget, t0=t0)
+    assert set(pruned.tolist()) <= set(below.tolist())
+    assert (len(below) == 0) == (cand.child_with_token(0, t0) < 0)
+    trees = [tree_after_t0(cand, kept, t0) for kept in (pruned, below)]
     assert trees[0].budget <= trees[1].budget <= budget
     assert trees[1].subtree(np.arange(len(trees[1]))) == trees[1]  # a valid tree, rooted at t0
     edges = []

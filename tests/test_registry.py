@@ -4,11 +4,10 @@ through generate, the cost model, the online tables and the figures' ordering wi
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 import yaml
 
-from targetrows.core import select
+from targetrows.core.rules.root_pool import draft_rank
 from targetrows.core.toy import ToyPair
 from targetrows.decoding import costmodel as cm
 from targetrows.decoding import planners
@@ -67,12 +66,12 @@ def plan_shallow(r):
         return expand_model(r.draft, r.context, r.config.top_k, 1)
 
     cand, logq = timed_draft_work(r, work)
-    return Plan([], cand.subtree(select.draft_rank(cand, logq, r.config.budget)))
+    return Plan([], cand.subtree(draft_rank.select(cand, logq, r.config.budget)))
 
 
 @pytest.fixture
 def shallow():
-    register(Decoder("shallow", "one pool level", plan_shallow, "draft_rank"))
+    register(Decoder("shallow", "one pool level", "draft_rank", planner=plan_shallow))
     yield DECODERS["shallow"]
     unregister("shallow")
     assert "shallow" not in DECODERS
@@ -131,8 +130,9 @@ def test_gpus_and_verify_feeds_follow_the_declared_fields():
 
 def test_planners_are_the_registry_entries():
     for d in DECODERS.values():
-        assert getattr(planners, d.planner.__name__) is d.planner
-    assert np.all([callable(d.planner) for d in DECODERS.values()])
+        assert getattr(planners, d.plan.__name__) is d.plan
+        if d.drafts:
+            assert d.plan is planners.PLANNERS[get_rule(d.rule).tree]
 
 
 @pytest.mark.parametrize("decoder", ["draft_rank", "pearl", "rerank", "fts"])

@@ -1,17 +1,21 @@
-"""Scoring a row log: the vectorised scorer against a brute-force one built from the core's
-Tree / select / expected_accepted, pool by pool; and against online draft_rank decoding."""
+"""Scoring a row log: the vectorised scorer against a brute-force one built from each rule's
+definition written out node by node (tests/brute_rules.py) and the core's Tree and
+expected_accepted, pool by pool; and against online draft_rank decoding."""
 
+import brute_rules as brute
 import numpy as np
 import pytest
 
-from targetrows import expected_accepted, expected_accepted_greedy, select
+from targetrows import expected_accepted, expected_accepted_greedy
 from targetrows.cli import main
+from targetrows.core.rules.batch import top_order
 from targetrows.core.toy import ToyPair
 from targetrows.core.tree import Tree
 from targetrows.decoding.loop import DecodeConfig, generate
+from targetrows.decoding.registry import rule_names
 from targetrows.rowlog import format as rowlog
 from targetrows.rowlog.record import RecordConfig, record_prompt
-from targetrows.rowlog.score import RULES, _top_order, read_table, score_log, write_table
+from targetrows.rowlog.score import read_table, score_log, write_table
 
 BUDGETS = [1, 2, 3, 5, 8, 13, 200]
 
@@ -64,14 +68,19 @@ def brute_force(log, budgets, vocab):
             def score(sel, cont=traj[t:], e=edge, p=pool):
                 return accept(p.subtree(sel), e[sel], cont, greedy), len(sel) - 1
 
-            a, n = score(select.draft_rank(pool, logq, b))
+            a, n = score(np.array(brute.draft_rank(pool, logq, b)))
             out[s, t, "draft_rank", b] = (a, n, a + 1)
-            a, n = score(select.target_rerank(pool, logq, b, dense_root_row(log, r, vocab)))
+            root = dense_root_row(log, r, vocab)
+            with np.errstate(divide="ignore"):
+                by_token = {int(tok): np.log(root[tok]) for tok in pool.tokens[pool.children(0)]}
+                stale_by_token = {int(tok): np.log(p) for tok, p in
+                                  zip(pool.tokens[pool.children(0)], stale, strict=True)}
+            a, n = score(np.array(brute.rerank(pool, logq, b, by_token)))
             out[s, t, "target_rerank", b] = (a, n, a + 1)
             if np.isnan(stale).any():
-                a, n = score(select.draft_rank(pool, logq, b))
+                a, n = score(np.array(brute.draft_rank(pool, logq, b)))
             else:
-                a, n = score(select.target_rerank_logp(pool, logq, b, np.log(stale)))
+                a, n = score(np.array(brute.rerank(pool, logq, b, stale_by_token)))
             out[s, t, "stale_rerank", b] = (a, n, a + 1)
             if stop:
                 for rule in ("first_token", "first_token_redraft", "pearl"):
@@ -79,18 +88,13 @@ def brute_force(log, budgets, vocab):
                 continue
             ntok, npar, nlogq, nedge = log.pool(int(nxt[0]))
             npool = Tree(ntok, npar)
-            a, n = score(select.draft_rank(npool, nlogq, b), traj[t + 1 :], nedge, npool)
+            a, n = score(np.array(brute.draft_rank(npool, nlogq, b)), traj[t + 1 :], nedge, npool)
             out[s, t, "first_token_redraft", b] = (a, n, a + 2)
-            pearl_kept = select.prune_to_first(pool, select.draft_rank(pool, logq, b), t0)
-            for rule, kept in (("pearl", pearl_kept),
-                               ("first_token", select.first_token_subtree(pool, logq, b, t0))):
-                tree = select.pruned_tree(pool, kept, t0)
-                if len(kept):
-                    local = np.concatenate([[0], kept])
-                    _, index_map = pool.subtree(local).reroot(1)
-                    tedge = edge[local[index_map]]
-                else:
-                    tedge = np.ones(1)
+            for rule, kept in (("pearl", brute.pearl(pool, logq, b, t0)),
+                               ("first_token", brute.first_token(pool, logq, b, t0))):
+                tokens, parents, at = brute.tree_after(pool, kept, t0)
+                tree = Tree(tokens, parents)
+                tedge = np.r_[1.0, edge[at[1:]]]
                 a = accept(tree, tedge, traj[t + 1 :], greedy)
                 out[s, t, rule, b] = (a, tree.budget, a + 2)
     return out
@@ -116,7 +120,7 @@ def check_against_brute_force(log, vocab=16):
 def test_scores_match_brute_force(temperature):
     log = toy_log(temperature)
     table = check_against_brute_force(log)
-    assert set(table["rule"]) == set(RULES)
+    assert set(table["rule"]) == set(rule_names())
     assert table["accepted"].max() > 1  # the draft is close enough for deep acceptance
 
 
@@ -148,7 +152,7 @@ def test_top_order_breaks_ties_like_a_stable_sort():
     score[rng.random(score.shape) < 0.1] = -np.inf
     for k in (1, 3, 10, 39, 40):
         want = np.argsort(-score, axis=1, kind="stable")[:, :k]
-        assert np.array_equal(_top_order(score, k), want), k
+        assert np.array_equal(top_order(score, k), want), k
 
 
 def test_bad_budgets_and_rules():

@@ -1,9 +1,14 @@
 import itertools
 
+import brute_rules as brute
 import numpy as np
 import pytest
 
-from targetrows import Tree, pool, select
+from targetrows import Tree
+from targetrows.core import pool
+from targetrows.core.rules.after_t0 import first_token, pearl
+from targetrows.core.rules.root_pool import draft_rank, stale_rerank, target_rerank
+from targetrows.core.rules.rule import draw_first_token, first_level_logp, tree_after_t0
 from targetrows.core.toy import ToyPair
 
 
@@ -48,7 +53,7 @@ def test_draft_rank_equals_brute_force():
                 key = (-logq[list(combo)].sum(), combo)
                 if best is None or key < best[0]:
                     best = (key, chosen)
-            got = select.draft_rank(cand, logq, budget)
+            got = draft_rank.select(cand, logq, budget)
             # same total score (the top-B set is unique up to ties)
             assert logq[got].sum() == pytest.approx(logq[best[1]].sum())
             assert sorted(logq[got[1:]])[::-1] == pytest.approx(sorted(logq[best[1][1:]])[::-1])
@@ -59,19 +64,19 @@ def test_every_rule_is_ancestor_closed_and_within_budget(budget):
     pair, cand, logq = _pool(3, top_k=4, depth=4, vocab=20)
     root_row = pair.target_row([1, 2, 3])
     for chosen in (
-        select.draft_rank(cand, logq, budget),
-        select.target_rerank(cand, logq, budget, root_row),
+        draft_rank.select(cand, logq, budget),
+        target_rerank.select(cand, logq, budget, root_logp=first_level_logp(cand, root_row)),
     ):
         assert chosen[0] == 0 and np.all(np.diff(chosen) > 0)
         assert len(chosen) - 1 == min(budget, len(cand) - 1)
         assert _ancestor_closed(cand, chosen)
-    chosen = select.draft_rank(cand, logq, budget)
+    chosen = draft_rank.select(cand, logq, budget)
     for tok in cand.tokens[cand.children(0)]:
-        kept = select.prune_to_first(cand, chosen, int(tok))
+        kept = pearl.select(cand, logq, budget, t0=int(tok))
         if len(kept):
             assert cand.tokens[kept[0]] == tok and cand.depth[kept[0]] == 1
             assert set(kept.tolist()) <= set(chosen.tolist())
-            tree = select.pruned_tree(cand, kept, int(tok))
+            tree = tree_after_t0(cand, kept, int(tok))
             assert len(tree) == len(kept) and tree.tokens[0] == tok
 
 
@@ -79,39 +84,47 @@ def test_target_rerank_reorders_first_level():
     # two first-level branches; the draft prefers token 1, the target token 2
     cand = Tree([0, 1, 2, 3, 4], [-1, 0, 0, 1, 2])
     logq = np.log([1, 0.9, 0.1, 0.9 * 0.5, 0.1 * 0.5])
-    assert select.draft_rank(cand, logq, 2).tolist() == [0, 1, 3]
+    assert draft_rank.select(cand, logq, 2).tolist() == [0, 1, 3]
     root_row = np.array([0.0, 0.1, 0.9, 0.0, 0.0])
-    assert select.target_rerank(cand, logq, 2, root_row).tolist() == [0, 2, 4]
+    assert target_rerank.select(cand, logq, 2,
+                                root_logp=first_level_logp(cand, root_row)).tolist() == [0, 2, 4]
 
 
 def test_first_token_and_pruning():
-    assert select.first_token(np.array([0.1, 0.7, 0.2])) == 1
+    assert draw_first_token(np.array([0.1, 0.7, 0.2])) == 1
     rng = np.random.default_rng(0)
-    draws = [select.first_token(np.array([0.1, 0.7, 0.2]), rng) for _ in range(4000)]
+    draws = [draw_first_token(np.array([0.1, 0.7, 0.2]), rng) for _ in range(4000)]
     assert abs(np.mean(np.array(draws) == 1) - 0.7) < 0.03
     cand = Tree([0, 1, 2, 3, 4], [-1, 0, 0, 1, 2])
-    chosen = np.array([0, 1, 2, 3])
-    assert select.prune_to_first(cand, chosen, 1).tolist() == [1, 3]
-    assert select.prune_to_first(cand, chosen, 2).tolist() == [2]
-    assert select.prune_to_first(cand, chosen, 9).tolist() == []
-    assert select.pruned_tree(cand, np.zeros(0, np.int64), 9) == Tree.root_only(9)
+    logq = np.log([1, 0.5, 0.4, 0.3, 0.1])  # the top 3 nodes: 1, 2, 3
+    assert pearl.select(cand, logq, 3, t0=1).tolist() == [1, 3]
+    assert pearl.select(cand, logq, 3, t0=2).tolist() == [2]
+    assert pearl.select(cand, logq, 3, t0=9).tolist() == []
+    assert first_token.select(cand, logq, 3, t0=2).tolist() == [2, 4]  # below t0, not global
+    assert tree_after_t0(cand, np.zeros(0, np.int64), 9) == Tree.root_only(9)
 
 
 @pytest.mark.parametrize("budget", [0, -1, 2.5, True])
 def test_bad_budget(budget):
     _, cand, logq = _pool()
     with pytest.raises(ValueError, match="budget"):
-        select.draft_rank(cand, logq, budget)
+        draft_rank.select(cand, logq, budget)
 
 
 def test_bad_inputs_name_themselves():
     _, cand, logq = _pool()
     with pytest.raises(ValueError, match="logq"):
-        select.draft_rank(cand, logq[:-1], 3)
+        draft_rank.select(cand, logq[:-1], 3)
     with pytest.raises(ValueError, match="root_row"):
-        select.target_rerank(cand, logq, 3, np.full(12, np.nan))
+        first_level_logp(cand, np.full(12, np.nan))
+    with pytest.raises(ValueError, match="root_logp needs one value per first-level node"):
+        target_rerank.select(cand, logq, 3, root_logp=[0.0])
+    with pytest.raises(ValueError, match="reads the exact root row"):
+        target_rerank.select(cand, logq, 3)
+    with pytest.raises(ValueError, match="give t0"):
+        pearl.select(cand, logq, 3)
     with pytest.raises(ValueError, match="root_row"):
-        select.first_token(np.array([0.5, 0.6]))
+        draw_first_token(np.array([0.5, 0.6]))
     with pytest.raises(ValueError, match="top_k"):
         pool.expand(lambda c: np.ones(4) / 4, [1], 0, 2)
 
@@ -129,10 +142,11 @@ def test_a_pool_as_deep_as_the_budget_gives_the_same_tree(budget):
         cut, logq_cut = pool.expand(pair.draft_row, context, top_k=3, depth=min(5, budget))
         np.testing.assert_array_equal(cut.tokens, full.tokens[: len(cut)])  # same indices
         root = pair.target_row(context)
-        np.testing.assert_array_equal(select.draft_rank(cut, logq_cut, budget),
-                                      select.draft_rank(full, logq, budget))
-        np.testing.assert_array_equal(select.target_rerank(cut, logq_cut, budget, root_row=root),
-                                      select.target_rerank(full, logq, budget, root_row=root))
+        np.testing.assert_array_equal(draft_rank.select(cut, logq_cut, budget),
+                                      draft_rank.select(full, logq, budget))
+        np.testing.assert_array_equal(
+            target_rerank.select(cut, logq_cut, budget, root_logp=first_level_logp(cut, root)),
+            target_rerank.select(full, logq, budget, root_logp=first_level_logp(full, root)))
 
 
 class _CoarseDraft:
@@ -168,7 +182,40 @@ def test_a_budget_pruned_pool_gives_the_same_draft_rank_tree(levels):
         for budget in range(1, 12):
             cut, logq_cut = pool.expand_model(draft, context, top_k, depth, budget=budget)
             assert set(_paths(cut, range(len(cut)))) <= set(_paths(full, range(len(full))))
-            assert _paths(cut, select.draft_rank(cut, logq_cut, budget)) == _paths(
-                full, select.draft_rank(full, logq, budget))
+            assert _paths(cut, draft_rank.select(cut, logq_cut, budget)) == _paths(
+                full, draft_rank.select(full, logq, budget))
             if budget == 1:
                 assert cut.depth.max() <= 1  # nothing below the first level can be chosen
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_each_rule_selects_what_its_definition_says(seed):
+    """Every paper rule against its definition written out node by node (tests/brute_rules.py),
+    on pools with ties and on pools where the draft rules out some first tokens."""
+    pair = ToyPair(10, seed, closeness=0.6)
+    rng = np.random.default_rng(seed)
+    ctx = rng.integers(10, size=3).tolist()
+    cand, logq = pool.expand(pair.draft_row, ctx, top_k=3, depth=3)
+    if seed % 2:  # coarse log-probs (floor keeps a child at or below its parent): ties
+        logq = np.floor(logq * 2) / 2
+    root, stale = pair.target_row(ctx), pair.target_row(ctx[:-1])
+    root[int(cand.tokens[cand.children(0)[-1]])] = 0.0  # a first token the row rules out
+    root /= root.sum()
+    first = cand.tokens[cand.children(0)]
+    by_token = {int(t): v for t, v in zip(first, first_level_logp(cand, root), strict=True)}
+    stale_by_token = {int(t): v for t, v in zip(first, first_level_logp(cand, stale),
+                                                strict=True)}
+    for budget in (1, 2, 4, 7, 40):
+        assert draft_rank.select(cand, logq, budget).tolist() == brute.draft_rank(cand, logq,
+                                                                                  budget)
+        got = target_rerank.select(cand, logq, budget, root_logp=list(by_token.values()))
+        assert got.tolist() == brute.rerank(cand, logq, budget, by_token)
+        got = stale_rerank.select(cand, logq, budget, stale_logp=list(stale_by_token.values()))
+        assert got.tolist() == brute.rerank(cand, logq, budget, stale_by_token)
+        assert stale_rerank.select(cand, logq, budget).tolist() == brute.draft_rank(
+            cand, logq, budget)  # no previous row: the draft's ranking
+        for t0 in [*first.tolist(), 99]:
+            assert pearl.select(cand, logq, budget, t0=t0).tolist() == brute.pearl(
+                cand, logq, budget, t0)
+            assert first_token.select(cand, logq, budget, t0=t0).tolist() == brute.first_token(
+                cand, logq, budget, t0)

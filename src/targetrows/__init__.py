@@ -2,23 +2,26 @@
 
 The package is layered by dependency; each layer imports only from the layers above it here:
 
-    core/      NumPy only: trees, rows, the candidate pool, selection rules, acceptance,
-               verification, the toy pair
-    decoding/  NumPy only: the `Model` protocol, the one round loop, the decoder registry,
-               the cost model
-    hf/        torch: the Hugging Face backend, loading, Hugging Face's own generation
-    rowlog/    row logs: format, recording, scoring
-    analysis/  statistics, the pipeline's tables and figures
-    build/     the embedded target and distilled drafts
-    bench/     benchmarks against Hugging Face generation
-    cli/       the `targetrows` command line (argparse lives only here)
+    core/       NumPy only: trees, rows, the candidate pool, the selection rules (core/rules),
+                acceptance, verification, prompt lookup, the toy pair
+    decoding/   NumPy only: the `Model` protocol, the one round loop, the registry of rules and
+                decoders, their planners
+    cost/       NumPy only: what a round costs, the zero-overhead bound, the budget that fits
+    specbench/  NumPy only: Spec-Bench prompts in, answers out, the decode command's library
+    hf/         torch: the Hugging Face backend, EAGLE-3 heads, loading, Hugging Face's own
+                generation
+    rowlog/     row logs: format, recording, scoring
+    pipeline/   what Snakemake jobs call: budget conditions, GPU claims
+    analysis/   statistics, the pipeline's tables and figures
+    fetch/      the model hub, dataset prompts, the embedded target
+    train/      the target's replies, and the drafts trained on them
+    bench/      benchmarks against Hugging Face generation
+    cli/        the `targetrows` command line (argparse lives only here)
 
-`import targetrows` needs NumPy only; torch loads when a backend is used.
+`import targetrows` needs NumPy only; torch loads when a backend is used. The names below are
+the core's most used; everything else is imported from its module.
 """
 
-import sys as _sys
-
-from .core import acceptance, pool, rows, select, toy, tree, verify
 from .core.acceptance import (
     expected_accepted,
     expected_accepted_batch,
@@ -27,18 +30,9 @@ from .core.acceptance import (
 )
 from .core.rows import RowStore
 from .core.tree import Tree
-from .core.verify import verify as verify_tree
-from .core.verify import walk
-from .decoding import loop as decode
+from .core.verify import verify, walk
 
 __version__ = "0.1.0"
-
-# Module paths of earlier releases (`targetrows.toy`, `targetrows.decode`, ...) keep working.
-for _name, _module in {"acceptance": acceptance, "pool": pool, "rows": rows, "select": select,
-                       "toy": toy, "tree": tree, "verify": verify, "decode": decode}.items():
-    _sys.modules[f"{__name__}.{_name}"] = _module
-
-verify = verify_tree  # the function, as before (`targetrows.verify(tree, rows, rng)`)
 
 __all__ = [
     "Tree",
@@ -49,8 +43,4 @@ __all__ = [
     "reach_probability",
     "verify",
     "walk",
-    "pool",
-    "select",
-    "toy",
-    "decode",
 ]

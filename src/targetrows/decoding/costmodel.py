@@ -24,12 +24,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from targetrows.core import select
 from targetrows.core.acceptance import reach_probability
 from targetrows.core.pool import expand_model, pool_size
+from targetrows.core.rules.batch import PoolBatch, stack_pools
+from targetrows.core.rules.root_pool import draft_rank
 from targetrows.core.tree import Tree
 from targetrows.core.verify import walk
 
+from .model import edge_probs
 from .parttimes import (
     PartTimes,
     PassCurve,
@@ -275,20 +277,21 @@ def acceptance_curve(
     [len(budgets)] for a pool of `depth` levels, or with `depths` (candidate pool depths, each
     1..depth) arrays [len(depths), len(budgets)].
 
-    At each of `contexts` contexts along the target's greedy path (a draft_rank round of the
-    largest budget at the deepest depth, then `gap` greedy target tokens, move to the next: a
-    reply's first tokens are its easiest to guess), one target pass scores the largest
-    draft-ranked tree of every depth together (their union). A pool of depth d is the first d
-    levels of a deeper pool (expansion goes level by level), so one expansion at the deepest
-    depth serves every depth. A smaller budget's tree is its top nodes by draft log-prob, so a
-    cumulative sum of reach probabilities gives every budget's expected accepted nodes. By the
-    decoder's rule's tree (`Rule.tree`): a root-pool tree is predicted as draft_rank's (a lower
-    bound for rerank); a tree after t0 (pruned, or the top nodes below t0) is averaged over t0,
-    which takes each first-level branch with its edge's probability (`_after_t0_curve`); a
-    redrafted tree is draft_rank's under t0, plus t0.
+    A small recording scored by the decoder's own rule (`Rule.expected`, as the row-log scorer
+    scores it): at each of `contexts` contexts along the target's greedy path (a draft_rank
+    round of the largest budget at the deepest depth, then `gap` greedy target tokens, move to
+    the next: a reply's first tokens are its easiest to guess), one target pass scores the
+    largest trees of every depth together (their union): draft_rank's, and the rule's own (for
+    a rule after t0, under the root row's likeliest t0). A pool of depth d is the first d
+    levels of a deeper pool (expansion goes level by level) and the union's nodes of depth
+    <= d hold depth d's largest trees, so one expansion at the deepest depth serves every
+    depth. A tree after t0 is averaged over t0, which takes each first-level branch with the
+    root row's probability (the branches of less likely t0s only as far as the union holds
+    them); a redrafted tree is predicted as the rule's tree at the root, plus t0.
     """
-    shape = get_rule(get_decoder(decoder).rule).tree
+    rule = get_rule(get_decoder(decoder).rule)
     budgets = np.asarray(budgets, dtype=np.int64)
+    largest = int(budgets.max())
     candidates = [depth] if depths is None else _check_depths(depths, depth)
     deepest = max(candidates)
     ctx = [int(t) for t in prompt_ids]
@@ -297,25 +300,44 @@ def acceptance_curve(
     committed = np.zeros((len(candidates), len(budgets)))
     nodes = np.zeros((len(candidates), len(budgets)))
     for _ in range(contexts):
+        stale = _stale_row(target, ctx) if "stale_row" in rule.reads else None
         cand, logq = expand_model(draft, ctx, top_k, deepest)
-        chosen = {d: _largest_tree(cand, logq, int(budgets.max()), d) for d in set(candidates)}
-        union = functools.reduce(np.union1d, chosen.values())  # ancestor-closed, as each is
+        root = None
+        if rule.needs_root_pass:  # the rule's own trees need its rows (and t0) first
+            root = target.logits(ctx, Tree.root_only(ctx[-1]), [0])
+        rows = _rows_read(target, rule, cand, root, stale, temperature)
+        t0 = int(target.draw(root, 0.0)[0]) if rule.commits_t0 else None
+        walked = _largest_tree(draft_rank, cand, logq, largest, deepest)
+        union = functools.reduce(np.union1d, [
+            tree for d in set(candidates) for tree in (
+                _largest_tree(draft_rank, cand, logq, largest, d),
+                _largest_tree(rule, cand, logq, largest, d, rows, t0))])
         tree, tlogq = cand.subtree(union), logq[union]
-        logits = target.logits(ctx, tree, np.arange(len(tree)))
+        everywhere = np.arange(len(tree))  # every node's row: the walk may end at a leaf
+        logits = target.logits(ctx, tree, everywhere)
         draws = target.draw(logits, 0.0)
-        edge = _edge_probs(target, logits, tree, draws, temperature)
+        if temperature == 0:  # greedy: an edge is taken when it is the target's argmax
+            edge = np.ones(len(tree))
+            edge[1:] = draws[tree.parents[1:]] == tree.tokens[1:]
+        else:
+            edge = edge_probs(target, logits, everywhere, tree, temperature)
         reach = reach_probability(tree, edge)
-        order = np.argsort(-tlogq[1:], kind="stable") + 1  # draft_rank order: ancestors first
-        for row, d in enumerate(candidates):
-            # depth d's tree in draft_rank order: the order restricted to its nodes
-            rank = order[tree.depth[order] <= d][: len(chosen[d]) - 1]
-            c, n = _budget_curve(tree, edge, reach, rank, budgets, shape)
-            committed[row] += c
-            nodes[row] += n
-        # the deepest tree's round alone moves on: the union holds nodes it would not verify
-        walked = cand.subtree(chosen[deepest])
-        path, bonus = walk(walked, draws[np.searchsorted(union, chosen[deepest])])
-        ctx = ctx + walked.tokens[path].tolist() + [int(bonus)]
+        pools = PoolBatch.of_pool(tree, tlogq,
+                                  **_rows_read(target, rule, tree, root, stale, temperature))
+        # depth d's pool: the union's nodes of depth <= d (level by level: a prefix)
+        cuts = [int(np.searchsorted(tree.depth, d, side="right")) for d in candidates]
+        batch = stack_pools([pools.truncated(c) for c in cuts])
+        width = batch.shape[1]
+        reach_at = np.stack([np.where(np.arange(width) < c, reach[:width], 0.0) for c in cuts])
+        # t0 takes each first-level node with the root row's probability: that node's reach
+        acc, verified = rule.expected(batch, reach_at, budgets,
+                                      reach_at if rule.commits_t0 else None)
+        committed += acc + (2 if rule.commits_t0 else 1)
+        nodes += verified
+        # the deepest draft_rank tree's round alone moves on
+        walked_tree = cand.subtree(walked)
+        path, bonus = walk(walked_tree, draws[np.searchsorted(union, walked)])
+        ctx = ctx + walked_tree.tokens[path].tolist() + [int(bonus)]
         target.commit(ctx)
         for _ in range(gap):  # on along the greedy path, the target alone
             row = target.logits(ctx, Tree.root_only(ctx[-1]), [0])
@@ -328,6 +350,26 @@ def acceptance_curve(
     return (committed[0], nodes[0]) if depths is None else (committed, nodes)
 
 
+def _rows_read(target, rule, pool: Tree, root, stale, temperature: float) -> dict:
+    """The rows `rule` reads, at `pool`'s first-level tokens (`Rule.select`'s arguments)."""
+    tokens = pool.tokens[pool.children(0)][None]
+    rows = {}
+    if "root_row" in rule.reads:
+        rows["root_logp"] = target.logprobs(root, tokens, temperature)[0]
+    if stale is not None:
+        rows["stale_logp"] = target.logprobs(stale, tokens, temperature)[0]
+    return rows
+
+
+def _stale_row(target, ctx: list[int]):
+    """The target's row at the context less its last token (a one-token context has none)."""
+    if len(ctx) < 2:
+        return None
+    row = target.logits(ctx[:-1], Tree.root_only(ctx[-2]), [0])
+    target.commit(ctx[:-1])
+    return row
+
+
 def _check_depths(depths: Sequence[int], depth: int) -> list[int]:
     candidates = [int(d) for d in depths]
     if not candidates or any(not 1 <= d <= depth for d in candidates):
@@ -335,58 +377,15 @@ def _check_depths(depths: Sequence[int], depth: int) -> list[int]:
     return candidates
 
 
-def _largest_tree(pool: Tree, logq: np.ndarray, budget: int, depth: int) -> np.ndarray:
-    """draft_rank's tree of `budget` nodes from the pool's first `depth` levels: the pool a round
-    of that depth drafts, since nodes are numbered level by level."""
+def _largest_tree(rule, pool: Tree, logq: np.ndarray, budget: int, depth: int,
+                  rows: dict | None = None, t0: int | None = None) -> np.ndarray:
+    """`rule`'s tree of `budget` nodes from the pool's first `depth` levels (the pool a round
+    of that depth drafts, since nodes are numbered level by level), with the root: sorted pool
+    node indices."""
     levels = int(np.searchsorted(pool.depth, depth, side="right"))
-    return select.draft_rank(pool.subtree(np.arange(levels)), logq[:levels], budget)
-
-
-def _budget_curve(tree: Tree, edge: np.ndarray, reach: np.ndarray, rank: np.ndarray,
-                  budgets: np.ndarray, shape: str) -> tuple[np.ndarray, np.ndarray]:
-    """(tokens committed, nodes verified) per round at each budget, for the draft-ranked tree
-    whose non-root nodes are `rank` (in rank order) within `tree`."""
-    take = np.minimum(budgets, len(rank))  # a pool smaller than the budget
-    if shape in ("pruned", "below_t0"):
-        return _after_t0_curve(tree, edge, reach, rank, take, shape)
-    expected = np.concatenate([[0.0], np.cumsum(reach[rank])])[take]
-    return expected + (2 if shape == "redraft" else 1), take
-
-
-def _after_t0_curve(tree: Tree, edge: np.ndarray, reach: np.ndarray, rank: np.ndarray,
-                    take: np.ndarray, shape: str) -> tuple[np.ndarray, np.ndarray]:
-    """(tokens committed, nodes verified) per round at each budget for a tree after t0, averaged
-    over t0 (first-level node f drawn with probability edge[f]). "pruned" keeps f's nodes among
-    the top `take` of `rank`; "below_t0" keeps f's first `take` nodes in rank order. A round
-    commits t0, the accepted nodes and the bonus (`DecodeConfig.verify_empty`). `reach`: every
-    node's reach probability in `tree`."""
-    reached = reach[rank]
-    first = select.first_level_ancestor(tree)[rank]
-    below = tree.depth[rank] > 1
-    if shape == "pruned":  # position in the global order
-        order = np.arange(len(rank))
-    else:  # position among the nodes below the same first-level node
-        order = np.zeros(len(rank), dtype=np.int64)
-        for f in np.unique(first[below]):
-            mine = below & (first == f)
-            order[mine] = np.arange(mine.sum())
-    kept = below[:, None] & (order[:, None] < take[None, :])  # [nodes in rank order, budgets]
-    return 2.0 + reached @ kept, edge[first] @ kept
-
-
-def _edge_probs(target, logits, tree: Tree, draws: np.ndarray, temperature: float) -> np.ndarray:
-    """The target's probability of each node's token at its parent (1 at the root)."""
-    edge = np.ones(len(tree))
-    if len(tree) == 1:
-        return edge
-    parents = tree.parents[1:]
-    if temperature == 0:
-        edge[1:] = draws[parents] == tree.tokens[1:]
-    else:
-        rows = logits[parents.tolist()]
-        tokens = tree.tokens[1:, None].copy()  # Tree arrays are read-only; torch wants writable
-        edge[1:] = np.exp(target.logprobs(rows, tokens, temperature)[:, 0])
-    return edge
+    nodes = rule.select(pool.subtree(np.arange(levels)), logq[:levels], budget, t0=t0,
+                        **(rows or {}))
+    return np.union1d([0], nodes)
 
 
 def auto_budget(

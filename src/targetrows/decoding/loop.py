@@ -24,7 +24,7 @@ from targetrows.core.rows import RowStore
 from targetrows.core.tree import Tree
 from targetrows.core.verify import walk
 
-from .registry import get_decoder
+from .registry import get_decoder, get_rule
 from .round import NoPool, Round, RoundStats
 
 
@@ -102,17 +102,21 @@ def generate(
         draft.reset(config.seed)
     context = [int(t) for t in prompt_ids]
     new: list[int] = []
-    store = RowStore(max_rows=8)  # root rows, by full context: only exact hits are reused
+    rule = get_rule(decoder.rule) if decoder.drafts else None
+    keep_last = rule is not None and "stale_row" in rule.reads
+    store = RowStore(max_rows=8)  # rows by full context: only exact hits are reused
     result = DecodeResult(tokens=new)
     start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=1) if overlap else NoPool() as executor:
         while True:
             t0 = time.perf_counter()
             stats = RoundStats()
-            plan = decoder.planner(Round(target, draft, context, store, config, stats, executor))
+            plan = decoder.plan(Round(target, draft, context, store, config, stats, executor,
+                                      rule))
             tokens = list(plan.prefix)
             if plan.tree is not None:
-                tokens += _verify(target, context + plan.prefix, plan.tree, store, config, stats)
+                tokens += _verify(target, context + plan.prefix, plan.tree, store, config, stats,
+                                  keep_last)
             tokens, stop_reason = _truncate(tokens, config, len(new))
             new.extend(tokens)
             context.extend(tokens)
@@ -145,21 +149,30 @@ def _truncate(tokens: list[int], config: DecodeConfig, emitted: int) -> tuple[li
 
 
 def _verify(target, ctx: list[int], tree: Tree, store: RowStore, config: DecodeConfig,
-            stats: RoundStats) -> list[int]:
-    """One target pass over the tree, then the lossless walk: accepted path tokens + bonus."""
+            stats: RoundStats, keep_last: bool = False) -> list[int]:
+    """One target pass over the tree, then the lossless walk: accepted path tokens + bonus.
+    With `keep_last`, the row at the last accepted node goes into the store under its full
+    context: the next round's stale row (its context less the bonus token)."""
     t = time.perf_counter()
     root_logits = store.get(ctx)
     if root_logits is None:  # the verify pass yields the root row too
-        draws = target.draw(target.logits(ctx, tree, range(len(tree))), config.temperature)
+        rows = target.logits(ctx, tree, range(len(tree)))
+        draws = target.draw(rows, config.temperature)
         stats.target_passes += 1
     else:  # exact root row from this context's root pass: only the other nodes need a pass
+        rows = None
         draws = target.draw(root_logits, config.temperature)
         if len(tree) > 1:
-            rest = target.logits(ctx, tree, range(1, len(tree)))
-            draws = np.concatenate([draws, target.draw(rest, config.temperature)])
+            rows = target.logits(ctx, tree, range(1, len(tree)))
+            draws = np.concatenate([draws, target.draw(rows, config.temperature)])
             stats.target_passes += 1
     stats.t_verify = time.perf_counter() - t
     path, bonus = walk(tree, draws)
     stats.nodes = tree.budget
     stats.accepted = len(path)
-    return tree.tokens[path].tolist() + [bonus]
+    accepted = tree.tokens[path].tolist()
+    if keep_last and (root_logits is None or len(path)):  # else the root row is stored already
+        last = int(path[-1]) if len(path) else 0
+        at = last if root_logits is None else last - 1
+        store.put(ctx + accepted, rows[at : at + 1])
+    return accepted + [bonus]

@@ -82,3 +82,23 @@ def synchronize(model: Any) -> None:
     sync = getattr(model, "synchronize", None)
     if sync is not None:
         sync()
+
+
+def edge_probs(model: Any, rows: Any, row_nodes: np.ndarray, tree: Tree,
+               temperature: float) -> np.ndarray:
+    """`model`'s probability of each node's token at its parent's context (1 at the root),
+    from its rows at `row_nodes` (sorted node ids, every parent among them) at `temperature`
+    (0 read as 1: rows that rank). The children of each row are gathered in one call."""
+    row_nodes = np.asarray(row_nodes)
+    edge = np.ones(len(tree))
+    if len(tree) == 1:
+        return edge
+    row = np.searchsorted(row_nodes, tree.parents[1:])
+    counts = np.bincount(row, minlength=len(row_nodes))
+    order = np.argsort(row, kind="stable")
+    col = np.empty(len(row), dtype=np.int64)
+    col[order] = np.arange(len(row)) - np.repeat(np.cumsum(counts) - counts, counts)
+    children = np.zeros((len(row_nodes), counts.max()), dtype=np.int64)
+    children[row, col] = tree.tokens[1:]
+    edge[1:] = np.exp(model.logprobs(rows, children, temperature)[row, col])
+    return edge

@@ -1,15 +1,19 @@
-"""How each decoder picks its round's tree: one planner per decoder, `plan(round) -> Plan`.
+"""How a decoder picks its round's tree: one planner per kind of tree (`Rule.tree`),
+`plan(round) -> Plan`.
 
-A planner drafts (through `targetrows.core.pool`), runs the root pass when its decoder needs the
-exact root row, and applies its selection rule (`targetrows.core.select`). It never verifies:
-the round loop does that, the same way for every decoder, which is what keeps them all lossless.
-`targetrows.decoding.registry` maps each decoder name to its planner.
+A planner drafts (through `targetrows.core.pool`), runs the root pass when its rule needs the
+exact root row or a first token t0, hands its rule the rows it reads, and applies the rule's
+selection (`Rule.select`). It never verifies: the round loop does that, the same way for every
+decoder, which is what keeps them all lossless. `targetrows.decoding.registry` maps each
+decoder to its rule, and so to its planner.
 """
 
 from __future__ import annotations
 
-from targetrows.core import select
+import numpy as np
+
 from targetrows.core.pool import expand_model, expand_under_guesses, pool_under
+from targetrows.core.rules.rule import tree_after_t0
 from targetrows.core.tree import Tree
 
 from .round import Plan, Round, root_pass_alongside, timed_draft_work
@@ -30,18 +34,35 @@ def _root_pool(r: Round):
     return cand, logq
 
 
-def plan_draft_rank(r: Round) -> Plan:
-    """EAGLE-2: the top-B pool nodes by cumulative draft log-prob; no root pass."""
-    cand, logq = timed_draft_work(r, lambda: _root_pool(r))
-    return Plan([], cand.subtree(select.draft_rank(cand, logq, r.config.budget)))
+def _first_logp(r: Round, logits, cand: Tree) -> np.ndarray:
+    """A row's log-probs of the pool's first-level tokens (temperature 0 read as 1)."""
+    tokens = cand.tokens[cand.children(0)][None]
+    return r.target.logprobs(logits, tokens, r.config.temperature)[0]
 
 
-def plan_rerank(r: Round) -> Plan:
-    """draft_rank with the first-level branches re-scored by the exact root row."""
-    root_logits, (cand, logq) = root_pass_alongside(r, lambda: _root_pool(r))
-    first = cand.children(0)
-    first_logp = r.target.logprobs(root_logits, cand.tokens[first][None], r.config.temperature)[0]
-    chosen = select.target_rerank_logp(cand, logq, r.config.budget, first_logp)
+def _rows_read(r: Round, cand: Tree, root_logits) -> dict:
+    """The rows the rule re-scores with, at the first-level tokens: the root pass's exact row,
+    and the stale row, the target's row at the previous context that the last verify pass
+    left in the store (none at a decoding's first round)."""
+    rows = {}
+    if "root_row" in r.rule.reads:
+        rows["root_logp"] = _first_logp(r, root_logits, cand)
+    if "stale_row" in r.rule.reads and len(r.context) >= 2:
+        stale = r.store.get(r.context[:-1])
+        if stale is not None:
+            rows["stale_logp"] = _first_logp(r, stale, cand)
+    return rows
+
+
+def plan_pool(r: Round) -> Plan:
+    """The root pool's top-B nodes by the rule's scores; the root pass runs alongside drafting
+    when the rule reads the exact root row (rerank), not otherwise (EAGLE-2's draft_rank)."""
+    root_logits = None
+    if r.rule.needs_root_pass:
+        root_logits, (cand, logq) = root_pass_alongside(r, lambda: _root_pool(r))
+    else:
+        cand, logq = timed_draft_work(r, lambda: _root_pool(r))
+    chosen = r.rule.select(cand, logq, r.config.budget, **_rows_read(r, cand, root_logits))
     return Plan([], cand.subtree(chosen))
 
 
@@ -49,28 +70,25 @@ def _draw_t0(r: Round, root_logits) -> int:
     return int(r.target.draw(root_logits, r.config.temperature)[0])
 
 
-def _after_t0(r: Round, t0: int, tree: Tree) -> Plan:
-    """Commit t0, then verify `tree` (rooted at t0); a tree without draft nodes only for its
-    bonus token, unless the config leaves that row to the next round's root pass."""
-    if tree.budget == 0 and not r.config.verify_empty:
-        return Plan([t0], None)
-    return Plan([t0], tree)
-
-
-def plan_fts(r: Round) -> Plan:
-    """First-token sampling (the paper's): the root pool is drafted while the root pass runs;
-    t0 is drawn from the exact root row, and the tree is the top-B nodes below t0's first-level
-    node of that same pool (empty when t0 is not a first-level token)."""
+def plan_after_t0(r: Round) -> Plan:
+    """First-token sampling and PEARL: the root pool is drafted while the root pass runs; t0 is
+    drawn from the exact root row and committed, and the rule keeps the nodes it verifies
+    after t0 (first_token: the top-B below t0; pearl: the top-B tree pruned to t0's subtree).
+    A tree without draft nodes is verified only for its bonus token, unless the config leaves
+    that row to the next round's root pass."""
     cfg = r.config
     root_logits, (cand, logq) = root_pass_alongside(r, lambda: _root_pool(r))
     t0 = _draw_t0(r, root_logits)
     if t0 in cfg.stop_ids:  # nothing to draft after a stop token
         return Plan([t0], None)
-    kept = select.first_token_subtree(cand, logq, cfg.budget, t0)
-    return _after_t0(r, t0, select.pruned_tree(cand, kept, t0))
+    kept = r.rule.select(cand, logq, cfg.budget, t0=t0, **_rows_read(r, cand, root_logits))
+    tree = tree_after_t0(cand, kept, t0)
+    if tree.budget == 0 and not cfg.verify_empty:
+        return Plan([t0], None)
+    return Plan([t0], tree)
 
 
-def plan_fts_redraft(r: Round) -> Plan:
+def plan_redraft(r: Round) -> Plan:
     """First-token sampling with a pool drafted anew under t0 (an extension, not the paper's):
     while the root pass runs, the draft pre-expands pools under its likeliest first tokens; on
     a miss it drafts under t0 after."""
@@ -93,20 +111,8 @@ def plan_fts_redraft(r: Round) -> Plan:
 
         hit = timed_draft_work(r, redraft)
     cand, cand_logq = hit
-    return Plan([t0], cand.subtree(select.draft_rank(cand, cand_logq, cfg.budget)))
+    return Plan([t0], cand.subtree(r.rule.select(cand, cand_logq, cfg.budget)))
 
 
-def plan_pearl(r: Round) -> Plan:
-    """PEARL: a draft_rank tree of B nodes drafted before t0 is known, pruned to t0's subtree."""
-    cfg = r.config
-
-    def draft_work():
-        cand, logq = _root_pool(r)
-        return cand, select.draft_rank(cand, logq, cfg.budget)
-
-    root_logits, (cand, chosen) = root_pass_alongside(r, draft_work)
-    t0 = _draw_t0(r, root_logits)
-    if t0 in cfg.stop_ids:
-        return Plan([t0], None)
-    kept = select.prune_to_first(cand, chosen, t0)
-    return _after_t0(r, t0, select.pruned_tree(cand, kept, t0))
+PLANNERS = {"pool": plan_pool, "pruned": plan_after_t0, "below_t0": plan_after_t0,
+            "redraft": plan_redraft}

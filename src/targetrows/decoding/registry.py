@@ -1,15 +1,17 @@
 """The one registry of selection rules and decoders: everything that differs between them.
 
-A **rule** says which pool nodes a tree holds; the row-log scorer (`targetrows.rowlog.score`)
-computes its expected acceptance on recorded rows. A **decoder** runs a rule online: its
-planner (`targetrows.decoding.planners`) picks each round's tree, and the fields below tell the
-rest of the project what it costs and needs, so the round loop, the cost model, `compare`,
-`decode`, `bench`, the pipeline's GPU counts, its config schema, its tables and its figures
-all read this file and nothing else names a decoder.
+A **rule** says which pool nodes a tree holds (`targetrows.core.rules`: a score per node and the
+kind of tree built from it); the row-log scorer and the cost model score it from its
+definition. A **decoder** runs a rule online: its planner (`targetrows.decoding.planners`, one
+per kind of tree unless the entry names its own) picks each round's tree, and what the rule
+needs tells the rest of the project what the decoder costs and needs. The round loop, the cost
+model, `compare`, `decode`, `bench`, the pipeline's GPU counts, its config schema, its tables
+and its figures all read this file, and nothing else names a decoder.
 
-Adding a decoder: write its planner, add one `Decoder(...)` entry below (or call `register`
-from your own code), and name it in the pipeline config (its schema lists the decoders; a test
-checks that list against this registry).
+Adding a rule: write its scores in a module of `targetrows.core.rules` and add it below (or
+call `register` from your own code). Adding a decoder: one `Decoder(...)` entry naming its
+rule; name it in the pipeline config (its schema lists the decoders; a test checks that list
+against this registry).
 """
 
 from __future__ import annotations
@@ -18,44 +20,27 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from targetrows.core.pool import pool_depth
+from targetrows.core.rules import after_t0, root_pool
+from targetrows.core.rules.rule import Rule
 
 from . import planners
-
-TREES = ("pool", "pruned", "below_t0", "redraft")
-
-
-@dataclass(frozen=True)
-class Rule:
-    name: str
-    description: str
-    commits_t0: bool = False  # t0 from the root row is committed before the tree
-    baseline: str | None = None  # the rule the tables compare it with (paired gains)
-    paper: bool = True  # one of the paper's rules (an extension says False)
-    # where the verified tree comes from (the cost model predicts acceptance from it):
-    # "pool": the top nodes of the root pool; "pruned": a root-pool tree cut to t0's subtree;
-    # "below_t0": the top nodes below t0's first-level node of the root pool; "redraft": a
-    # pool drafted anew under t0
-    tree: str = "pool"
-    # the tree is the pool's top-B nodes by the draft's own scores (before any cut to t0), so
-    # the pool needs only the nodes that can still enter it (`targetrows.core.pool.grow`)
-    draft_ranked: bool = False
-
-    def __post_init__(self):
-        if self.tree not in TREES:
-            raise ValueError(f"rule {self.name!r}: tree must be one of {TREES}, got {self.tree!r}")
 
 
 @dataclass(frozen=True)
 class Decoder:
     name: str
     description: str
-    planner: Callable  # plan(Round) -> Plan
     rule: str | None  # the selection rule its trees follow; None for ar (no tree)
-    root_pass: bool = False  # runs the separate root pass, alongside drafting
-    guesses_pool: bool = False  # drafts pools under the draft's `guesses` likeliest first tokens
     # the decoder it is compared with online; a matched cap ({matched: X} in the config) is
     # the budget whose trees are as large as the baseline's at X
     baseline: str | None = None
+    planner: Callable | None = None  # plan(Round) -> Plan; None: its rule's kind of tree's
+
+    @property
+    def plan(self) -> Callable:
+        if self.planner is not None:
+            return self.planner
+        return planners.PLANNERS[get_rule(self.rule).tree]
 
     @property
     def drafts(self) -> bool:
@@ -63,7 +48,17 @@ class Decoder:
 
     @property
     def commits_t0(self) -> bool:
-        return self.rule is not None and get_rule(self.rule).commits_t0
+        return self.drafts and get_rule(self.rule).commits_t0
+
+    @property
+    def root_pass(self) -> bool:
+        """Runs the separate root pass, alongside drafting (for t0 or the exact root row)."""
+        return self.drafts and get_rule(self.rule).needs_root_pass
+
+    @property
+    def guesses_pool(self) -> bool:
+        """Drafts pools under the draft's `guesses` likeliest first tokens (a redraft)."""
+        return self.drafts and get_rule(self.rule).tree == "redraft"
 
     @property
     def gpus(self) -> int:
@@ -82,7 +77,7 @@ class Decoder:
     @property
     def prunes_pool(self) -> bool:
         """Drafts a root pool cut to what its draft_rank tree of B nodes can use."""
-        return self.drafts and get_rule(self.rule).draft_ranked and not self.guesses_pool
+        return self.drafts and get_rule(self.rule).draft_ranked
 
     def pool_depth(self, depth: int, budget: int) -> int:
         """Pool levels a round drafts (`targetrows.core.pool.pool_depth`)."""
@@ -143,34 +138,18 @@ def rule_names() -> tuple[str, ...]:
     return tuple(RULES)
 
 
-for _rule in (
-    Rule("draft_rank", "top-B pool nodes by cumulative draft log-prob (EAGLE-2)",
-         draft_ranked=True),
-    Rule("target_rerank", "draft_rank with first-level log-probs from the exact root row",
-         baseline="draft_rank"),
-    Rule("stale_rerank", "draft_rank with first-level log-probs from the previous context's "
-         "row (inexact reuse; scoring only)", baseline="draft_rank"),
-    Rule("pearl", "a B-node draft_rank tree drafted before t0, pruned to t0's subtree",
-         commits_t0=True, tree="pruned", draft_ranked=True),
-    Rule("first_token", "t0 from the exact root row, then the top-B nodes below t0 in the same "
-         "root pool", commits_t0=True, baseline="pearl", tree="below_t0"),
-    Rule("first_token_redraft", "t0 from the exact root row, then a B-node draft_rank tree from a "
-         "pool drafted anew under t0 (an extension, not the paper's rule)", commits_t0=True,
-         baseline="pearl", tree="redraft", paper=False),
-):
+for _rule in (root_pool.draft_rank, root_pool.target_rerank, root_pool.stale_rerank,
+              after_t0.pearl, after_t0.first_token, after_t0.first_token_redraft):
     register(_rule)
 
 for _decoder in (
-    Decoder("ar", "the target alone, one token per pass", planners.plan_ar, None),
-    Decoder("draft_rank", "EAGLE-2 dynamic tree", planners.plan_draft_rank, "draft_rank"),
-    Decoder("rerank", "first-level branches re-scored by the root row", planners.plan_rerank,
-            "target_rerank", root_pass=True),
+    Decoder("ar", "the target alone, one token per pass", None, planner=planners.plan_ar),
+    Decoder("draft_rank", "EAGLE-2 dynamic tree", "draft_rank"),
+    Decoder("rerank", "first-level branches re-scored by the root row", "target_rerank"),
     Decoder("fts", "first-token sampling: t0 from the root row, the budget below t0 in the "
-            "root pool", planners.plan_fts, "first_token", root_pass=True, baseline="pearl"),
-    Decoder("pearl", "PEARL-style: a predetermined tree pruned to t0's subtree",
-            planners.plan_pearl, "pearl", root_pass=True),
+            "root pool", "first_token", baseline="pearl"),
+    Decoder("pearl", "PEARL-style: a predetermined tree pruned to t0's subtree", "pearl"),
     Decoder("fts_redraft", "first-token sampling with a pool drafted anew under t0 (an "
-            "extension)", planners.plan_fts_redraft, "first_token_redraft", root_pass=True,
-            guesses_pool=True, baseline="pearl"),
+            "extension)", "first_token_redraft", baseline="pearl"),
 ):
     register(_decoder)

@@ -36,9 +36,10 @@ class RoundStats:
 
 @dataclass
 class Round:
-    """What a planner may use: both models, the committed context, the root-row store, the
-    decode settings, the round's statistics (to fill in) and the executor the root pass runs
-    on alongside drafting."""
+    """What a planner may use: both models, the committed context, the row store (rows by
+    full context: the root pass's and the last verify pass's), the decode settings, the
+    round's statistics (to fill in), the executor the root pass runs on alongside drafting,
+    and the decoder's selection rule."""
 
     target: Any
     draft: Any | None
@@ -47,6 +48,7 @@ class Round:
     config: Any  # a DecodeConfig
     stats: RoundStats
     executor: Any
+    rule: Any = None  # a targetrows.core.rules.rule.Rule; None for ar
 
 
 @dataclass

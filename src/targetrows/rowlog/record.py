@@ -28,6 +28,7 @@ from targetrows.core.atomic import remove_stale_temps
 from targetrows.core.pool import expand_model
 from targetrows.core.tree import Tree
 from targetrows.decoding.answers import check_prompt, read_questions
+from targetrows.decoding.model import edge_probs
 from targetrows.rowlog import format as rowlog
 
 
@@ -93,19 +94,9 @@ def _pool_record(target, draft, ctx: list[int], prev_root, config: RecordConfig)
     """The pool at `ctx`, its edge probabilities and the sparse root row: one target pass."""
     temperature = config.temperature
     tree, logq = expand_model(draft, ctx, config.top_k, config.depth)
-    parents = tree.parents
-    heads = np.unique(parents[1:])  # nodes with children (0 first): the only rows needed
+    heads = np.unique(tree.parents[1:])  # nodes with children (0 first): the only rows needed
     rows = target.logits(ctx, tree, heads)
-    # children's tokens as a [heads, width] matrix, so one gather reads every edge
-    row = np.searchsorted(heads, parents[1:])
-    counts = np.bincount(row, minlength=len(heads))
-    order = np.argsort(row, kind="stable")
-    col = np.empty(len(row), dtype=np.int64)
-    col[order] = np.arange(len(row)) - np.repeat(np.cumsum(counts) - counts, counts)
-    children = np.zeros((len(heads), counts.max()), dtype=np.int64)
-    children[row, col] = tree.tokens[1:]
-    edge_p = np.ones(len(tree))
-    edge_p[1:] = np.exp(target.logprobs(rows, children, temperature)[row, col])
+    edge_p = edge_probs(target, rows, heads, tree, temperature)
 
     root = rows[0:1]
     first_tokens = tree.tokens[tree.children(0)]
@@ -116,8 +107,8 @@ def _pool_record(target, draft, ctx: list[int], prev_root, config: RecordConfig)
         stale_p = np.full(len(first_tokens), np.nan)
     else:
         stale_p = np.exp(target.logprobs(prev_root, first_tokens[None], temperature)[0])
-    rec = dict(tokens=tree.tokens, parents=parents, logq=logq, edge_p=edge_p, stale_p=stale_p,
-               root_tokens=root_tokens, root_p=root_p)
+    rec = dict(tokens=tree.tokens, parents=tree.parents, logq=logq, edge_p=edge_p,
+               stale_p=stale_p, root_tokens=root_tokens, root_p=root_p)
     return rec, root
 
 

@@ -2,23 +2,16 @@
 
 For each logged pool, the probability that verification reaches each node (the product of edge
 probabilities along its path; at temperature 0, 1 if the path matches the trajectory's greedy
-continuation, else 0) is computed once, for all pools at a time, looping over the pool's node
-slots. Every rule's selection is ancestor-closed, so its expected accepted draft tokens is the sum
-of reach over the selected nodes: one top-B ordering per rule and pool, and one cumulative sum
-gives every budget at once.
+continuation, else 0) is computed once, for many pools at a time, looping over the pool's node
+slots. Each rule then scores itself from its own definition (`Rule.expected`, the same scores
+its decoder selects by online): one top-B ordering per rule and pool, and one cumulative sum
+gives every budget at once. The rules that commit t0 take the trajectory's next token, an exact
+draw from the root row; a rule that drafts anew under t0 (`first_token_redraft`) is scored on
+the pool logged at the next position, which is drafted under that token.
 
-Rules (the numbers equal `targetrows.select` + `expected_accepted` on each pool):
-    draft_rank     top-B by cumulative draft log-prob.
-    target_rerank  the same with first-level log-probs from the target's exact root row.
-    stale_rerank   the same with the target's row at the previous context (the inexact reuse
-                   that needs no extra pass); with no previous row (a one-token prompt at its
-                   first position) it is draft_rank.
-    pearl          t0 = the trajectory's next token (an exact draw from the root row),
-                   committed; the draft_rank tree of B nodes pruned to the subtree under t0.
-    first_token    t0 as for pearl; the top-B nodes below t0's first-level node of the same
-                   pool (nothing when t0 is not a first-level token). Contains pearl's tree.
-    first_token_redraft  t0 as for pearl; a draft_rank tree of B nodes from the pool logged
-                   under t0 at position t + 1 (a pool drafted anew under t0: an extension).
+The rows a rule may read come from the log: the exact root row is the first-level edge
+probabilities, the stale row the target's row at the previous context (`stale_p`; a position
+without one, a one-token prompt at its start, leaves its pool to the draft's own ranking).
 Tokens committed per round: accepted + bonus, + t0 for the rules that commit it (a tree after
 t0 without draft nodes is verified for its bonus, as the decoders do by default); just t0 when
 t0 is the stop token that ended the trajectory. A stop token inside the accepted path is not
@@ -34,25 +27,25 @@ import os
 import numpy as np
 
 from targetrows.core.atomic import atomic_file
+from targetrows.core.rules.batch import PoolBatch, reach_batch, reach_batch_greedy
 from targetrows.decoding.registry import get_rule, rule_names
 from targetrows.rowlog import format as rowlog
 
-RULES = rule_names()  # every registered rule; each has its scorer below
-# rules scored on the position's own pool (first_token_redraft reads the next position's)
-_SAME_POOL = ("draft_rank", "target_rerank", "stale_rerank", "pearl", "first_token")
 COLUMNS = ("pair", "task", "temperature", "prompt_id", "turn", "position", "rule", "budget",
            "accepted", "nodes", "committed")
 _INT_COLUMNS = ("turn", "position", "budget", "nodes")
 _FLOAT_COLUMNS = ("temperature", "accepted", "committed")
 
 
-def score_log(log: rowlog.RowLog, budgets, rules=RULES, pair: str | None = None,
+def score_log(log: rowlog.RowLog, budgets, rules=None, pair: str | None = None,
               chunk: int = 4096) -> dict[str, np.ndarray]:
-    """The tidy table: one row per scored position x rule x budget (columns `COLUMNS`)."""
+    """The tidy table: one row per scored position x rule x budget (columns `COLUMNS`);
+    `rules`: registered rule names (default: every one)."""
     budgets = _check_budgets(budgets)
-    unknown = [r for r in rules if r not in RULES]
+    rules = rule_names() if rules is None else tuple(rules)
+    unknown = [r for r in rules if r not in rule_names()]
     if unknown or not rules:
-        raise ValueError(f"unknown rules {unknown}: choose from {', '.join(RULES)}")
+        raise ValueError(f"unknown rules {unknown}: choose from {', '.join(rule_names())}")
     pools = _Pools(log)
     scored = np.flatnonzero(log.rec_scored)
     seg, pos = log.rec_segment[scored], log.rec_position[scored]
@@ -61,26 +54,26 @@ def score_log(log: rowlog.RowLog, budgets, rules=RULES, pair: str | None = None,
         raise ValueError("row log has a scored position without its next trajectory token")
     stop_t0 = log.seg_stopped[seg] & (pos == traj_len - 1)
     nxt = log.record_index(seg, pos + 1)
-    redraft = "first_token_redraft" in rules
+    redraft = [r for r in rules if get_rule(r).tree == "redraft"]
     if redraft and np.any((nxt < 0) & ~stop_t0):
         bad = int(np.flatnonzero((nxt < 0) & ~stop_t0)[0])
         raise ValueError(f"row log has no pool at position {int(pos[bad]) + 1} of segment "
-                         f"{int(seg[bad])}, which first_token_redraft needs")
+                         f"{int(seg[bad])}, which {redraft[0]} needs")
     need = scored  # every pool is scored once: at S = 1 the next position's pool is scored too
     if redraft:
         need = np.unique(np.concatenate([scored, nxt[nxt >= 0]]))
-    inner = [r for r in _SAME_POOL if r in rules]
-    if redraft and "draft_rank" not in inner:
-        inner.insert(0, "draft_rank")  # first_token_redraft is draft_rank on the next pool
-    got = _by_chunks(pools, need, budgets, inner, chunk)
-    here = np.searchsorted(need, scored)
-    results = {r: (a[here], b[here]) for r, (a, b) in got.items()}
-    if redraft:
-        have = np.flatnonzero(nxt >= 0)
-        acc, nodes = np.zeros((len(scored), len(budgets))), np.zeros((len(scored), len(budgets)))
-        there = np.searchsorted(need, nxt[have])
-        acc[have], nodes[have] = got["draft_rank"][0][there], got["draft_rank"][1][there]
-        results["first_token_redraft"] = (acc, nodes)
+    got = _by_chunks(pools, need, budgets, rules, chunk)
+    here, results = np.searchsorted(need, scored), {}
+    have = np.flatnonzero(nxt >= 0)
+    there = np.searchsorted(need, nxt[have])
+    for rule in rules:
+        acc, nodes = got[rule]
+        if get_rule(rule).tree != "redraft":
+            results[rule] = (acc[here], nodes[here])
+        else:  # the pool drafted under t0 is the next position's
+            a, b = np.zeros((len(scored), len(budgets))), np.zeros((len(scored), len(budgets)))
+            a[have], b[have] = acc[there], nodes[there]
+            results[rule] = (a, b)
     return _table(log, scored, stop_t0, budgets, rules, results, pair)
 
 
@@ -111,6 +104,24 @@ class _Pools:
                 a[rec, local] = getattr(log, k)
                 self.arr[k] = a
 
+    def batch(self, idx: np.ndarray) -> tuple[PoolBatch, np.ndarray, np.ndarray]:
+        """Pools `idx` as a `PoolBatch` carrying the root and stale rows, each node's reach
+        probability, and t0 (the trajectory's next token) as a one-hot over the nodes."""
+        par = self.arr["pool_parents"][idx].astype(np.int64)
+        tok = self.arr["pool_tokens"][idx].astype(np.int64)
+        edge = self.arr["edge_p"][idx].astype(np.float64)
+        first = (par == 0) & (tok >= 0)
+        with np.errstate(divide="ignore"):
+            root_logp = np.where(first, np.log(edge), 0.0)  # a first-level edge is the root row
+        batch = PoolBatch(tok, par, self.arr["pool_logq"][idx].astype(np.float64),
+                          self.size[idx], root_logp, self.stale_logp(idx, first))
+        if self.temperature == 0:
+            reach = reach_batch_greedy(par, tok, self.continuation(idx))
+        else:
+            reach = reach_batch(par, edge)
+        t0 = self.continuation(idx)[:, :1]
+        return batch, reach, (first & (tok == t0)).astype(np.float64)
+
     def continuation(self, idx: np.ndarray) -> np.ndarray:
         """[len(idx), depth] trajectory tokens from each record's position on (-1 past the end)."""
         log = self.log
@@ -132,132 +143,14 @@ class _Pools:
 
 
 def _by_chunks(pools: _Pools, idx: np.ndarray, budgets: np.ndarray, rules, chunk: int):
-    parts = [_score_chunk(pools, idx[s : s + chunk], budgets, rules)
-             for s in range(0, len(idx), chunk)]
-    names = [r for r in _SAME_POOL if r in rules]
+    """{rule: (accepted, nodes)}, each [len(idx), len(budgets)], over the pools `idx`."""
+    parts = []
+    for s in range(0, len(idx), chunk):
+        batch, reach, t0 = pools.batch(idx[s : s + chunk])
+        parts.append({r: get_rule(r).expected(batch, reach, budgets, t0) for r in rules})
     empty = np.zeros((0, len(budgets)))
     return {r: (np.concatenate([p[r][0] for p in parts]) if parts else empty,
-                np.concatenate([p[r][1] for p in parts]) if parts else empty) for r in names}
-
-
-def _score_chunk(pools: _Pools, idx: np.ndarray, budgets: np.ndarray, rules):
-    """(accepted, nodes), each [len(idx), len(budgets)], for each rule on pools `idx`."""
-    par = pools.arr["pool_parents"][idx]
-    tok = pools.arr["pool_tokens"][idx]
-    logq = pools.arr["pool_logq"][idx].astype(np.float64)
-    edge = pools.arr["edge_p"][idx].astype(np.float64)
-    c, n = par.shape
-    greedy = pools.temperature == 0
-    reach, anc1 = _reach(par, tok, edge, pools.continuation(idx) if greedy else None)
-    anc_at = anc1 + (np.arange(c) * n)[:, None]  # flat index of each node's first-level ancestor
-    k = min(int(budgets.max()), n - 1)
-    col = np.minimum(budgets, k) - 1
-    nodes = np.minimum(budgets[None, :], pools.size[idx][:, None] - 1).astype(np.float64)
-    out = {}
-
-    def take(order):
-        return np.cumsum(_gather(reach, order), axis=1)[:, col], nodes
-
-    draft = _top_order(logq[:, 1:], k) + 1
-    if "draft_rank" in rules:
-        out["draft_rank"] = take(draft)
-    if "target_rerank" in rules or "stale_rerank" in rules:
-        # select.target_rerank_logp's score, operation for operation (same ties)
-        first = (par == 0) & (tok >= 0)  # padded nodes (token -1) hang off the root too
-        with np.errstate(invalid="ignore"):
-            below_first = logq - logq.reshape(-1)[anc_at]
-        below_first[np.isnan(below_first)] = -np.inf  # under a first token the draft ruled out
-        if "target_rerank" in rules:
-            with np.errstate(divide="ignore"):
-                first_logp = np.where(first, np.log(edge), 0.0)
-            score = first_logp.reshape(-1)[anc_at] + below_first
-            out["target_rerank"] = take(_top_order(score[:, 1:], k) + 1)
-        if "stale_rerank" in rules:
-            score = pools.stale_logp(idx, first).reshape(-1)[anc_at] + below_first
-            none = np.isnan(score).any(axis=1)  # no previous row: rank by the draft alone
-            score[none] = logq[none]
-            out["stale_rerank"] = take(_top_order(score[:, 1:], k) + 1)
-    if "pearl" in rules or "first_token" in rules:
-        log = pools.log
-        seg, pos = log.rec_segment[idx], log.rec_position[idx]
-        inside = pos < log.traj_offsets[seg + 1] - log.traj_offsets[seg]
-        at = np.minimum(log.traj_offsets[seg] + pos, len(log.traj_tokens) - 1)
-        t0 = np.where(inside, log.traj_tokens[at], -1)
-        hit = (par == 0) & (tok == t0[:, None])
-        t0_node = np.where(hit.any(axis=1), hit.argmax(axis=1), -1)[:, None]
-        below = (anc1 == t0_node) & (np.arange(n) != t0_node)  # [pools, nodes]
-        # reached from t0's node: reach / reach(t0's node), which t0, a draw of the target's
-        # own, reaches with probability > 0 (1 at temperature 0)
-        from_t0 = np.take_along_axis(reach, np.maximum(t0_node, 0), 1)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            gained = np.nan_to_num(np.where(below, reach / from_t0, 0.0))
-
-        def after_t0(order):  # accepted and nodes of the kept nodes below t0, by budget
-            kept = _gather(below, order)
-            acc = np.cumsum(_gather(gained, order), axis=1)
-            return acc[:, col], np.cumsum(kept, axis=1)[:, col].astype(np.float64)
-
-        if "pearl" in rules:  # the global top-B, pruned: nodes below t0 in draft_rank's order
-            out["pearl"] = after_t0(draft)
-        if "first_token" in rules:  # the top-B below t0: the same order, others pushed last
-            only_below = np.where(below, logq, -np.inf)
-            out["first_token"] = after_t0(_top_order(only_below[:, 1:], k) + 1)
-    return out
-
-
-def _reach(par, tok, edge, cont):
-    """Per node [pools, nodes]: the probability that verification reaches it, and its
-    first-level ancestor (itself at depth 1, 0 for the root).
-
-    At temperature 0 (`cont` given), reach is 1 on the path matching the continuation, else 0
-    (sibling tokens are distinct, so at most one node per level matches).
-    """
-    c, n = par.shape
-    cols = np.arange(c)
-    parent = par.T.astype(np.intp, order="C") * c + cols  # flat index of each node's parent
-    reach, anc1 = np.empty((n, c)), np.empty((n, c), dtype=np.intp)
-    reach[0], anc1[0] = 1.0, 0
-    reach_flat, anc_flat = reach.reshape(-1), anc1.reshape(-1)
-    if cont is None:
-        step = edge.T.copy()
-    else:
-        depth = np.zeros((n, c), dtype=np.intp)
-        depth_flat, tok_t, d = depth.reshape(-1), tok.T.copy(), cont.shape[1]
-        cont_flat = np.concatenate([cont.T.reshape(-1), np.full(c, -2)])  # -2: deeper than d
-    for i in range(1, n):  # parents come first: one vectorised step per node slot
-        g = parent[i]
-        a = anc_flat[g]
-        anc1[i] = np.where(a == 0, i, a)
-        if cont is None:
-            np.multiply(reach_flat[g], step[i], out=reach[i])
-        else:
-            depth[i] = depth_flat[g] + 1
-            match = tok_t[i] == cont_flat[(np.minimum(depth[i], d + 1) - 1) * c + cols]
-            np.multiply(reach_flat[g], match, out=reach[i])
-    return np.ascontiguousarray(reach.T), np.ascontiguousarray(anc1.T)
-
-
-def _top_order(score: np.ndarray, k: int) -> np.ndarray:
-    """Column indices of each row's k highest scores, best first, ties to the lower index
-    (what a stable argsort of -score gives), via a partition rather than a full sort."""
-    neg = -score
-    if k >= score.shape[1]:
-        return np.argsort(neg, axis=1, kind="stable")
-    kth = np.partition(neg, k - 1, axis=1)[:, k - 1 : k]
-    take = neg <= kth
-    crowded = np.flatnonzero(take.sum(axis=1) > k)  # ties at the k-th score: lower index first
-    if len(crowded):
-        sub, cut = neg[crowded], kth[crowded]
-        tied = sub == cut
-        need = k - (sub < cut).sum(axis=1, keepdims=True)
-        take[crowded] = (sub < cut) | (tied & (np.cumsum(tied, axis=1) <= need))
-    cols = np.nonzero(take)[1].reshape(len(score), k)  # ascending within each row
-    return _gather(cols, np.argsort(_gather(neg, cols), axis=1, kind="stable"))
-
-
-def _gather(a: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    """``a[r, idx[r, j]]`` for a C-contiguous 2-D `a` (take_along_axis, without its overhead)."""
-    return np.take(a.reshape(-1), idx + (np.arange(len(a)) * a.shape[1])[:, None])
+                np.concatenate([p[r][1] for p in parts]) if parts else empty) for r in rules}
 
 
 def _table(log, scored, stop_t0, budgets, rules, results, pair):
