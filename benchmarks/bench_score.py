@@ -19,8 +19,9 @@ import time
 
 import numpy as np
 
+from targetrows.decoding.registry import rule_names
 from targetrows.rowlog import format as rowlog
-from targetrows.rowlog.score import RULES, score_log, write_table
+from targetrows.rowlog.score import score_log, write_table
 
 BUDGETS = [2, 4, 8, 16, 32, 59]
 
@@ -107,7 +108,7 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, nargs="+", default=[1.0, 0.0])
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    print(f"| temperature | positions | read log | score {len(RULES)} rules x {len(BUDGETS)} "
+    print(f"| temperature | positions | read log | score {len(rule_names())} rules x {len(BUDGETS)} "
           "budgets (wall, CPU) | scores/s (wall) | write CSV |")
     print("|---|---|---|---|---|---|")
     for temperature in args.temperature:
@@ -128,7 +129,7 @@ def main() -> None:
             write_table(table, os.path.join(tmp, "table.csv"))
             t_csv = time.perf_counter() - t
         n = int(log.rec_scored.sum())
-        rate = n * len(RULES) * len(BUDGETS) / t_score
+        rate = n * len(rule_names()) * len(BUDGETS) / t_score
         print(f"| {temperature:g} | {n:,} | {t_read:.2f} s | {t_score:.2f} s ({cpu_score:.2f} s "
               f"CPU) | {rate:,.0f} | {t_csv:.2f} s |")
 
