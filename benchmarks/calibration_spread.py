@@ -2,7 +2,7 @@
 commits, for several placements of the calibration contexts.
 
 `--budget auto` predicts acceptance at a few contexts along the target's greedy reply
-(`targetrows.decoding.costmodel.acceptance_curve`). A reply's first tokens are its easiest to
+(`targetrows.cost.calibration.acceptance_curve`). A reply's first tokens are its easiest to
 guess, and what a draft gets right differs from task to task, so the placement matters. For
 each placement this prints `draft_rank`'s predicted tokens per round at one budget and depth,
 and the tokens per round measured by decoding the first `--num-prompts` prompts of each file
@@ -23,10 +23,12 @@ import torch
 
 from targetrows.cli.common import add_model_arguments, load_from_args
 from targetrows.core.atomic import atomic_write_text
-from targetrows.decoding.answers import read_questions
-from targetrows.decoding.chat import encode_prompt, stop_ids
-from targetrows.decoding.costmodel import acceptance_curve
-from targetrows.decoding.loop import DecodeConfig, generate
+from targetrows.core.pool import PoolShape
+from targetrows.cost.calibration import acceptance_curve
+from targetrows.decoding.config import DecodeConfig
+from targetrows.decoding.loop import generate
+from targetrows.specbench.chat import encode_prompt, stop_ids
+from targetrows.specbench.questions import read_questions
 
 # (calibration prompts, contexts along each, greedy tokens between them)
 PLACEMENTS = (("first file's first", 8, 4), ("each file's first", 2, 4),
@@ -38,7 +40,8 @@ def predicted(target, draft, prompts, contexts: int, gap: int, budget: int, dept
               top_k: int) -> float:
     """`draft_rank`'s predicted tokens per round, averaged over `prompts` (as `auto_budget`)."""
     return float(np.mean([
-        acceptance_curve(target, draft, p, [budget], "draft_rank", 0.0, top_k, depth, contexts,
+        acceptance_curve(target, draft, p, [budget],
+                         DecodeConfig("draft_rank", pool=PoolShape(top_k, depth)), contexts,
                          gap=gap)[0][0] for p in prompts]))
 
 
@@ -70,9 +73,10 @@ def main(argv=None) -> int:
     files = [[encode_prompt(tokenizer, q.turns[0]) for q in read_questions(path)[:args.num_prompts]]
              for path in args.prompts]
     firsts = [f[0] for f in files]
-    config = DecodeConfig("draft_rank", budget=args.budget, depth=args.depth, top_k=args.top_k,
+    config = DecodeConfig("draft_rank", budget=args.budget,
                           max_new_tokens=args.max_new_tokens,
-                          stop_ids=frozenset(stop_ids(tokenizer, target)))
+                          stop_ids=frozenset(stop_ids(tokenizer, target)),
+                          pool=PoolShape(top_k=args.top_k, depth=args.depth))
     decoded = measured(target, draft, [q for f in files for q in f], config)
     lines = ["| calibration prompts | contexts along each | tokens apart | predicted tokens / round |",
              "|---|---|---|---|"]

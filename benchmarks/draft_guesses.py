@@ -35,10 +35,11 @@ import torch
 from targetrows.core.atomic import atomic_write_text
 from targetrows.core.lookup import NgramIndex
 from targetrows.core.tree import Tree
-from targetrows.decoding.answers import read_questions
-from targetrows.decoding.chat import encode_prompt, stop_ids
-from targetrows.decoding.loop import DecodeConfig, generate
+from targetrows.decoding.config import DecodeConfig
+from targetrows.decoding.loop import generate
 from targetrows.hf.loading import load_pair
+from targetrows.specbench.chat import encode_prompt, stop_ids
+from targetrows.specbench.questions import read_questions
 
 KINDS = ("outside", "copy", "new")
 # prompt lookup: its guess at copies; at every position, by match length; draft or guess right

@@ -31,14 +31,15 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from targetrows.core.acceptance import expected_accepted_greedy
-from targetrows.core.pool import expand_model, expand_under_guesses, pool_under
+from targetrows.core.pool import PoolShape, expand_model, expand_under_guesses, pool_under
 from targetrows.core.rules.root_pool import draft_rank
 from targetrows.core.tree import Tree
-from targetrows.decoding.chat import encode_prompt
-from targetrows.decoding.loop import DecodeConfig, generate
+from targetrows.decoding.config import DecodeConfig
+from targetrows.decoding.loop import generate
 from targetrows.decoding.registry import decoder_names
 from targetrows.hf.eagle3_checkpoint import load_eagle3
 from targetrows.hf.model import HFModel
+from targetrows.specbench.chat import encode_prompt
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DECODERS = decoder_names()
@@ -84,8 +85,8 @@ def per_decoder(target_hf, folder, prompts, n_new, budget, top_k, depth):
     for decoder in DECODERS:
         acc, committed = [], []
         for prompt in prompts:
-            cfg = DecodeConfig(decoder, budget=budget, max_new_tokens=n_new, top_k=top_k,
-                               depth=depth)
+            cfg = DecodeConfig(decoder, budget=budget, max_new_tokens=n_new,
+                               pool=PoolShape(top_k=top_k, depth=depth))
             out = generate(target, draft if decoder != "ar" else None, prompt, cfg)
             acc += [r.accepted for r in out.rounds]
             committed += [r.committed for r in out.rounds]

@@ -12,7 +12,7 @@ after every stage, so a run cut short keeps what it measured):
    accepted paths, so the caches get compacted).
 2. timing: random-weight models built from the Qwen3-8B (target) and Qwen3-0.6B (draft)
    configs in bfloat16 (no download), random prompts; `targetrows bench`'s table: HF generate,
-   HF assisted generation and our five decoders, part times and the cost-model bound. Acceptance
+   HF assisted generation and every registered decoder, part times and the cost-model bound. Acceptance
    means nothing with random weights; the part times do. Temperature 1 runs too when the time
    limit leaves room.
 3. eagle3: every decoder with random EAGLE-3 heads (both checkpoint layouts, float64) on tiny
@@ -36,15 +36,18 @@ import numpy as np
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))  # tiny_models, tiny_heads: the test fixtures
 
-from targetrows.bench import report as bench_report  # noqa: E402
-from targetrows.bench import run as bench  # noqa: E402
-from targetrows.core.atomic import atomic_write_text  # noqa: E402
-from targetrows.decoding.loop import DecodeConfig, generate  # noqa: E402
-from targetrows.decoding.registry import decoder_names  # noqa: E402
+from targetrows.bench import report as bench_report
+from targetrows.bench import run as bench
+from targetrows.core.atomic import atomic_write_text
+from targetrows.core.pool import PoolShape
+from targetrows.decoding.config import DecodeConfig
+from targetrows.decoding.loop import generate
+from targetrows.decoding.registry import decoder_names
+from targetrows.hf.model import HFModel
 
 DECODERS = decoder_names()
-from targetrows.hf.model import HFModel  # noqa: E402
 
 QWEN3_8B = dict(
     hidden_size=4096,
@@ -108,7 +111,7 @@ def noisy_copy(model, scale: float, seed: int):
 
 def identity_stage(device: str, smoke: bool) -> dict:
     """{arch: [mismatch descriptions]} plus counts: every decoder against HF greedy generate."""
-    from targetrows.hf.tiny import ARCHS, tiny_model
+    from tiny_models import ARCHS, tiny_model
 
     archs = ARCHS[:1] if smoke else ARCHS
     prompts = [[5, 17, 42], [200, 3], [7] * 9][: 1 if smoke else 3]
@@ -143,7 +146,7 @@ def identity_stage(device: str, smoke: bool) -> dict:
                     if decoder == "ar" and budget != budgets[0]:
                         continue
                     cfg = DecodeConfig(
-                        decoder, budget=budget, max_new_tokens=n_new, top_k=top_k, depth=depth
+                        decoder, budget=budget, max_new_tokens=n_new, pool=PoolShape(top_k=top_k, depth=depth)
                     )
                     result = generate(target, draft if decoder != "ar" else None, prompt, cfg)
                     report["runs"] += 1
@@ -218,11 +221,10 @@ def timing_stage(args, device: str, temperatures, state: dict):
     ]
     budget = "auto" if args.budget == "auto" else int(args.budget)
     settings = bench.BenchSettings(
+        decode=DecodeConfig(max_new_tokens=8 if smoke else args.max_new_tokens,
+                            pool=PoolShape(4, 3) if smoke else PoolShape()),
         temperatures=tuple(temperatures),
         budget=budget,
-        max_new_tokens=8 if smoke else args.max_new_tokens,
-        top_k=4 if smoke else 10,
-        depth=3 if smoke else 6,
         repeats=2 if smoke else 3,
     )
     rows, context = bench.run_bench(target, draft, prompts, settings)
@@ -234,9 +236,10 @@ def timing_stage(args, device: str, temperatures, state: dict):
 
 def eagle3_identity(device: str, smoke: bool, folder: str) -> dict:
     """Tiny float64 targets with random heads, every decoder against HF greedy generation."""
+    from tiny_heads import save_tiny_head
+    from tiny_models import tiny_model
+
     from targetrows.hf.eagle3_checkpoint import load_eagle3
-    from targetrows.hf.eagle3_tiny import save_tiny_head
-    from targetrows.hf.tiny import tiny_model
 
     mismatches, checked = [], 0
     cases = [("llama", "eagle", 100)] if smoke else [
@@ -252,7 +255,8 @@ def eagle3_identity(device: str, smoke: bool, folder: str) -> dict:
                                      min_new_tokens=24, do_sample=False, eos_token_id=None,
                                      pad_token_id=0)[0, len(prompt):].tolist()
             for decoder, budget in itertools.product(DECODERS, (1, 8) if smoke else (1, 8, 59)):
-                cfg = DecodeConfig(decoder, budget=budget, max_new_tokens=24, top_k=4, depth=4)
+                cfg = DecodeConfig(decoder, budget=budget, max_new_tokens=24,
+                                   pool=PoolShape(top_k=4, depth=4))
                 out = generate(target, draft if decoder != "ar" else None, prompt, cfg).tokens
                 checked += 1
                 if out != ref:
@@ -266,8 +270,9 @@ QWEN3_8B_HEAD = dict(hidden=4096, n_heads=32, n_kv=8, head_dim=128, intermediate
 
 def eagle3_timing(args, device: str, state: dict, folder: str):
     """The Qwen3-8B-config target (built by the timing stage, or here) with a random head."""
+    from tiny_heads import save_tiny_head
+
     from targetrows.hf.eagle3_checkpoint import load_eagle3
-    from targetrows.hf.eagle3_tiny import save_tiny_head
 
     smoke = args.smoke
     dtype = torch.float32 if smoke else torch.bfloat16
@@ -289,9 +294,10 @@ def eagle3_timing(args, device: str, state: dict, folder: str):
         int(x) for x in rng.integers(target.vocab_size, size=16 if smoke else args.prompt_len)))
         for i in range(1 if smoke else args.prompts)]
     settings = bench.BenchSettings(
+        decode=DecodeConfig(max_new_tokens=8 if smoke else args.max_new_tokens,
+                            pool=PoolShape(4, 3) if smoke else PoolShape()),
         temperatures=(0.0,), budget="auto" if args.budget == "auto" else int(args.budget),
-        max_new_tokens=8 if smoke else args.max_new_tokens, top_k=4 if smoke else 10,
-        depth=3 if smoke else 6, repeats=2 if smoke else 3, hf=False)
+        repeats=2 if smoke else 3, hf=False)
     rows, context = bench.run_bench(target, draft, prompts, settings)
     return rows, context, settings, (target, draft), build_s
 

@@ -20,9 +20,13 @@ import numpy as np
 
 from targetrows.analysis import stats
 from targetrows.core.atomic import atomic_write_text
+from targetrows.core.pool import PoolShape
 from targetrows.core.toy import ToyPair
-from targetrows.decoding import costmodel as cm
-from targetrows.decoding.loop import DecodeConfig, generate
+from targetrows.cost.parttimes import PartTimes, PassCurve
+from targetrows.cost.rounds import round_seconds
+from targetrows.decoding.config import DecodeConfig
+from targetrows.decoding.loop import generate
+from targetrows.decoding.registry import get_decoder
 from targetrows.rowlog import format as rowlog
 from targetrows.rowlog.record import RecordConfig, record_prompt
 from targetrows.rowlog.score import score_log
@@ -41,8 +45,9 @@ def prompts(n: int, seed: int = 0) -> list[list[int]]:
 
 def offline(pair, ps, temperature, new):
     """Score table of pearl and first_token at B=59 on the target's own trajectories."""
-    config = RecordConfig(temperature=temperature, top_k=TOP_K, depth=DEPTH, stride=1,
-                          max_new_tokens=new, root_top=VOCAB, seed=0)
+    config = RecordConfig(temperature=temperature, stride=1,
+                          max_new_tokens=new, root_top=VOCAB, seed=0,
+                          pool=PoolShape(top_k=TOP_K, depth=DEPTH))
     segments = [dict(record_prompt(pair.target, pair.draft, p, config, seed=i),
                      question=f"p{i}", task="toy", turn=0) for i, p in enumerate(ps)]
     header = dict(temperature=float(temperature), depth=DEPTH, top_k=TOP_K, stride=1,
@@ -55,8 +60,9 @@ def online(pair, ps, temperature, new, verify_empty=True):
     """{decoder: [DecodeResult per prompt]} for pearl and fts at B=59."""
     out = {}
     for decoder in ("pearl", "fts"):
-        config = DecodeConfig(decoder, budget=BUDGET, temperature=temperature, top_k=TOP_K,
-                              depth=DEPTH, max_new_tokens=new, verify_empty=verify_empty)
+        config = DecodeConfig(decoder, budget=BUDGET, temperature=temperature, max_new_tokens=new,
+                              verify_empty=verify_empty,
+                              pool=PoolShape(top_k=TOP_K, depth=DEPTH))
         out[decoder] = [generate(pair.target, pair.draft, p, dataclasses.replace(config, seed=i))
                         for i, p in enumerate(ps)]
     return out
@@ -107,14 +113,12 @@ def hit_rate(pair, ps, temperature) -> float:
 
 def seconds_per_token(decoder, runs, verify_empty, overlap) -> float:
     """Cost-model seconds per committed token with the embedded pair's part times."""
-    parts = cm.PartTimes(cm.PassCurve(tuple(TARGET_MS), tuple(v / 1e3 for v in TARGET_MS.values())),
-                         cm.PassCurve(tuple(DRAFT_MS), tuple(v / 1e3 for v in DRAFT_MS.values())),
-                         88)
+    parts = PartTimes(PassCurve(tuple(TARGET_MS), tuple(v / 1e3 for v in TARGET_MS.values())),
+                      PassCurve(tuple(DRAFT_MS), tuple(v / 1e3 for v in DRAFT_MS.values())), 88)
     rounds = [r for res in runs for r in res.rounds]
-    depth = cm.get_decoder(decoder).pool_depth(DEPTH, BUDGET)
-    t = cm.round_seconds(decoder, parts, [r.nodes for r in rounds],
-                         [r.draft_passes for r in rounds], overlap, TOP_K, depth,
-                         verify_empty=verify_empty, budget=BUDGET)
+    depth = get_decoder(decoder).pool_depth(DEPTH, BUDGET)
+    t = round_seconds(decoder, parts, [r.nodes for r in rounds], [r.draft_passes for r in rounds],
+                      overlap, PoolShape(TOP_K, depth), BUDGET, verify_empty)
     return float(t.sum() / sum(r.committed for r in rounds))
 
 

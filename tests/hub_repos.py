@@ -1,6 +1,6 @@
 """Tiny repositories for the hub-compatible test server (tests/hub_server.py).
 
-Datasets: the seven of config/paper.yaml (targetrows.build.datasets.SOURCES) under their real ids,
+Datasets: the seven of config/paper.yaml (targetrows.fetch.datasets.SOURCES) under their real ids,
 configurations, splits and columns, as parquet files laid out as on the hub (a README whose YAML
 names the configurations' data files), with a handful of rows each. Models: a tiny random-weight
 model folder (targetrows.hf.tiny) as a model repository.

@@ -7,7 +7,9 @@ import itertools
 import numpy as np
 import torch
 
-from targetrows.decoding.loop import DecodeConfig, generate
+from targetrows.core.pool import PoolShape
+from targetrows.decoding.config import DecodeConfig
+from targetrows.decoding.loop import generate
 
 
 def assert_first_tokens_follow_the_target(target_hf, target, draft, decoders, prompt,
@@ -26,8 +28,8 @@ def assert_first_tokens_follow_the_target(target_hf, target, draft, decoders, pr
     for decoder in decoders:
         counts = {}
         for seed in range(samples):
-            cfg = DecodeConfig(decoder, budget=4, temperature=1.0, max_new_tokens=3, top_k=2,
-                               depth=2, seed=seed)
+            cfg = DecodeConfig(decoder, budget=4, temperature=1.0, max_new_tokens=3, seed=seed,
+                               pool=PoolShape(top_k=2, depth=2))
             out = tuple(generate(target, draft, prompt, cfg).tokens)
             counts[out] = counts.get(out, 0) + 1
         observed = np.array([counts.get(s, 0) for s in seqs])

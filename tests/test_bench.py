@@ -11,13 +11,14 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from targetrows.bench import report as bench_report  # noqa: E402
-from targetrows.bench import run as bench  # noqa: E402
-from targetrows.cli import main  # noqa: E402
-from targetrows.decoding.registry import decoder_names  # noqa: E402
-from targetrows.hf.baselines import hf_generate  # noqa: E402
-from targetrows.hf.eagle3_tiny import save_tiny_head  # noqa: E402
-from targetrows.hf.tiny import DRAFT_VOCAB, TARGET_VOCAB, TOKENIZER_SIZE, save_tiny_pair, tiny_model  # noqa: E402
+from tiny_heads import save_tiny_head
+from tiny_models import DRAFT_VOCAB, TARGET_VOCAB, TOKENIZER_SIZE, save_tiny_pair, tiny_model
+
+from targetrows.bench import report as bench_report
+from targetrows.bench import run as bench
+from targetrows.cli import main
+from targetrows.decoding.registry import decoder_names
+from targetrows.hf.baselines import hf_generate
 
 
 @pytest.fixture(scope="module")
@@ -290,9 +291,9 @@ def test_unreadable_budget_is_a_usage_error(pair, capsys):
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["--prompt", "hi", "--budget", "0"], "--budget must be >= 1 or auto, got 0"),
+        (["--prompt", "hi", "--budget", "0"], "--budget must be a positive integer (non-root nodes), got 0"),
         (["--prompt", " "], "empty"),
-        (["--prompt", "hi", "--temperature", "-1"], "temperatures must be >= 0"),
+        (["--prompt", "hi", "--temperature", "-1"], "--temperature must be a number >= 0"),
         (["--prompt", "hi", "--decoders", "fts", "--no-draft"], "--draft is required"),
         (["--prompt", "hi", "--prompt-lookup-tokens", "0"], "--prompt-lookup-tokens must be"),
         (["--prompt", "hi", "--no-hf", "--assistant", "x"], "--assistant only serves"),

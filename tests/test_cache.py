@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 torch = pytest.importorskip("torch")
-from transformers import DynamicCache  # noqa: E402
+from tiny_models import ARCHS, tiny_model
+from transformers import DynamicCache
 
-from targetrows.hf.cache import growing_cache  # noqa: E402
-from targetrows.hf.tiny import ARCHS, tiny_model  # noqa: E402
+from targetrows.hf.cache import growing_cache
 
 
 def run(model, cache, steps):

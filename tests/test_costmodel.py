@@ -5,15 +5,19 @@ import numpy as np
 import pytest
 
 from targetrows.cli.common import budget_arg
+from targetrows.core.pool import PoolShape
 from targetrows.core.toy import ToyPair
-from targetrows.decoding import costmodel as cm
-from targetrows.decoding.loop import DecodeConfig, generate
+from targetrows.cost import calibration, parttimes, rounds
+from targetrows.cost.calibration import BudgetSearch
+from targetrows.decoding.config import DecodeConfig
+from targetrows.decoding.loop import generate
+from targetrows.decoding.registry import get_decoder
 from targetrows.decoding.round import RoundStats
 
 # target pass: 9 ms + 1 ms per new token; draft pass: 2 ms + 0.1 ms per new token
-TARGET = cm.PassCurve((1, 9, 17), (0.010, 0.018, 0.026))
-DRAFT = cm.PassCurve((1, 41), (0.0021, 0.0061))
-PARTS = cm.PartTimes(TARGET, DRAFT, context_len=100)
+TARGET = parttimes.PassCurve((1, 9, 17), (0.010, 0.018, 0.026))
+DRAFT = parttimes.PassCurve((1, 41), (0.0021, 0.0061))
+PARTS = parttimes.PartTimes(TARGET, DRAFT, context_len=100)
 
 
 def test_pass_curve_interpolates_extends_and_is_zero_for_nothing():
@@ -22,45 +26,47 @@ def test_pass_curve_interpolates_extends_and_is_zero_for_nothing():
     assert TARGET(0) == 0.0
     np.testing.assert_allclose(TARGET(np.array([1, 9])), [0.010, 0.018])
     with pytest.raises(ValueError):
-        cm.PassCurve((4, 2), (0.1, 0.2))
+        parttimes.PassCurve((4, 2), (0.1, 0.2))
 
 
 def test_isotonic_pools_a_dip():
-    assert cm.isotonic([1, 3, 2, 4, 0.5, 6]) == pytest.approx([1, 2.375, 2.375, 2.375, 2.375, 6])
-    assert cm.isotonic([1, 2, 3]) == [1, 2, 3]
+    assert parttimes.isotonic([1, 3, 2, 4, 0.5, 6]) == pytest.approx([1, 2.375, 2.375, 2.375, 2.375, 6])
+    assert parttimes.isotonic([1, 2, 3]) == [1, 2, 3]
 
 
 def test_round_seconds_by_hand():
     # draft_rank, top_k 4, depth 3: draft passes of 1, 4, 4 tokens = 2.1 + 2.4 + 2.4 ms;
     # verify feeds root + 8 nodes = 18 ms
-    got = cm.round_seconds("draft_rank", PARTS, [8], [3], 0.0, 4, 3)
+    got = rounds.round_seconds("draft_rank", PARTS, [8], [3], 0.0, PoolShape(4, 3))
     assert got[0] == pytest.approx(0.0069 + 0.018)
     # rerank on one device: drafting 6.9 ms then a 10 ms root pass; verify feeds 8 nodes, 17 ms
-    assert cm.round_seconds("rerank", PARTS, [8], [3], 0.0, 4, 3)[0] == pytest.approx(0.0339)
+    assert rounds.round_seconds("rerank", PARTS, [8], [3], 0.0, PoolShape(4, 3))[0] == pytest.approx(0.0339)
     # ... with half the shorter part hidden: 6.9 + 10 - 3.45
-    assert cm.round_seconds("rerank", PARTS, [8], [3], 0.5, 4, 3)[0] == pytest.approx(0.03045)
+    assert rounds.round_seconds("rerank", PARTS, [8], [3], 0.5, PoolShape(4, 3))[0] == pytest.approx(0.03045)
     # fts_redraft, 2 guesses: passes of 1, 2, 8, 8 tokens = 2.1 + 2.2 + 2.8 + 2.8 = 9.9 ms; a missed
     # guess (7 passes = 4 + one expansion of 3) adds 6.9 ms; verify feeds t0 + 8 nodes
-    fts = cm.round_seconds("fts_redraft", PARTS, [8, 8], [4, 7], 0.0, 4, 3, guesses=2)
+    fts = rounds.round_seconds("fts_redraft", PARTS, [8, 8], [4, 7], 0.0,
+                               PoolShape(4, 3, guesses=2))
     np.testing.assert_allclose(fts, [0.0099 + 0.010 + 0.018, 0.0099 + 0.010 + 0.0069 + 0.018])
-    assert cm.round_seconds("ar", PARTS, [0, 0], [0, 0], 0.0, 4, 3) == pytest.approx([0.01, 0.01])
+    ar = rounds.round_seconds("ar", PARTS, [0, 0], [0, 0], 0.0, PoolShape(4, 3))
+    assert ar == pytest.approx([0.01, 0.01])
 
 
 def test_pruned_pools_cost_their_narrower_passes():
     # draft_rank at B=2, top_k 4, depth 2: only the best first-level node can have a child in
     # the tree, so the second pass feeds 1 token: 2.1 + 2.1 ms; verify feeds root + 2 nodes
-    assert cm.draft_pass_widths("draft_rank", 4, 2, budget=2) == [1, 1]
-    assert cm.draft_pass_widths("draft_rank", 4, 3, budget=3) == [1, 2, 2]
-    assert cm.draft_pass_widths("rerank", 4, 2, budget=2) == [1, 4]  # any branch may be taken
-    got = cm.round_seconds("draft_rank", PARTS, [2], [2], 0.0, 4, 2, budget=2)
+    assert get_decoder("draft_rank").draft_widths(PoolShape(4, 2), budget=2) == [1, 1]
+    assert get_decoder("draft_rank").draft_widths(PoolShape(4, 3), budget=3) == [1, 2, 2]
+    assert get_decoder("rerank").draft_widths(PoolShape(4, 2), budget=2) == [1, 4]  # any branch may be taken
+    got = rounds.round_seconds("draft_rank", PARTS, [2], [2], 0.0, PoolShape(4, 2), budget=2)
     assert got[0] == pytest.approx(0.0042 + 0.012)
     # a round whose pruned pool stopped after its first level pays that pass only
-    got = cm.round_seconds("draft_rank", PARTS, [2, 3], [1, 3], 0.0, 4, 3, budget=3)
+    got = rounds.round_seconds("draft_rank", PARTS, [2, 3], [1, 3], 0.0, PoolShape(4, 3), budget=3)
     np.testing.assert_allclose(got, [0.0021 + 0.012, 0.0021 + 2 * 0.0022 + 0.013])
 
 
 def test_bound_by_hand():
-    rounds = [
+    stats = [
         RoundStats(
             committed=4, nodes=8, draft_passes=3, t_draft=0.01, t_root=0.02, t_drafting=0.025
         ),
@@ -68,18 +74,18 @@ def test_bound_by_hand():
             committed=2, nodes=16, draft_passes=3, t_draft=0.01, t_root=0.02, t_drafting=0.025
         ),
     ]
-    assert cm.overlap_achieved(rounds) == pytest.approx(0.5)  # 5 ms of 10 hidden
-    b = cm.bound("pearl", PARTS, rounds, 4, 3)
+    assert rounds.overlap_achieved(stats) == pytest.approx(0.5)  # 5 ms of 10 hidden
+    b = rounds.bound("pearl", PARTS, stats, PoolShape(4, 3))
     before = 0.0069 + 0.010 - 0.5 * 0.0069
     seconds = [before + 0.018, before + 0.026]  # verify: t0 + 8 and t0 + 16 nodes
     assert b.overlap == pytest.approx(0.5)
     assert b.tokens_per_s == pytest.approx(6 / sum(seconds))
     assert b.speedup == pytest.approx(6 / sum(seconds) * 0.010)
     assert b.round_seconds == pytest.approx(np.mean(seconds))
-    ar = cm.bound("ar", PARTS, [RoundStats(committed=1)] * 3, 4, 3)
+    ar = rounds.bound("ar", PARTS, [RoundStats(committed=1)] * 3, PoolShape(4, 3))
     assert ar.tokens_per_s == pytest.approx(100.0) and ar.speedup == pytest.approx(1.0)
     # the prompt's pass beyond a one-token pass, paid once: 3 tokens in 30 + 20 ms
-    ar = cm.bound("ar", PARTS, [RoundStats(committed=1)] * 3, 4, 3, prompt_s=0.02)
+    ar = rounds.bound("ar", PARTS, [RoundStats(committed=1)] * 3, PoolShape(4, 3), prompt_s=0.02)
     assert ar.tokens_per_s == pytest.approx(60.0) and ar.round_seconds == pytest.approx(0.01)
 
 
@@ -87,42 +93,41 @@ def test_best_budget_maximises_a_synthetic_curve():
     budgets = [1, 2, 4, 8, 16, 32, 64]
     committed = np.array([1.6, 2.0, 2.5, 3.0, 3.4, 3.6, 3.7])  # diminishing returns
     nodes = np.array(budgets, dtype=float)
-    tps = cm.predicted_tokens_per_s("draft_rank", committed, nodes, PARTS, 0.0, 4, 3)
+    tps = rounds.predicted_tokens_per_s("draft_rank", committed, nodes, PARTS, 0.0, PoolShape(4, 3))
     by_hand = committed / (0.0069 + 0.009 + 0.001 * (nodes + 1))
     np.testing.assert_allclose(tps, by_hand)
     # by hand: 1.6/.0179=89.4, 2/.0189=105.8, 2.5/.0209=119.6, 3/.0249=120.5, 3.4/.0329=103.3
-    assert cm.best_budget(budgets, tps) == 8
-    assert cm.best_budget([8, 2, 4], [5.0, 5.0, 4.0]) == 2  # ties: the smallest budget
+    assert rounds.best_budget(budgets, tps) == 8
+    assert rounds.best_budget([8, 2, 4], [5.0, 5.0, 4.0]) == 2  # ties: the smallest budget
     with pytest.raises(ValueError):
-        cm.best_budget([1, 2], [1.0])
+        rounds.best_budget([1, 2], [1.0])
 
 
 def test_auto_budget_follows_the_verify_cost():
     pair = ToyPair(vocab_size=24, seed=3, closeness=0.9)
     budgets = (1, 2, 4, 8, 16, 32)
     prompt = [1, 2, 3]
-    flat = cm.PartTimes(cm.PassCurve((1,), (0.01,)), DRAFT, 3)  # a tree costs what a token does
-    steep = cm.PartTimes(cm.PassCurve((1, 100), (0.01, 1.0)), DRAFT, 3)
-    free = cm.auto_budget(
-        pair.target, pair.draft, prompt, "draft_rank", 0.0, 4, 3, budgets=budgets, parts=flat
-    )
+    flat = parttimes.PartTimes(parttimes.PassCurve((1,), (0.01,)), DRAFT, 3)  # a tree costs what a token does
+    steep = parttimes.PartTimes(parttimes.PassCurve((1, 100), (0.01, 1.0)), DRAFT, 3)
+    config = DecodeConfig("draft_rank", pool=PoolShape(4, 3))
+    free = calibration.auto_budget(pair.target, pair.draft, config, [prompt],
+                                   BudgetSearch(budgets=budgets), flat)
     committed = np.array(free.committed[free.depths.index(free.depth)])
     assert np.all(np.diff(committed) >= 0)
     assert free.budget == budgets[int(np.argmax(committed))]  # the most accepted tokens
-    dear = cm.auto_budget(
-        pair.target, pair.draft, prompt, "draft_rank", 0.0, 4, 3, budgets=budgets, parts=steep
-    )
+    dear = calibration.auto_budget(pair.target, pair.draft, config, [prompt],
+                                   BudgetSearch(budgets=budgets), steep)
     assert dear.budget < free.budget
     assert "budget auto ->" in dear.describe()
     with pytest.raises(ValueError, match="ar"):
-        cm.auto_budget(pair.target, pair.draft, prompt, "ar")
+        calibration.auto_budget(pair.target, pair.draft, DecodeConfig("ar"), [prompt])
 
 
 def test_best_depth_budget_ties_go_to_cheaper_drafting():
     tps = [[5.0, 6.0], [6.0, 6.0], [4.0, 1.0]]  # [depth][budget]
-    assert cm.best_depth_budget([3, 2, 1], [8, 4], tps) == (2, 4)  # not (3, 4), nor (2, 8)
+    assert rounds.best_depth_budget([3, 2, 1], [8, 4], tps) == (2, 4)  # not (3, 4), nor (2, 8)
     with pytest.raises(ValueError, match="depths, budgets"):
-        cm.best_depth_budget([1, 2], [4], [[1.0, 2.0]])
+        rounds.best_depth_budget([1, 2], [4], [[1.0, 2.0]])
 
 
 @pytest.mark.parametrize("decoder", ["draft_rank", "fts", "pearl", "fts_redraft"])
@@ -132,43 +137,48 @@ def test_acceptance_by_depth_matches_one_depth_at_a_time(decoder, temperature):
     exactly as a prediction at that depth alone (whose pool is the first levels of the deepest)."""
     pair = ToyPair(vocab_size=24, seed=5, closeness=0.9)
     prompt, budgets = [4, 7, 1], [1, 2, 5, 8, 20, 36, 200]
-    args = (pair.target, pair.draft, prompt, budgets, decoder, temperature, 4)
-    committed, nodes = cm.acceptance_curve(*args, 3, contexts=1, depths=[1, 2, 3])
+    args = (pair.target, pair.draft, prompt, budgets)
+
+    def config(depth):
+        return DecodeConfig(decoder, temperature=temperature, pool=PoolShape(4, depth))
+
+    committed, nodes = calibration.acceptance_curve(*args, config(3), 1, depths=[1, 2, 3])
     assert committed.shape == nodes.shape == (3, len(budgets))
     for row, depth in enumerate([1, 2, 3]):
-        alone = cm.acceptance_curve(*args, depth, contexts=1)
+        alone = calibration.acceptance_curve(*args, config(depth), 1)
         np.testing.assert_array_equal(committed[row], alone[0])
         np.testing.assert_array_equal(nodes[row], alone[1])
     # over several contexts (moved on by the deepest depth's rounds) the deepest row is still
     # the prediction at that depth alone
-    committed, nodes = cm.acceptance_curve(*args, 3, contexts=3, depths=[2, 3])
-    alone = cm.acceptance_curve(*args, 3, contexts=3)
+    committed, nodes = calibration.acceptance_curve(*args, config(3), 3, depths=[2, 3])
+    alone = calibration.acceptance_curve(*args, config(3), 3)
     np.testing.assert_array_equal(committed[1], alone[0])
     np.testing.assert_array_equal(nodes[1], alone[1])
     with pytest.raises(ValueError, match="depths must be 1..3"):
-        cm.acceptance_curve(*args, 3, depths=[4])
+        calibration.acceptance_curve(*args, config(3), depths=[4])
 
 
 def test_auto_depth_follows_the_draft_cost():
     pair = ToyPair(vocab_size=24, seed=3, closeness=0.9)
     budgets = (1, 2, 4, 8, 16, 32)
-    target = cm.PassCurve((1,), (0.01,))  # a tree costs what a token does
-    free = cm.PartTimes(target, cm.PassCurve((1,), (0.0,)), 3)
-    dear = cm.PartTimes(target, cm.PassCurve((1,), (0.05,)), 3)  # a level costs 5 target passes
-    args = (pair.target, pair.draft, [1, 2, 3], "draft_rank", 0.0, 4, 3)
-    deep = cm.auto_budget(*args, budgets=budgets, parts=free)
+    target = parttimes.PassCurve((1,), (0.01,))  # a tree costs what a token does
+    free = parttimes.PartTimes(target, parttimes.PassCurve((1,), (0.0,)), 3)
+    dear = parttimes.PartTimes(target, parttimes.PassCurve((1,), (0.05,)), 3)  # a level costs 5 target passes
+    args = (pair.target, pair.draft, DecodeConfig("draft_rank", pool=PoolShape(4, 3)), [[1, 2, 3]])
+    deep = calibration.auto_budget(*args, BudgetSearch(budgets=budgets), free)
     best = [max(row) for row in deep.committed]
     assert best[0] < best[1] < best[2]  # deeper pools accept more
     assert deep.depth == 3 and deep.depths == (1, 2, 3)
-    shallow = cm.auto_budget(*args, budgets=budgets, parts=dear)
+    shallow = calibration.auto_budget(*args, BudgetSearch(budgets=budgets), dear)
     assert shallow.depth < 3
     # each depth's predictions are those of its own pool (a budget below the depth drafts less)
     for row, depth in enumerate(shallow.depths):
-        np.testing.assert_allclose(shallow.tokens_per_s[row], cm.predicted_tokens_per_s(
-            "draft_rank", shallow.committed[row], shallow.nodes[row], dear, 0.0, 4, depth,
-            budgets=budgets))
+        np.testing.assert_allclose(shallow.tokens_per_s[row], rounds.predicted_tokens_per_s(
+            "draft_rank", shallow.committed[row], shallow.nodes[row], dear, 0.0,
+            PoolShape(4, depth), budgets=budgets))
     # only the given depths are tried
-    assert cm.auto_budget(*args, budgets=budgets, parts=dear, depths=[3]).depth == 3
+    assert calibration.auto_budget(*args, BudgetSearch(budgets=budgets, depths=(3,)),
+                                   dear).depth == 3
     text = deep.describe()
     assert text.startswith(f"budget auto -> {deep.budget} at depth 3 (")
     assert "best predicted tokens/s by depth: 1: " in text and "\n" not in text
@@ -180,15 +190,10 @@ def test_acceptance_prediction_matches_the_first_round(decoder, budget):
     """At temperature 0 with one context, the prediction is exactly the first real round."""
     pair = ToyPair(vocab_size=24, seed=5, closeness=0.9)
     prompt = [4, 7, 1]
-    committed, nodes = cm.acceptance_curve(
-        pair.target, pair.draft, prompt, [budget], decoder, 0.0, 4, 3, contexts=1
-    )
-    result = generate(
-        pair.target,
-        pair.draft,
-        prompt,
-        DecodeConfig(decoder, budget=budget, max_new_tokens=50, top_k=4, depth=3),
-    )
+    config = DecodeConfig(decoder, budget=budget, max_new_tokens=50, pool=PoolShape(4, 3))
+    committed, nodes = calibration.acceptance_curve(pair.target, pair.draft, prompt, [budget],
+                                                    config, 1)
+    result = generate(pair.target, pair.draft, prompt, config)
     assert committed[0] == result.rounds[0].committed
     assert nodes[0] == result.rounds[0].nodes
 
@@ -200,8 +205,8 @@ def test_contexts_a_gap_apart_are_scored_as_each_alone():
     prompt, budgets = [4, 7, 1], [1, 5, 12]
 
     def curve(ctx, temperature, **kw):
-        return cm.acceptance_curve(pair.target, pair.draft, ctx, budgets, "draft_rank",
-                                   temperature, 4, 3, **kw)
+        config = DecodeConfig("draft_rank", temperature=temperature, pool=PoolShape(4, 3))
+        return calibration.acceptance_curve(pair.target, pair.draft, ctx, budgets, config, **kw)
 
     walked = int(curve(prompt, 0.0, contexts=1)[0][-1])  # T=0: the largest tree's real round
     greedy = generate(pair.target, None, prompt, DecodeConfig("ar", max_new_tokens=30)).tokens
@@ -215,9 +220,9 @@ def test_contexts_a_gap_apart_are_scored_as_each_alone():
 
 def test_acceptance_at_temperature_one_is_a_probability_sum():
     pair = ToyPair(vocab_size=24, seed=5, closeness=0.9)
-    committed, nodes = cm.acceptance_curve(
-        pair.target, pair.draft, [4, 7, 1], [1, 4, 16, 36], "draft_rank", 1.0, 4, 3
-    )
+    committed, nodes = calibration.acceptance_curve(
+        pair.target, pair.draft, [4, 7, 1], [1, 4, 16, 36],
+        DecodeConfig("draft_rank", temperature=1.0, pool=PoolShape(4, 3)))
     assert np.all(committed >= 1) and np.all(np.diff(committed) >= 0)
     assert committed[-1] < 1 + 3  # at most one accepted node per level
     np.testing.assert_array_equal(nodes, [1, 4, 16, 36])
@@ -225,7 +230,7 @@ def test_acceptance_at_temperature_one_is_a_probability_sum():
 
 def test_time_passes_on_the_toy_pair():
     pair = ToyPair(vocab_size=24, seed=0)
-    curve = cm.time_passes(pair.target, [1, 2, 3], [8, 1, 4], repeats=2)
+    curve = parttimes.time_passes(pair.target, [1, 2, 3], [8, 1, 4], repeats=2)
     assert curve.sizes == (1, 4, 8)
     assert all(t >= 0 for t in curve.seconds) and list(curve.seconds) == sorted(curve.seconds)
 
@@ -233,8 +238,6 @@ def test_time_passes_on_the_toy_pair():
 def test_a_slow_spell_does_not_price_one_pass_size(monkeypatch):
     """Sizes are timed in turn within each repeat: three slow passes in a row (another job on a
     shared machine) slow one sample of three sizes, and the medians drop them."""
-    from targetrows.decoding import parttimes
-
     calls = []
 
     def fake_pass(model, ctx, tree):
@@ -244,7 +247,7 @@ def test_a_slow_spell_does_not_price_one_pass_size(monkeypatch):
 
     monkeypatch.setattr(parttimes, "_timed_pass", fake_pass)
     pair = ToyPair(vocab_size=24, seed=0)
-    curve = cm.time_passes(pair.target, [1, 2, 3], [1, 2, 3], repeats=3)
+    curve = parttimes.time_passes(pair.target, [1, 2, 3], [1, 2, 3], repeats=3)
     assert curve.seconds == pytest.approx((0.010, 0.020, 0.030))
 
 
@@ -258,33 +261,30 @@ def test_budget_arg():
 
 
 def test_mean_parts_averages_two_timings():
-    later = cm.PartTimes(cm.PassCurve((1, 9, 17), (0.012, 0.016, 0.030)), None, 100)
-    both = cm.mean_parts(PARTS, later)
+    later = parttimes.PartTimes(parttimes.PassCurve((1, 9, 17), (0.012, 0.016, 0.030)), None, 100)
+    both = parttimes.mean_parts(PARTS, later)
     # 0.011, 0.017, 0.028 (already non-decreasing); the draft curve of the one timing that has it
     assert both.target.seconds == pytest.approx((0.011, 0.017, 0.028))
     assert both.draft is DRAFT
     with pytest.raises(ValueError, match="sizes"):
-        cm.mean_parts(PARTS, cm.PartTimes(cm.PassCurve((1, 2), (0.1, 0.2)), None, 1))
+        parttimes.mean_parts(PARTS, parttimes.PartTimes(parttimes.PassCurve((1, 2), (0.1, 0.2)),
+                                                        None, 1))
 
 
 def test_calibration_prompts_average_each_prompts_curve():
     """Several calibration prompts: ceil(contexts / n) contexts along each, curves averaged."""
     pair = ToyPair(vocab_size=24, seed=3, closeness=0.8)
-    parts = cm.PartTimes(cm.PassCurve((1,), (0.01,)), cm.PassCurve((1,), (0.002,)), 3)
+    parts = parttimes.PartTimes(parttimes.PassCurve((1,), (0.01,)),
+                                parttimes.PassCurve((1,), (0.002,)), 3)
     prompts = [[1, 2, 3], [7, 7, 7, 7], [5]]
     budgets = (1, 2, 4, 8)
-    choice = cm.auto_budget(pair.target, pair.draft, [9, 9], "draft_rank", 0.0, 3, 2,
-                            budgets=budgets, contexts=5, gap=2, parts=parts,
-                            calibration_prompts=prompts)
-    curves = [cm.acceptance_curve(pair.target, pair.draft, p, budgets, "draft_rank", 0.0, 3, 2,
-                                  contexts=2, depths=[1, 2], gap=2) for p in prompts]
+    config = DecodeConfig("draft_rank", pool=PoolShape(3, 2))
+    choice = calibration.auto_budget(pair.target, pair.draft, config, prompts,
+                                     BudgetSearch(budgets=budgets, contexts=5, gap=2), parts)
+    curves = [calibration.acceptance_curve(pair.target, pair.draft, p, budgets, config, 2,
+                                           depths=[1, 2], gap=2) for p in prompts]
     np.testing.assert_allclose(choice.committed, np.mean([c for c, _ in curves], axis=0))
     np.testing.assert_allclose(choice.nodes, np.mean([n for _, n in curves], axis=0))
-    alone = cm.auto_budget(pair.target, pair.draft, [1, 2, 3], "draft_rank", 0.0, 3, 2,
-                           budgets=budgets, contexts=2, gap=2, parts=parts)
-    assert alone.committed == cm.auto_budget(
-        pair.target, pair.draft, [9, 9], "draft_rank", 0.0, 3, 2, budgets=budgets, contexts=2,
-        gap=2, parts=parts, calibration_prompts=[[1, 2, 3]]).committed
-    with pytest.raises(ValueError, match="calibration_prompts"):
-        cm.auto_budget(pair.target, pair.draft, [1], "draft_rank", budgets=budgets, parts=parts,
-                       calibration_prompts=[[1], []])
+    with pytest.raises(ValueError, match="none of them empty"):
+        calibration.auto_budget(pair.target, pair.draft, config, [[1], []],
+                                BudgetSearch(budgets=budgets), parts)

@@ -8,8 +8,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from targetrows.decoding.answers import read_questions  # noqa: E402
-from targetrows.hf.tiny import save_tiny_pair  # noqa: E402
+from tiny_models import save_tiny_pair
+
+from targetrows.specbench.questions import read_questions
 
 QUESTIONS = [
     {"question_id": "q1", "category": "writing", "turns": ["Write a haiku.", "Now shorter."]},

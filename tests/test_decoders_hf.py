@@ -12,14 +12,16 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from sampling_check import assert_first_tokens_follow_the_target  # noqa: E402
+from sampling_check import assert_first_tokens_follow_the_target
+from tiny_models import ARCHS, save_tiny_pair, tiny_model, tiny_tokenizer
 
-from targetrows.decoding.loop import DecodeConfig, generate  # noqa: E402
-from targetrows.decoding.registry import decoder_names  # noqa: E402
-from targetrows.hf.tiny import ARCHS, save_tiny_pair, tiny_model, tiny_tokenizer  # noqa: E402
+from targetrows.core.pool import PoolShape
+from targetrows.decoding.config import DecodeConfig
+from targetrows.decoding.loop import generate
+from targetrows.decoding.registry import decoder_names
 
 DECODERS = decoder_names()
-from targetrows.hf.model import HFModel  # noqa: E402
+from targetrows.hf.model import HFModel
 
 PROMPTS = [[5, 17, 42], [200, 3], [7] * 9, [100, 101, 102, 103, 104, 105], [64]]
 
@@ -69,8 +71,8 @@ def test_greedy_identity_with_generate(pair):
             ar = generate(target, None, prompt, DecodeConfig("ar", max_new_tokens=48))
             assert ar.tokens == reference, (arch, "ar", prompt)
             for decoder, budget in itertools.product(DECODERS[1:], budgets):
-                cfg = DecodeConfig(decoder, budget=budget, max_new_tokens=48, top_k=top_k,
-                                   depth=depth)
+                cfg = DecodeConfig(decoder, budget=budget, max_new_tokens=48,
+                                   pool=PoolShape(top_k=top_k, depth=depth))
                 result = generate(target, draft, prompt, cfg)
                 assert result.tokens == reference, (arch, kind, decoder, budget, prompt)
                 if kind == "noisy":
@@ -83,7 +85,7 @@ def test_caches_equal_a_fresh_prefill(pair):
     arch, target_hf, drafts = pair
     target, draft = HFModel(target_hf, name="target"), HFModel(drafts["noisy"], name="draft")
     for decoder in ("draft_rank", "fts", "pearl", "rerank"):
-        cfg = DecodeConfig(decoder, budget=12, max_new_tokens=30, top_k=3, depth=4)
+        cfg = DecodeConfig(decoder, budget=12, max_new_tokens=30, pool=PoolShape(top_k=3, depth=4))
         prompt = PROMPTS[0]
         result = generate(target, draft, prompt, cfg)
         committed = prompt + result.tokens
@@ -203,8 +205,8 @@ def test_help_lists_the_commands():
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["--budget", "0"], "budget must be >= 1"),
-        (["--temperature", "-1"], "--temperature must be >= 0"),
+        (["--budget", "0"], "--budget must be a positive integer"),
+        (["--temperature", "-1"], "--temperature must be a number >= 0"),
         (["--prompt", "  "], "--prompt is empty"),
     ],
 )
@@ -216,7 +218,7 @@ def test_compare_bad_input(saved_pair, extra, message):
 
 
 def test_compare_unknown_model_and_vocab_mismatch(saved_pair, tmp_path):
-    from targetrows.hf.tiny import save_tiny
+    from tiny_models import save_tiny
 
     target, _ = saved_pair
     proc = _cli("compare", "--target", str(tmp_path / "nope"), "--draft", target, "--prompt", "hi")

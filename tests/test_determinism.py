@@ -9,9 +9,10 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from targetrows.cli import main  # noqa: E402
-from targetrows.decoding.registry import decoder_names  # noqa: E402
-from targetrows.hf.tiny import save_tiny_pair  # noqa: E402
+from tiny_models import save_tiny_pair
+
+from targetrows.cli import main
+from targetrows.decoding.registry import decoder_names
 
 DECODERS = decoder_names()
 

@@ -9,19 +9,19 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from safetensors.torch import load_file  # noqa: E402
+from safetensors.torch import load_file
+from tiny_models import reference_logits, save_tiny, tiny_model, tiny_tokenizer
 
-from targetrows import cli  # noqa: E402
-from targetrows.build import chat_prompts, distill  # noqa: E402
-from targetrows.build.replies import (  # noqa: E402
+from targetrows import cli
+from targetrows.specbench.chat import encode_prompt
+from targetrows.train import chat_prompts, distill
+from targetrows.train.replies import (
     RepliesConfig,
     generate_batch,
     generate_replies,
     shared_prefix,
     teacher_data,
 )
-from targetrows.decoding.chat import encode_prompt  # noqa: E402
-from targetrows.hf.tiny import reference_logits, save_tiny, tiny_model, tiny_tokenizer  # noqa: E402
 
 SMALL = dict(steps=12, batch_size=4, warmup=2, n_random=64, compile=False)
 DATA = RepliesConfig(prompts=24, self_prompts=0, heldout=4, max_new_tokens=8,

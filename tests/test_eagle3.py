@@ -12,18 +12,22 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from sampling_check import assert_first_tokens_follow_the_target  # noqa: E402
+from sampling_check import assert_first_tokens_follow_the_target
+from tiny_heads import save_tiny_head, tiny_head_tensors
+from tiny_models import random_tree, save_tiny, tiny_model
 
-from targetrows.core.pool import expand_model  # noqa: E402
-from targetrows.core.tree import Tree  # noqa: E402
-from targetrows.decoding.loop import DecodeConfig, generate  # noqa: E402
-from targetrows.decoding.registry import decoder_names  # noqa: E402
-from targetrows.hf.eagle3_tiny import save_tiny_head, tiny_head_tensors  # noqa: E402
-from targetrows.hf.tiny import random_tree, save_tiny, tiny_model  # noqa: E402
+from targetrows.core.pool import (
+    PoolShape,
+    expand_model,
+)
+from targetrows.core.tree import Tree
+from targetrows.decoding.config import DecodeConfig
+from targetrows.decoding.loop import generate
+from targetrows.decoding.registry import decoder_names
 
 DECODERS = decoder_names()
-from targetrows.hf.eagle3_checkpoint import load_eagle3  # noqa: E402
-from targetrows.hf.model import HFModel, TorchRows  # noqa: E402
+from targetrows.hf.eagle3_checkpoint import load_eagle3
+from targetrows.hf.model import HFModel, TorchRows
 
 N_LAYERS = 6  # default feature layers 2, L//2, L-3 = 2, 3, 3
 PROMPTS = [[5, 17, 42], [200, 3, 9, 9, 31], [64]]
@@ -109,7 +113,7 @@ def test_target_features_follow_the_cache(llama_target, tmp_path):
     for decoder, prompt, n_new in (("draft_rank", PROMPTS[1], 20), ("fts", PROMPTS[1], 20),
                                    ("draft_rank", long_prompt, 220)):
         result = generate(target, draft, prompt, DecodeConfig(decoder, budget=6,
-                                                              max_new_tokens=n_new, top_k=3))
+                                                              max_new_tokens=n_new, pool=PoolShape(top_k=3)))
         cached = target.cached_tokens.tolist()
         assert cached == (prompt + result.tokens)[: len(cached)]
         feats = target.features(cached, 0, len(cached))
@@ -214,7 +218,7 @@ def test_every_decoder_matches_greedy(tmp_path, arch, layout, vocab):
         reference = hf_greedy(target_hf, prompt, 40)
         assert generate(target, None, prompt, DecodeConfig("ar", max_new_tokens=40)).tokens == reference
         for decoder, budget in itertools.product(DECODERS[1:], (1, 12)):
-            cfg = DecodeConfig(decoder, budget=budget, max_new_tokens=40, top_k=4, depth=4)
+            cfg = DecodeConfig(decoder, budget=budget, max_new_tokens=40, pool=PoolShape(top_k=4, depth=4))
             assert generate(target, draft, prompt, cfg).tokens == reference, (decoder, budget, prompt)
 
 
@@ -225,7 +229,8 @@ def test_drafting_alongside_the_root_pass_in_a_thread(llama_target, tmp_path):
     target, draft = _draft(llama_target, folder)
     reference = hf_greedy(llama_target, PROMPTS[1], 30)
     for decoder in ("rerank", "fts", "pearl"):
-        cfg = DecodeConfig(decoder, budget=8, max_new_tokens=30, top_k=3, depth=3, overlap=True)
+        cfg = DecodeConfig(decoder, budget=8, max_new_tokens=30, overlap=True,
+                           pool=PoolShape(top_k=3, depth=3))
         assert generate(target, draft, PROMPTS[1], cfg).tokens == reference, decoder
 
 
@@ -317,7 +322,8 @@ def test_compare_and_record_with_a_head(saved_target_and_head, tmp_path):
     proc = _cli("record", "--target", target, "--draft", head, "--prompts", str(prompts),
                 "--out", str(log), "--max-new-tokens", "6", "--quiet")
     assert proc.returncode == 0, proc.stderr
-    from targetrows.hf.eagle3_tiny import draft_vocab
+    from tiny_heads import draft_vocab
+
     from targetrows.rowlog.format import read
 
     rowlog = read(str(log))
@@ -349,7 +355,7 @@ def test_compare_and_record_with_prompt_lookup_mixed_in(saved_target_and_head, t
 def test_prompt_lookup_guesses_outside_the_draft_vocabulary_stay_greedy(llama_target, tmp_path):
     """The head ranks 40 of 272 tokens; prompt lookup guesses the rest too, and the head
     expands them (its embedding is the target's): every decoder still reproduces greedy."""
-    from targetrows.decoding.lookup_draft import LookupDraft
+    from targetrows.core.lookup import LookupDraft
 
     folder = save_tiny_head(tmp_path / "h", llama_target.config, draft_vocab_size=40)
     target, head = _draft(llama_target, folder)
@@ -358,7 +364,7 @@ def test_prompt_lookup_guesses_outside_the_draft_vocabulary_stay_greedy(llama_ta
     # ar is the reference (HF generate would read the prompt's token 0 as padding)
     reference = generate(target, None, prompt, DecodeConfig("ar", max_new_tokens=30)).tokens
     for decoder in DECODERS[1:]:
-        cfg = DecodeConfig(decoder, budget=8, max_new_tokens=30, top_k=3, depth=3)
+        cfg = DecodeConfig(decoder, budget=8, max_new_tokens=30, pool=PoolShape(top_k=3, depth=3))
         assert generate(target, draft, prompt, cfg).tokens == reference, decoder
     tokens, _ = draft.topk_at(prompt, Tree.root_only(prompt[-1]), [0], 3)
     guessed = int(tokens[0, 0])

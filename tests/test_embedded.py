@@ -13,10 +13,10 @@ pytest.importorskip("gguf")
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-import gguf  # noqa: E402
+import gguf
 
-from targetrows import cli  # noqa: E402
-from targetrows.build import embedded  # noqa: E402
+from targetrows import cli
+from targetrows.fetch import embedded
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content']"

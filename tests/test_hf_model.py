@@ -9,12 +9,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from tiny_models import ARCHS, TOKENIZER_SIZE, random_tree, reference_logits, tiny_model
 from transformers import DynamicCache
 
+from targetrows.core.pool import PoolShape
 from targetrows.core.tree import Tree
 from targetrows.hf import gqa_attention
 from targetrows.hf.model import HFModel
-from targetrows.hf.tiny import ARCHS, TOKENIZER_SIZE, random_tree, reference_logits, tiny_model
 
 V = TOKENIZER_SIZE
 TOL = {"sdpa": 1e-9, "eager": 1e-5}
@@ -334,20 +335,22 @@ def test_greedy_decoding_equals_plain_greedy(decoder):
     """The real round loop over HFModel: every decoder reproduces plain greedy decoding. The
     draft is a second view of the target (long accepted paths: many commits keep tree entries)
     or an unrelated model (mostly rejections)."""
-    from targetrows.decoding.loop import DecodeConfig, generate
+    from targetrows.decoding.config import DecodeConfig
+    from targetrows.decoding.loop import generate
 
     target = tiny_model("llama", seed=0, dtype=torch.float64)
     prompt, expected = [3, 1, 4, 1, 5], []
     for _ in range(14):
         expected.append(int(reference_logits(target, prompt + expected)[-1, :V].argmax()))
-    config = DecodeConfig(decoder=decoder, budget=6, max_new_tokens=14, top_k=3, depth=3)
+    config = DecodeConfig(decoder=decoder, budget=6, max_new_tokens=14, pool=PoolShape(top_k=3, depth=3))
     for draft in (target, tiny_model("llama", seed=1, n_layers=1, dtype=torch.float64)):
         result = generate(wrap(target), wrap(draft), prompt, config)
         assert result.tokens == expected
 
 
 def test_sampled_decoding_is_reproducible():
-    from targetrows.decoding.loop import DecodeConfig, generate
+    from targetrows.decoding.config import DecodeConfig
+    from targetrows.decoding.loop import generate
 
     target = tiny_model("qwen2", seed=0, dtype=torch.float32)
     draft = tiny_model("qwen2", seed=1, n_layers=1, dtype=torch.float32)
@@ -361,9 +364,7 @@ def test_sampled_decoding_is_reproducible():
                 budget=5,
                 temperature=1.0,
                 max_new_tokens=10,
-                top_k=3,
-                depth=2,
-                seed=seed,
+                seed=seed, pool=PoolShape(top_k=3, depth=2),
             ),
         ).tokens
         for seed in (3, 3, 4)
@@ -375,7 +376,8 @@ def test_sampled_decoding_is_reproducible():
 def test_plain_decoding_passes_are_hugging_faces_own():
     """ar's passes (the prompt's causal pass, then one-token steps) carry no mask of ours, so
     their rows are those of Hugging Face's own generate() to the bit, not just to rounding."""
-    from targetrows.decoding.loop import DecodeConfig, generate
+    from targetrows.decoding.config import DecodeConfig
+    from targetrows.decoding.loop import generate
 
     model = tiny_model("llama", seed=6, dtype=torch.float32)
     hf = HFModel(model, name="tiny")

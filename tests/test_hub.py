@@ -19,8 +19,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
-from hub_server import Hub  # noqa: E402
-from snakemake_env import SNAKEMAKE, snakemake_env  # noqa: E402
+from hub_server import Hub
+from snakemake_env import SNAKEMAKE, snakemake_env
 
 pytest.importorskip("huggingface_hub")
 pytest.importorskip("datasets")
@@ -42,7 +42,7 @@ def hub_env(endpoint: str, home: Path, **extra: str) -> dict[str, str]:
 
 def download(endpoint: str, home: Path, repo: str, out: Path, tries: int = 4,
              gated: bool = False, **extra: str) -> subprocess.CompletedProcess:
-    code = ("import sys; from targetrows.build.hub import download; "
+    code = ("import sys; from targetrows.fetch.hub import download; "
             f"download({repo!r}, 'main', {str(out)!r}, gated={gated}, tries={tries}, "
             "backoff_s=0.05)")
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -52,8 +52,7 @@ def download(endpoint: str, home: Path, repo: str, out: Path, tries: int = 4,
 @pytest.fixture(scope="module")
 def tiny_repo(tmp_path_factory):
     from hub_repos import model_files
-
-    from targetrows.hf.tiny import save_tiny
+    from tiny_models import save_tiny
 
     folder = tmp_path_factory.mktemp("model")
     save_tiny(folder / "m", "qwen2", seed=0, n_layers=1)
@@ -154,9 +153,8 @@ def paper_hub(tmp_path_factory):
     """The paper's seven datasets and tiny stand-ins for its Llama pair: the target (gated, as on
     the hub) and its EAGLE-3 head (a pickle .bin only, as the published one)."""
     from hub_repos import dataset_repos, model_files
-
-    from targetrows.hf.eagle3_tiny import save_tiny_head
-    from targetrows.hf.tiny import save_tiny, tiny_model
+    from tiny_heads import save_tiny_head
+    from tiny_models import save_tiny, tiny_model
 
     hub = Hub()
     for repo, files in dataset_repos().items():
@@ -185,7 +183,7 @@ def snakemake(work: Path, hub: Hub, *args: str, configs=(), timeout: int = 900):
 
 @pytest.mark.skipif(SNAKEMAKE is None, reason="snakemake is not installed")
 def test_paper_datasets_become_spec_bench_prompts(paper_hub, tmp_path):
-    from targetrows.build.datasets import SOURCES
+    from targetrows.fetch.datasets import SOURCES
 
     work = tmp_path / "run"
     targets = [f"resources/prompts/{task}.jsonl" for task in SOURCES]
@@ -210,7 +208,7 @@ def test_paper_datasets_become_spec_bench_prompts(paper_hub, tmp_path):
 
 
 def load_split(hub: Hub, home: Path, task: str) -> subprocess.CompletedProcess:
-    code = ("from targetrows.build.datasets import SOURCES, load_split; "
+    code = ("from targetrows.fetch.datasets import SOURCES, load_split; "
             f"print(len(load_split(SOURCES[{task!r}], backoff_s=0.05)))")
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=hub_env(hub.url, home), timeout=300)
@@ -261,9 +259,8 @@ def test_an_eagle3_head_loads_by_hub_id_and_decodes_exactly(tmp_path):
     config.json, checked against the target and bound to it; every decoder then reproduces
     greedy decoding. Both models are fetched from the test server."""
     from hub_repos import model_files
-
-    from targetrows.hf.eagle3_tiny import save_tiny_head
-    from targetrows.hf.tiny import save_tiny, tiny_model
+    from tiny_heads import save_tiny_head
+    from tiny_models import save_tiny, tiny_model
 
     save_tiny(tmp_path / "target", "llama", seed=0, n_layers=4)
     save_tiny_head(tmp_path / "head", tiny_model("llama", n_layers=4).config, safe=False)
@@ -272,7 +269,9 @@ def test_an_eagle3_head_loads_by_hub_id_and_decodes_exactly(tmp_path):
     hub.add("model", "org/tiny-target-eagle3", model_files(tmp_path / "head"))
     server, url = hub.start()
     code = (
-        "from targetrows.decoding.loop import DecodeConfig, generate\n"
+        "from targetrows.core.pool import PoolShape\n"
+        "from targetrows.decoding.config import DecodeConfig\n"
+        "from targetrows.decoding.loop import generate\n"
         "from targetrows.decoding.registry import decoder_names\n"
         "from targetrows.hf.eagle3 import Eagle3Draft\n"
         "from targetrows.hf.loading import load_pair\n"
@@ -282,7 +281,7 @@ def test_an_eagle3_head_loads_by_hub_id_and_decodes_exactly(tmp_path):
         "ids = tok('hello there', add_special_tokens=False)['input_ids']\n"
         "ar = generate(target, None, ids, DecodeConfig('ar', max_new_tokens=12)).tokens\n"
         "for name in decoder_names()[1:]:\n"
-        "    cfg = DecodeConfig(name, budget=6, top_k=3, depth=3, max_new_tokens=12)\n"
+        "    cfg = DecodeConfig(name, budget=6, max_new_tokens=12, pool=PoolShape(top_k=3, depth=3))\n"
         "    assert generate(target, draft, ids, cfg).tokens == ar, name\n"
         "print('ok', len(ar))\n")
     try:

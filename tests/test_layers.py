@@ -9,8 +9,9 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "targetrows"
 # lowest first: a module may import from its own layer and the ones before it
-LAYERS = ["core", "decoding", "hf", "rowlog", "analysis", "build", "bench", "pipeline", "cli"]
-NUMPY_ONLY = ["core", "decoding"]
+LAYERS = ["core", "decoding", "cost", "specbench", "hf", "rowlog", "pipeline", "analysis", "fetch",
+          "train", "bench", "cli"]
+NUMPY_ONLY = ["core", "decoding", "cost", "specbench"]
 
 
 def _modules():
@@ -20,27 +21,72 @@ def _modules():
             yield rel.parts[0], path
 
 
-def _imported_layers(path: Path) -> set[str]:
-    """Layers of targetrows that a module imports (at any depth of its code)."""
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """The targetrows modules (or packages) a module imports, at any depth of its code,
+    relative imports resolved."""
+    package = _module_name(path).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
-            if node.level == 0 and node.module and node.module.startswith("targetrows."):
-                found.add(node.module.split(".")[1])
-            elif node.level == 2 and node.module:  # from ..layer import x
-                found.add(node.module.split(".")[0])
+            base = node.module or ""
+            if node.level:
+                up = package[: len(package) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            if base.startswith("targetrows"):
+                found.add(base)
+                found.update(f"{base}.{a.name}" for a in node.names)  # a submodule by name
         elif isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.name.startswith("targetrows."):
-                    found.add(alias.name.split(".")[1])
+            found.update(a.name for a in node.names if a.name.startswith("targetrows"))
     return found
+
+
+MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _graph() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (a package stands for its __init__)."""
+    return {name: {m for m in _imports(path) if m in MODULES and m != name}
+            for name, path in MODULES.items()}
 
 
 @pytest.mark.parametrize("layer, path", list(_modules()), ids=lambda x: str(x))
 def test_imports_point_down(layer, path):
     rank = LAYERS.index(layer)
-    above = sorted(x for x in _imported_layers(path) if x in LAYERS and LAYERS.index(x) > rank)
+    layers = {m.split(".")[1] for m in _imports(path) if m.count(".") >= 1}
+    above = sorted(x for x in layers if x in LAYERS and LAYERS.index(x) > rank)
     assert not above, f"{path.relative_to(PACKAGE)} ({layer}) imports the higher layer(s) {above}"
+
+
+def test_every_package_folder_is_a_layer():
+    folders = sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__")
+    assert folders == sorted(LAYERS)
+
+
+def test_the_import_graph_has_no_cycles():
+    graph, state, stack = _graph(), {}, []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                cycle = stack[stack.index(nxt):] + [nxt]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
 
 
 def test_numpy_layers_import_without_torch():

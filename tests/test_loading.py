@@ -8,17 +8,7 @@ import os
 import numpy as np
 import pytest
 import torch
-
-from targetrows.cli.common import add_model_arguments, load_from_args  # noqa: E402
-from targetrows.core.tree import Tree
-from targetrows.decoding.chat import encode_conversation, encode_prompt, stop_ids  # noqa: E402
-from targetrows.hf.loading import (  # noqa: E402
-    load_model,
-    load_pair,
-    tokenizer_difference,
-)
-from targetrows.hf.model import HFModel
-from targetrows.hf.tiny import (
+from tiny_models import (
     ARCHS,
     DRAFT_VOCAB,
     N_BYTES,
@@ -30,6 +20,16 @@ from targetrows.hf.tiny import (
     tiny_model,
     tiny_tokenizer,
 )
+
+from targetrows.cli.common import add_model_arguments, load_from_args
+from targetrows.core.tree import Tree
+from targetrows.hf.loading import (
+    load_model,
+    load_pair,
+    tokenizer_difference,
+)
+from targetrows.hf.model import HFModel
+from targetrows.specbench.chat import encode_conversation, encode_prompt, stop_ids
 
 EOS, IM_START, IM_END = N_BYTES, N_BYTES + 1, N_BYTES + 2
 
@@ -102,7 +102,7 @@ def test_pickle_weights_need_permission(tmp_path):
 
 def test_gguf_files_load(tmp_path):
     pytest.importorskip("gguf")
-    from targetrows.hf.tiny import save_tiny_gguf
+    from tiny_models import save_tiny_gguf
 
     path = save_tiny_gguf(tmp_path / "gguf-model", seed=0)
     expected = reference_logits(tiny_model("qwen2", seed=0), [5, 6, 7])[-1]

@@ -7,12 +7,13 @@ import itertools
 import numpy as np
 import pytest
 
-from targetrows.core.lookup import NgramIndex
+from targetrows.core.lookup import LookupDraft, NgramIndex, mix_guess
+from targetrows.core.pool import PoolShape
 from targetrows.core.rows import log_softmax
 from targetrows.core.toy import ToyPair
 from targetrows.core.tree import Tree
-from targetrows.decoding.lookup_draft import LookupDraft, mix_guess
-from targetrows.decoding.loop import DecodeConfig, generate
+from targetrows.decoding.config import DecodeConfig
+from targetrows.decoding.loop import generate
 from targetrows.decoding.registry import decoder_names
 
 DECODERS = decoder_names()
@@ -103,7 +104,7 @@ def test_every_decoder_stays_greedy_with_prompt_lookup(decoder, budget):
     pair = ToyPair(8, seed=5, closeness=0.3)
     context = [3, 1, 4, 1, 5, 3, 1, 4, 1, 5, 3, 1]
     greedy = generate(pair.target, None, context, DecodeConfig("ar", max_new_tokens=40)).tokens
-    cfg = DecodeConfig(decoder, budget=budget, max_new_tokens=40, top_k=3, depth=3)
+    cfg = DecodeConfig(decoder, budget=budget, max_new_tokens=40, pool=PoolShape(top_k=3, depth=3))
     draft = LookupDraft(pair.draft)
     assert generate(pair.target, draft, context, cfg).tokens == greedy
 
@@ -125,8 +126,8 @@ def test_sampling_with_prompt_lookup_follows_the_target():
         counts = {}
         draft = LookupDraft(pair.draft, weights=(0.6, 0.9))
         for seed in range(samples):
-            cfg = DecodeConfig(decoder, budget=4, temperature=1.0, max_new_tokens=3, top_k=2,
-                               depth=2, seed=seed)
+            cfg = DecodeConfig(decoder, budget=4, temperature=1.0, max_new_tokens=3, seed=seed,
+                               pool=PoolShape(top_k=2, depth=2))
             out = tuple(generate(pair.target, draft, prompt, cfg).tokens)
             counts[out] = counts.get(out, 0) + 1
         expected = np.array([exact[s] * samples for s in seqs])

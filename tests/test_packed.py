@@ -10,17 +10,20 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from targetrows.decoding.loop import DecodeConfig, generate  # noqa: E402
-from targetrows.decoding.registry import decoder_names  # noqa: E402
-from targetrows.hf.loading import load_model  # noqa: E402
-from targetrows.hf.model import HFModel  # noqa: E402
-from targetrows.hf.packed import (  # noqa: E402
+from tiny_models import reference_logits, save_tiny, tiny_model
+
+from targetrows.core.pool import PoolShape
+from targetrows.decoding.config import DecodeConfig
+from targetrows.decoding.loop import generate
+from targetrows.decoding.registry import decoder_names
+from targetrows.hf.loading import load_model
+from targetrows.hf.model import HFModel
+from targetrows.hf.packed import (
     PackedLinear,
     pack_linears,
     packed_product,
     packing_works,
 )
-from targetrows.hf.tiny import reference_logits, save_tiny, tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not packing_works(), reason="this torch has no oneDNN packing")
 
@@ -128,7 +131,7 @@ def test_decoders_on_packed_models_are_lossless(arch):
                                 do_sample=False, eos_token_id=None, pad_token_id=0)
         assert ar == hf[0, len(prompt):].tolist()
         for decoder, budget in itertools.product(decoder_names()[1:], (4, 24)):
-            config = DecodeConfig(decoder, budget=budget, max_new_tokens=32, top_k=4, depth=4)
+            config = DecodeConfig(decoder, budget=budget, max_new_tokens=32, pool=PoolShape(top_k=4, depth=4))
             result = generate(target, draft, prompt, config)
             assert result.tokens == ar, (arch, decoder, budget, prompt)
             assert sum(r.accepted for r in result.rounds) > 0
@@ -150,7 +153,8 @@ def test_load_model_packs_cpu_models(tmp_path):
 def test_a_bfloat16_packed_head_on_a_float32_target_is_lossless(tmp_path):
     """`load_pair(..., draft_dtype="bfloat16")`: the head packed in bfloat16, the target in
     float32; every decoder still commits ar's tokens, and trees do get accepted."""
-    from targetrows.hf.eagle3_tiny import save_tiny_head
+    from tiny_heads import save_tiny_head
+
     from targetrows.hf.loading import load_pair
 
     target_dir = save_tiny(tmp_path / "t", "llama", seed=0, n_layers=6)
@@ -164,7 +168,7 @@ def test_a_bfloat16_packed_head_on_a_float32_target_is_lossless(tmp_path):
     for prompt in ([5, 17, 42], [200, 3, 9, 9, 31]):
         ar = generate(target, None, prompt, DecodeConfig("ar", max_new_tokens=24)).tokens
         for decoder in decoder_names()[1:]:
-            config = DecodeConfig(decoder, budget=8, max_new_tokens=24, top_k=4, depth=4)
+            config = DecodeConfig(decoder, budget=8, max_new_tokens=24, pool=PoolShape(top_k=4, depth=4))
             assert generate(target, head, prompt, config).tokens == ar, (decoder, prompt)
 
 

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 import yaml
 
-from targetrows.analysis.conditions import read_conditions
+from targetrows.pipeline.conditions import read_conditions
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "workflow" / "scripts"
 sys.path.insert(0, str(SCRIPTS))
-from snakemake_env import SNAKEMAKE, snakemake_env  # noqa: E402
+from snakemake_env import SNAKEMAKE, snakemake_env
 
 pytestmark = pytest.mark.skipif(SNAKEMAKE is None, reason="snakemake is not installed "
                                 "(pip install -e .[pipeline])")
@@ -196,7 +196,7 @@ def test_a_matched_cap_equals_the_baselines_mean_tree_size():
     curve on the row logs; the closest budget wins, recorded with what it matched."""
     from test_score import toy_log
 
-    from targetrows.analysis.conditions import matched_cap, mean_nodes, resolve, size_curve
+    from targetrows.pipeline.conditions import matched_cap, mean_nodes, resolve, size_curve
 
     answers = [{"budget": 8, "rounds": {"nodes": [2, 3]}}, {"budget": 8, "rounds": {"nodes": [4]}},
                {"budget": 3, "rounds": {"nodes": [1]}}]
@@ -217,7 +217,7 @@ def test_a_matched_cap_equals_the_baselines_mean_tree_size():
 
 
 def test_bundled_prompts_are_spec_bench_questions():
-    from targetrows.build.datasets import SOURCES, bundled
+    from targetrows.fetch.datasets import SOURCES, bundled
 
     ids = set()
     for task in SOURCES:
@@ -234,7 +234,7 @@ def test_bundled_prompts_are_spec_bench_questions():
 
 
 def test_prompt_records_are_checked(tmp_path):
-    from targetrows.build.datasets import check_record, sample_rows
+    from targetrows.fetch.datasets import check_record, sample_rows
 
     with pytest.raises(ValueError, match="two turns"):
         check_record({"question_id": 1, "category": "mt_bench", "turns": ["one"]}, "x", "mt_bench")
@@ -249,7 +249,7 @@ def test_hub_errors_are_classified():
     pytest.importorskip("huggingface_hub")
     from huggingface_hub.errors import LocalEntryNotFoundError
 
-    from targetrows.build.hub import explain, is_transient
+    from targetrows.fetch.hub import explain, is_transient
 
     assert is_transient(ConnectionError("reset"))
     assert is_transient(TimeoutError())
@@ -261,8 +261,8 @@ def test_hub_errors_are_classified():
 
 # -- end to end ---------------------------------------------------------------------------------
 
-NEEDED = ["torch", "transformers", "pandas", "seaborn", "targetrows.decoding.answer_file",
-          "targetrows.rowlog.record", "targetrows.rowlog.score", "targetrows.build.distill",
+NEEDED = ["torch", "transformers", "pandas", "seaborn", "targetrows.specbench.answers",
+          "targetrows.rowlog.record", "targetrows.rowlog.score", "targetrows.train.distill",
           "targetrows.analysis.stats"]
 
 
@@ -283,7 +283,7 @@ def decode_conditions(cfg, decoder):
 
 
 def _tiny_workdir(tmp_path: Path) -> Path:
-    from targetrows.hf.tiny import save_tiny
+    from tiny_models import save_tiny
 
     work = tmp_path / "run"
     save_tiny(work / "models" / "tiny-llama", "llama", seed=0, n_layers=4)

@@ -7,11 +7,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from targetrows.core.pool import PoolShape
 from targetrows.core.rules.root_pool import draft_rank
 from targetrows.core.toy import ToyPair
-from targetrows.decoding import costmodel as cm
+from targetrows.cost import parttimes, rounds
 from targetrows.decoding import planners
-from targetrows.decoding.loop import DecodeConfig, generate
+from targetrows.decoding.config import DecodeConfig
+from targetrows.decoding.loop import generate
 from targetrows.decoding.registry import (
     DECODERS,
     RULES,
@@ -54,7 +56,7 @@ def test_unknown_names_raise_naming_the_known_ones():
     with pytest.raises(ValueError, match="unknown decoder 'beam'"):
         DecodeConfig("beam")
     with pytest.raises(ValueError, match="unknown decoder 'beam'"):
-        cm.draft_pass_widths("beam", 4, 3)
+        rounds.round_seconds("beam", None, [1], [1], 0.0, PoolShape(4, 3))
 
 
 def plan_shallow(r):
@@ -63,7 +65,7 @@ def plan_shallow(r):
 
     def work():
         r.stats.draft_passes += 1
-        return expand_model(r.draft, r.context, r.config.top_k, 1)
+        return expand_model(r.draft, r.context, r.config.pool.top_k, 1)
 
     cand, logq = timed_draft_work(r, work)
     return Plan([], cand.subtree(draft_rank.select(cand, logq, r.config.budget)))
@@ -83,20 +85,21 @@ def test_a_registered_decoder_runs_everywhere(shallow, tmp_path):
     # the round loop: lossless like every decoder
     ar = generate(pair.target, None, prompt, DecodeConfig("ar", max_new_tokens=24))
     new = generate(pair.target, pair.draft, prompt,
-                   DecodeConfig("shallow", budget=4, top_k=4, max_new_tokens=24))
+                   DecodeConfig("shallow", budget=4, max_new_tokens=24, pool=PoolShape(top_k=4)))
     assert new.tokens == ar.tokens
     assert all(r.draft_passes == 1 for r in new.rounds)
     # the cost model
-    parts = cm.PartTimes(cm.PassCurve((1, 9), (0.01, 0.018)), cm.PassCurve((1, 4), (0.002, 0.003)),
-                         10)
-    assert cm.draft_pass_widths("shallow", 4, 3) == [1, 4, 4]
-    b = cm.bound("shallow", parts, new.rounds, top_k=4, depth=3)
+    parts = parttimes.PartTimes(parttimes.PassCurve((1, 9), (0.01, 0.018)),
+                                parttimes.PassCurve((1, 4), (0.002, 0.003)),
+                                10)
+    assert shallow.draft_widths(PoolShape(4, 3)) == [1, 4, 4]
+    b = rounds.bound("shallow", parts, new.rounds, PoolShape(4, 3))
     assert b.tokens_per_s > 0
     # the online tables, with the conditions its decode job would record, and their ordering
     pd = pytest.importorskip("pandas")
-    from targetrows.analysis.conditions import resolve, write_conditions
     from targetrows.analysis.frames import in_order
     from targetrows.analysis.online import conditions, online
+    from targetrows.pipeline.conditions import resolve, write_conditions
 
     paths = []
     for name in ("ar", "shallow", "mystery"):
@@ -149,9 +152,10 @@ def test_draft_passes_are_as_wide_as_the_registry_prices_them(decoder):
         return topk_at(context, tree, nodes, k)
 
     pair.draft.topk_at = counted
-    config = DecodeConfig(decoder, budget=2, top_k=3, depth=2, max_new_tokens=12)
+    config = DecodeConfig(decoder, budget=2, max_new_tokens=12, pool=PoolShape(top_k=3, depth=2))
     result = generate(pair.target, pair.draft, [1, 2, 3], config)
-    planned = get_decoder(decoder).draft_widths(3, config.pool_depth, budget=config.budget)
+    planned = get_decoder(decoder).draft_widths(PoolShape(3, config.pool_depth),
+                                                budget=config.budget)
     assert planned == ([1, 1] if decoder in ("draft_rank", "pearl") else [1, 3])
     assert len(widths) == sum(r.draft_passes for r in result.rounds)
     assert widths[:2] == planned

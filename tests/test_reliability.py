@@ -24,10 +24,11 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from targetrows.cli import main  # noqa: E402
-from targetrows.decoding.chat import encode_conversation  # noqa: E402
-from targetrows.hf.tiny import save_tiny, save_tiny_pair, tiny_model, tiny_tokenizer  # noqa: E402
-from targetrows.rowlog import format as rowlog  # noqa: E402
+from tiny_models import save_tiny, save_tiny_pair, tiny_model, tiny_tokenizer
+
+from targetrows.cli import main
+from targetrows.rowlog import format as rowlog
+from targetrows.specbench.chat import encode_conversation
 
 QUESTIONS = [
     {"question_id": f"q{i}", "category": "writing" if i % 2 else "math",
@@ -420,7 +421,7 @@ def test_row_log_bytes_do_not_depend_on_the_clock(tmp_path, monkeypatch):
 
 # -- the pipeline ------------------------------------------------------------------------------
 
-from snakemake_env import SNAKEMAKE, snakemake_env  # noqa: E402
+from snakemake_env import SNAKEMAKE, snakemake_env
 
 REPO = Path(__file__).resolve().parents[1]
 PIPELINE_CONFIG = {  # one pair of saved tiny models, one task, one temperature: seconds a job

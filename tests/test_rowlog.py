@@ -10,6 +10,7 @@ import pytest
 import targetrows.rowlog.record as record
 from targetrows.cli import main
 from targetrows.core import pool
+from targetrows.core.pool import PoolShape
 from targetrows.core.toy import ToyPair
 from targetrows.core.tree import Tree
 from targetrows.rowlog import format as rowlog
@@ -29,8 +30,8 @@ def write_prompts(path, items=PROMPTS):
 
 def toy_record(tmp_path, out="log.npz", temperature=1.0, **kw):
     pair = ToyPair(16, seed=5, closeness=0.9)
-    config = RecordConfig(temperature=temperature, top_k=3, depth=3, max_new_tokens=6,
-                          root_top=4, seed=7, **kw)
+    config = RecordConfig(temperature=temperature, max_new_tokens=6,
+                          root_top=4, seed=7, **kw, pool=PoolShape(top_k=3, depth=3))
     prompts = write_prompts(tmp_path / "prompts.jsonl")
     path = str(tmp_path / out)
     log = record_file(pair.target, pair.draft, ToyEncoder(16), prompts, path, config,
@@ -81,7 +82,7 @@ def test_logged_rows_are_the_models_rows(tmp_path):
 
 def test_greedy_trajectory_and_one_token_prompt(tmp_path):
     pair = ToyPair(16, seed=2, closeness=0.9)
-    config = RecordConfig(temperature=0.0, top_k=2, depth=2, max_new_tokens=5, stop_ids={99})
+    config = RecordConfig(temperature=0.0, max_new_tokens=5, stop_ids={99}, pool=PoolShape(top_k=2, depth=2))
     seg = record_prompt(pair.target, pair.draft, [4], config)
     ctx = [4]
     for token in seg["trajectory"]:  # greedy: the argmax of the target's row, 5 + depth tokens
@@ -156,7 +157,8 @@ def test_interrupted_recording_resumes_to_the_same_bytes(tmp_path, monkeypatch):
 
 def _record_other_seed(tmp_path):
     pair = ToyPair(16, seed=5, closeness=0.9)
-    config = RecordConfig(temperature=1.0, top_k=3, depth=3, max_new_tokens=6, root_top=4, seed=8)
+    config = RecordConfig(temperature=1.0, max_new_tokens=6, root_top=4, seed=8,
+                          pool=PoolShape(top_k=3, depth=3))
     record_file(pair.target, pair.draft, ToyEncoder(16), str(tmp_path / "prompts.jsonl"),
                 str(tmp_path / "resumed.npz"), config, names=("toy-t", "toy-d"), quiet=True)
 
@@ -185,10 +187,10 @@ def test_record_cli_toy_pair_and_bad_input(tmp_path, capsys):
 def test_record_from_tiny_hf_models_round_trips(tmp_path):
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
+    from tiny_models import reference_logits, save_tiny_pair
     from transformers import AutoModelForCausalLM
 
     from targetrows.hf.loading import load_tokenizer
-    from targetrows.hf.tiny import reference_logits, save_tiny_pair
 
     target_dir, draft_dir = save_tiny_pair(tmp_path, "llama")
     prompts = write_prompts(tmp_path / "p.jsonl", PROMPTS[:1])
@@ -218,17 +220,17 @@ def test_record_from_tiny_hf_models_round_trips(tmp_path):
 def test_sampled_recording_from_tiny_hf_models_is_deterministic(tmp_path):
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
+    from tiny_models import reference_logits, save_tiny_pair
     from transformers import AutoModelForCausalLM
 
-    from targetrows.decoding.chat import stop_ids
     from targetrows.hf.loading import load_pair
-    from targetrows.hf.tiny import reference_logits, save_tiny_pair
     from targetrows.rowlog.record import ChatEncoder
+    from targetrows.specbench.chat import stop_ids
 
     target_dir, draft_dir = save_tiny_pair(tmp_path, "qwen2")
     target, draft, tokenizer = load_pair(target_dir, draft_dir, "cpu")
-    config = RecordConfig(temperature=1.0, top_k=3, depth=2, stride=2, max_new_tokens=4,
-                          stop_ids=frozenset(stop_ids(tokenizer, target)))
+    config = RecordConfig(temperature=1.0, stride=2, max_new_tokens=4,
+                          stop_ids=frozenset(stop_ids(tokenizer, target)), pool=PoolShape(top_k=3, depth=2))
     prompts = write_prompts(tmp_path / "p.jsonl", PROMPTS[1:])
     logs = [record_file(target, draft, ChatEncoder(tokenizer), prompts, str(tmp_path / name),
                         config, names=(target_dir, draft_dir), quiet=True)

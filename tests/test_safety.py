@@ -18,11 +18,12 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from targetrows.cli import main  # noqa: E402
-from targetrows.hf.tiny import save_tiny, save_tiny_pair  # noqa: E402
+from tiny_models import save_tiny, save_tiny_pair
+
+from targetrows.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
-from snakemake_env import SNAKEMAKE, snakemake_env  # noqa: E402
+from snakemake_env import SNAKEMAKE, snakemake_env
 
 QUESTIONS = [{"question_id": "s1", "category": "qa", "turns": ["Is this safe?"]}]
 FAKE_TOKEN = "hf_FAKEtokenDoNotLeak0123456789abcdef"

@@ -8,10 +8,12 @@ import pytest
 
 from targetrows import expected_accepted, expected_accepted_greedy
 from targetrows.cli import main
+from targetrows.core.pool import PoolShape
 from targetrows.core.rules.batch import top_order
 from targetrows.core.toy import ToyPair
 from targetrows.core.tree import Tree
-from targetrows.decoding.loop import DecodeConfig, generate
+from targetrows.decoding.config import DecodeConfig
+from targetrows.decoding.loop import generate
 from targetrows.decoding.registry import rule_names
 from targetrows.rowlog import format as rowlog
 from targetrows.rowlog.record import RecordConfig, record_prompt
@@ -23,9 +25,9 @@ BUDGETS = [1, 2, 3, 5, 8, 13, 200]
 def toy_log(temperature, stride=1, top_k=4, depth=4, n_prompts=4, new=12, stop_ids=(),
             vocab=16, closeness=0.85, prompt_len=4):
     pair = ToyPair(vocab, seed=3, closeness=closeness)
-    config = RecordConfig(temperature=temperature, top_k=top_k, depth=depth, stride=stride,
+    config = RecordConfig(temperature=temperature, stride=stride,
                           max_new_tokens=new, root_top=vocab, seed=0,
-                          stop_ids=frozenset(stop_ids))
+                          stop_ids=frozenset(stop_ids), pool=PoolShape(top_k=top_k, depth=depth))
     rng = np.random.default_rng(1)
     segments = []
     for i in range(n_prompts):
@@ -192,11 +194,11 @@ def test_scored_draft_rank_matches_online_decoding(temperature):
     online = []
     for i, prompt in enumerate(prompts):
         config = DecodeConfig(decoder="draft_rank", budget=budget, temperature=temperature,
-                              max_new_tokens=new, top_k=top_k, depth=depth, seed=i)
+                              max_new_tokens=new, seed=i, pool=PoolShape(top_k=top_k, depth=depth))
         online += [r.accepted for r in generate(pair.target, pair.draft, prompt, config).rounds]
     # every 4th position: the expectation varies little between positions
-    config = RecordConfig(temperature=temperature, top_k=top_k, depth=depth, max_new_tokens=new,
-                          stride=4)
+    config = RecordConfig(temperature=temperature, max_new_tokens=new,
+                          stride=4, pool=PoolShape(top_k=top_k, depth=depth))
     segments = [dict(record_prompt(pair.target, pair.draft, p, config, seed=100 + i),
                      question=i, task="toy", turn=0) for i, p in enumerate(prompts)]
     log = rowlog.from_segments(dict(temperature=temperature, depth=depth), segments)

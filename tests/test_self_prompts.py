@@ -8,10 +8,11 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from targetrows.build.replies import RepliesConfig, generate_replies  # noqa: E402
-from targetrows.build.self_prompts import sample_turns, self_prompts, user_turn_prefix  # noqa: E402
-from targetrows.decoding.chat import encode_prompt  # noqa: E402
-from targetrows.hf.tiny import reference_logits, tiny_model, tiny_tokenizer  # noqa: E402
+from tiny_models import reference_logits, tiny_model, tiny_tokenizer
+
+from targetrows.specbench.chat import encode_prompt
+from targetrows.train.replies import RepliesConfig, generate_replies
+from targetrows.train.self_prompts import sample_turns, self_prompts, user_turn_prefix
 
 STOP = set(range(0, 259, 19))  # stop tokens enough for about half the turns to end in 12 tokens
 

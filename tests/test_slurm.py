@@ -23,8 +23,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
-import slurm_cluster  # noqa: E402
-from snakemake_env import SNAKEMAKE, snakemake_env  # noqa: E402
+import slurm_cluster
+from snakemake_env import SNAKEMAKE, snakemake_env
 
 IN_CI = os.environ.get("CI") == "true"  # there the cluster must run: a skip would hide it
 needs_snakemake = pytest.mark.skipif(SNAKEMAKE is None, reason="snakemake is not installed")
@@ -125,7 +125,7 @@ def cluster(request, tmp_path_factory):
 
 
 def workdir(tmp_path: Path) -> Path:
-    from targetrows.hf.tiny import save_tiny
+    from tiny_models import save_tiny
 
     work = tmp_path / "run"
     save_tiny(work / "models" / "tiny-llama", "llama", seed=0, n_layers=4)

@@ -13,19 +13,20 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from safetensors.torch import load_file  # noqa: E402
-from transformers import AutoModelForCausalLM  # noqa: E402
+from safetensors.torch import load_file
+from tiny_models import save_tiny, tiny_model
+from transformers import AutoModelForCausalLM
 
-from targetrows import cli  # noqa: E402
-from targetrows.build import eagle3_init as ei  # noqa: E402
-from targetrows.build import eagle3_train as et  # noqa: E402
-from targetrows.build.replies import TeacherData, generate_batch  # noqa: E402
-from targetrows.build.schedule import batch_order  # noqa: E402
-from targetrows.core.tree import Tree  # noqa: E402
-from targetrows.decoding.loop import DecodeConfig, generate  # noqa: E402
-from targetrows.hf.eagle3_checkpoint import load_eagle3, write_head  # noqa: E402
-from targetrows.hf.model import HFModel  # noqa: E402
-from targetrows.hf.tiny import save_tiny, tiny_model  # noqa: E402
+from targetrows import cli
+from targetrows.core.tree import Tree
+from targetrows.decoding.config import DecodeConfig
+from targetrows.decoding.loop import generate
+from targetrows.hf.eagle3_checkpoint import load_eagle3, write_head
+from targetrows.hf.model import HFModel
+from targetrows.train import eagle3_init as ei
+from targetrows.train import eagle3_train as et
+from targetrows.train.optimise import batch_order
+from targetrows.train.replies import TeacherData, generate_batch
 
 N_LAYERS = 6  # feature layers 2, 3, 3
 LAYERS = (2, 3, 3)

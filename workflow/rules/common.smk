@@ -55,7 +55,7 @@ TEMPERATURES = [fmt_temperature(t) for t in config["temperatures"]]
 def decode_budgets(decoder, cfg=config):
     """The budget conditions a decoder runs: its own (decode.decoder_budgets), else
     decode.budgets; one condition for a decoder without a tree (ar). A condition is a budget
-    or {matched: X} (targetrows.analysis.conditions)."""
+    or {matched: X} (targetrows.pipeline.conditions)."""
     if not DECODERS[decoder].drafts:
         return [1]
     return cfg["decode"]["decoder_budgets"].get(decoder, cfg["decode"]["budgets"])

@@ -1,15 +1,15 @@
 """Snakemake job: one decoder on one target x task x temperature, all its budget conditions.
 
 Resolves the conditions (a matched cap from the baseline's runs and the row logs:
-`targetrows.analysis.conditions`) and writes them beside the answers, claims its GPUs and calls
+`targetrows.pipeline.conditions`) and writes them beside the answers, claims its GPUs and calls
 `targetrows decode`, which resumes an interrupted job from OUT.partial and writes OUT atomically.
 """
 
 import json
 import sys
 
-from targetrows.analysis.conditions import resolve, write_conditions
 from targetrows.decoding.registry import get_decoder
+from targetrows.pipeline.conditions import resolve, write_conditions
 from targetrows.pipeline.gpu_lock import run_claimed
 from targetrows.rowlog import format as rowlog
 

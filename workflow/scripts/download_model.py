@@ -1,9 +1,9 @@
 """Snakemake job: download one hub model into resources/models/{model}
-(targetrows.build.hub: retries, clear errors, the token kept out of the log)."""
+(targetrows.fetch.hub: retries, clear errors, the token kept out of the log)."""
 
 import sys
 
-from targetrows.build.hub import download
+from targetrows.fetch.hub import download
 
 
 def main(smk) -> None:

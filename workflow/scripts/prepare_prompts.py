@@ -1,9 +1,9 @@
 """Snakemake job: one task's prompts in Spec-Bench's question format, from the bundled files or
-the task's dataset on the hub (targetrows.build.datasets)."""
+the task's dataset on the hub (targetrows.fetch.datasets)."""
 
 import sys
 
-from targetrows.build.datasets import prepare
+from targetrows.fetch.datasets import prepare
 
 
 def main(smk) -> None:

@@ -15,9 +15,9 @@ import numpy as np
 import pandas as pd
 
 from targetrows.decoding.registry import DECODERS, get_decoder
+from targetrows.pipeline.conditions import is_matched, read_conditions
 
 from . import stats
-from .conditions import is_matched, read_conditions
 
 ROUND_SUMS = ["committed", "accepted", "nodes", "target_passes", "draft_passes"]
 
@@ -54,7 +54,7 @@ def summarise(paths: list[str]) -> pd.DataFrame:
 
 
 def conditions(paths: list[str]) -> pd.DataFrame:
-    """The decode jobs' condition files (`targetrows.analysis.conditions`) as one table: pair,
+    """The decode jobs' condition files (`targetrows.pipeline.conditions`) as one table: pair,
     temperature, decoder, condition, budget, baseline, baseline_budget, matched (a matched cap;
     one row per condition: every task of a target and temperature runs the same conditions)."""
     rows = []

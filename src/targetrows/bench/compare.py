@@ -15,7 +15,8 @@ import sys
 import numpy as np
 
 from targetrows.core.tree import Tree
-from targetrows.decoding.loop import DecodeConfig, generate
+from targetrows.decoding.config import DecodeConfig
+from targetrows.decoding.loop import generate
 from targetrows.decoding.registry import get_decoder
 
 NEAR_TIE_STEPS = 4  # top-2 logit gaps up to this many rounding steps count as a near-tie

@@ -75,8 +75,8 @@ def header(settings, target, draft, n_prompts: int, command: str | None = None,
     deepest = " (the deepest auto tries)" if settings.budget == "auto" else ""
     out["settings"] = (
         f"{n_prompts} prompts, temperatures {list(settings.temperatures)}, budget "
-        f"{settings.budget}, max_new_tokens {settings.max_new_tokens}, top_k {settings.top_k}, "
-        f"depth {settings.depth}{deepest}, seed {settings.seed}"
+        f"{settings.budget}, max_new_tokens {settings.decode.max_new_tokens}, top_k "
+        f"{settings.pool.top_k}, depth {settings.pool.depth}{deepest}, seed {settings.decode.seed}"
     )
     if settings.hf:
         out["settings"] += f", prompt lookup tokens {settings.prompt_lookup_tokens}"

@@ -12,21 +12,26 @@ at temperature 0, pure sampling otherwise), assisted generation
 cannot assist), prompt lookup decoding (`generate(prompt_lookup_num_tokens=N)`, no draft) and
 each of our decoders. The tables report tokens/s (median over prompts, min-max), ratios to the
 three Hugging Face baselines, acceptance, the time split per round and measured / bound from
-`targetrows.costmodel`. Results: a tidy CSV (one row per prompt,
-temperature and method) and a Markdown report, both written atomically.
+`targetrows.cost.rounds`. Results: a tidy CSV (one row per prompt, temperature and method) and
+a Markdown report, both written atomically.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from targetrows.decoding import costmodel
-from targetrows.decoding.loop import DecodeConfig, generate
+from targetrows.core.checks import check_budget, check_count, check_temperature
+from targetrows.core.pool import PoolShape
+from targetrows.cost.calibration import BudgetSearch, auto_budget
+from targetrows.cost.parttimes import mean_parts, measure_parts, target_sizes_for, time_prompt_pass
+from targetrows.cost.rounds import DEFAULT_BUDGETS, bound
+from targetrows.decoding.config import DecodeConfig
+from targetrows.decoding.loop import generate
 from targetrows.decoding.model import synchronize
 from targetrows.decoding.registry import decoder_names, get_decoder
 from targetrows.hf.baselines import HF_METHODS, assistant_for, hf_generate
@@ -58,17 +63,16 @@ class BenchPrompt:
 
 @dataclass(frozen=True)
 class BenchSettings:
+    """A bench run: the methods, temperatures and budget, on top of `decode` (new tokens, pool,
+    seed and stop tokens of every decoder's runs; its decoder, budget and temperature are each
+    run's own)."""
+
+    decode: DecodeConfig = DecodeConfig(max_new_tokens=64)
     decoders: tuple[str, ...] = decoder_names()
     temperatures: tuple[float, ...] = (0.0,)
-    budget: int | str = "auto"  # an int for every decoder, or "auto": costmodel.auto_budget each
-    max_new_tokens: int = 64
-    top_k: int = 10
-    depth: int = 6  # pool levels; under budget "auto", the deepest pool tried
-    guesses: int = 2
-    seed: int = 0
+    budget: int | str = "auto"  # an int for every decoder, or "auto": auto_budget for each
     hf: bool = True  # run the Hugging Face baselines
     repeats: int = 5  # timings per pass size for the cost model (interleaved, median)
-    stop_ids: frozenset[int] = frozenset()
     # candidates per round of hf_prompt_lookup: 10 is the default of transformers' own
     # PromptLookupCandidateGenerator (num_output_tokens), from the prompt lookup decoding
     # repository it cites; a wrong guess costs only a wider target pass, and long copies are
@@ -76,19 +80,27 @@ class BenchSettings:
     prompt_lookup_tokens: int = 10
 
     def __post_init__(self):
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if any(t < 0 for t in self.temperatures) or not self.temperatures:
-            raise ValueError(f"temperatures must be >= 0, got {self.temperatures}")
-        if self.budget != "auto" and (
-            isinstance(self.budget, bool) or not isinstance(self.budget, int) or self.budget < 1
-        ):
-            raise ValueError(f"--budget must be >= 1 or auto, got {self.budget!r}")
-        n = self.prompt_lookup_tokens
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"--prompt-lookup-tokens must be an integer >= 1, got {n!r}")
+        if not self.temperatures:
+            raise ValueError("temperatures: give at least one")
+        for t in self.temperatures:
+            check_temperature(t, "--temperature")
+        if self.budget != "auto":
+            check_budget(self.budget, "--budget")
+        check_count(self.prompt_lookup_tokens, "--prompt-lookup-tokens")
         for name in self.decoders:
             get_decoder(name)  # an unknown name raises, naming the known ones
+
+    @property
+    def pool(self) -> PoolShape:
+        return self.decode.pool
+
+    def run_config(self, method: str, temperature: float, budget: int, depth: int,
+                   seed: int, max_new_tokens: int | None = None) -> DecodeConfig:
+        """One of our decoders' runs: `decode` with its own decoder, budget, temperature,
+        pool depth and seed."""
+        return replace(self.decode, decoder=method, budget=max(int(budget), 1),
+                       temperature=temperature, pool=replace(self.pool, depth=depth), seed=seed,
+                       max_new_tokens=max_new_tokens or self.decode.max_new_tokens)
 
 
 # -- the run -----------------------------------------------------------------------------------
@@ -97,11 +109,9 @@ class BenchSettings:
 def pick_budgets(target, draft, prompts: Sequence[BenchPrompt], settings: BenchSettings, parts):
     """{(decoder, temperature): (budget, depth)} and the auto choices made (for the report):
     --budget auto picks both, calibrated at three contexts 12 greedy tokens apart along the
-    first prompt of each category (what a draft gets right differs from task to task; a reply's
-    first tokens are its easiest: for the head with prompt lookup at B=4, depth 2, two contexts
-    4 apart predicted 2.29 tokens a round, three 12 apart 2.05, against 1.96 measured on the
-    bench's 21 prompts; benchmarks/calibration_spread.py); otherwise every decoder runs at
-    --budget and --depth."""
+    first prompt of each category (what a draft gets right differs from task to task, and a
+    reply's first tokens are its easiest; benchmarks/calibration_spread.py compares
+    placements); otherwise every decoder runs at --budget and --depth."""
     first_of_each: dict[str, tuple[int, ...]] = {}
     for p in prompts:
         first_of_each.setdefault(p.category, p.ids)
@@ -110,22 +120,12 @@ def pick_budgets(target, draft, prompts: Sequence[BenchPrompt], settings: BenchS
         for temp in settings.temperatures:
             drafts = get_decoder(name).drafts
             if not drafts or settings.budget != "auto":
-                plans[name, temp] = (int(settings.budget) if drafts else 1, settings.depth)
+                plans[name, temp] = (int(settings.budget) if drafts else 1, settings.pool.depth)
                 continue
-            choice = costmodel.auto_budget(
-                target,
-                draft,
-                prompts[0].ids,
-                name,
-                temp,
-                settings.top_k,
-                settings.depth,
-                settings.guesses,
-                parts=parts,
-                calibration_prompts=list(first_of_each.values()),
-                contexts=3 * len(first_of_each),
-                gap=12,
-            )
+            search = BudgetSearch(contexts=3 * len(first_of_each), gap=12)
+            choice = auto_budget(target, draft, settings.run_config(name, temp, 1,
+                                                                    settings.pool.depth, 0),
+                                 list(first_of_each.values()), search, parts)
             plans[name, temp], choices[name, temp] = (choice.budget, choice.depth), choice
     return plans, choices
 
@@ -134,63 +134,49 @@ def measure(target, draft, prompts: Sequence[BenchPrompt], settings: BenchSettin
     """Part times at the mean context of the runs: the prompts' mean length plus half the new
     tokens (attention grows with the context, so the first prompt alone can miss by 10%)."""
     ids = [t for p in prompts for t in p.ids]
-    want = round(len(ids) / len(prompts)) + settings.max_new_tokens // 2
+    want = round(len(ids) / len(prompts)) + settings.decode.max_new_tokens // 2
     ctx = (ids * (want // len(ids) + 1))[:want]
-    candidates = costmodel.DEFAULT_BUDGETS if settings.budget == "auto" else (int(settings.budget),)
-    cap = costmodel.pool_size(settings.top_k, settings.depth)
+    candidates = DEFAULT_BUDGETS if settings.budget == "auto" else (int(settings.budget),)
+    pool = settings.pool
     uses_draft = draft is not None and any(get_decoder(d).drafts for d in settings.decoders)
-    sizes = costmodel.target_sizes_for([min(b, cap) for b in candidates]) if uses_draft else [1]
-    widths = {1, settings.guesses, settings.top_k, settings.guesses * settings.top_k}
-    return costmodel.measure_parts(
+    sizes = target_sizes_for([min(b, pool.size) for b in candidates]) if uses_draft else [1]
+    widths = {1, pool.guesses, pool.top_k, pool.guesses * pool.top_k}
+    return measure_parts(
         target, draft if uses_draft else None, ctx, sizes, sorted(widths), settings.repeats
     )
 
 
-def run_method(
-    method: str,
-    target,
-    draft,
-    assistant,
-    prompt: BenchPrompt,
-    temperature: float,
-    budget: int,
-    depth: int,
-    settings: BenchSettings,
-    seed: int,
-    max_new_tokens: int | None = None,
-):
-    """(new tokens, wall seconds, DecodeResult or None) of one method on one prompt; `budget`
-    and `depth` shape a tree decoder's rounds."""
-    n = max_new_tokens or settings.max_new_tokens
+@dataclass(frozen=True)
+class BenchModels:
+    target: HFModel
+    draft: object | None  # any Model draft, or None
+    assistant: object | None  # the assistant model hf_assisted runs with
+
+
+def run_method(method: str, models: BenchModels, prompt: BenchPrompt, config: DecodeConfig,
+               settings: BenchSettings):
+    """(new tokens, wall seconds, DecodeResult or None) of one method on one prompt: one of our
+    decoders run with `config`, or a Hugging Face method at its temperature, new tokens and
+    seed."""
     start = time.perf_counter()
     if method in HF_METHODS:
         tokens = hf_generate(
-            target.model,
+            models.target.model,
             prompt.ids,
-            temperature,
-            n,
-            settings.stop_ids,
-            seed,
-            target.vocab_size,
-            assistant if method == "hf_assisted" else None,
+            config.temperature,
+            config.max_new_tokens,
+            config.stop_ids,
+            config.seed,
+            models.target.vocab_size,
+            models.assistant if method == "hf_assisted" else None,
             settings.prompt_lookup_tokens if method == "hf_prompt_lookup" else None,
         )
         result = None
     else:
-        config = DecodeConfig(
-            method,
-            budget=budget,
-            temperature=temperature,
-            max_new_tokens=n,
-            top_k=settings.top_k,
-            depth=depth,
-            guesses=settings.guesses,
-            seed=seed,
-            stop_ids=settings.stop_ids,
-        )
-        result = generate(target, draft if get_decoder(method).drafts else None, prompt.ids, config)
+        draft = models.draft if get_decoder(method).drafts else None
+        result = generate(models.target, draft, prompt.ids, config)
         tokens = result.tokens
-    synchronize(target)
+    synchronize(models.target)
     return tokens, time.perf_counter() - start, result
 
 
@@ -238,42 +224,30 @@ def run_bench(
     if source is not None:  # one shared vocabulary: the smaller of the two
         vocab = min(target.vocab_size, source.vocab_size)
         assistant = assistant_for(target.model, source.model, vocab)
+    models = BenchModels(target, draft, assistant)
     parts = measure(target, draft, prompts, settings)
     # what each prompt's first pass costs beyond a round's one-token pass (in every bound)
-    prompt_s = [costmodel.time_prompt_pass(target, p.ids, settings.repeats) for p in prompts]
+    prompt_s = [time_prompt_pass(target, p.ids, settings.repeats) for p in prompts]
     plans, choices = pick_budgets(target, draft, prompts, settings, parts)
+
+    def config_for(method, temp, seed, max_new_tokens=None):
+        budget, depth = plans.get((method, temp), (1, settings.pool.depth))
+        name = method if method not in HF_METHODS else "ar"
+        return settings.run_config(name, temp, budget, depth, seed, max_new_tokens)
+
     for method in methods:  # warm-up: lazy initialisation is nobody's cost
-        run_method(
-            method,
-            target,
-            draft,
-            assistant,
-            prompts[0],
-            settings.temperatures[0],
-            *plans.get((method, settings.temperatures[0]), (1, settings.depth)),
-            settings,
-            settings.seed,
-            4,
-        )
+        run_method(method, models, prompts[0],
+                   config_for(method, settings.temperatures[0], settings.decode.seed, 4), settings)
     rows, results, prompt_of = [], [], []
     for i, prompt in enumerate(prompts):
         for temp in settings.temperatures:
             order = methods[i % len(methods) :] + methods[: i % len(methods)]
             done = {}
             for method in order:
-                budget, depth = plans.get((method, temp), (0, settings.depth))
+                budget, depth = plans.get((method, temp), (0, settings.pool.depth))
                 tokens, wall, result = run_method(
-                    method,
-                    target,
-                    draft,
-                    assistant,
-                    prompt,
-                    temp,
-                    budget,
-                    depth,
-                    settings,
-                    settings.seed + i,
-                )
+                    method, models, prompt, config_for(method, temp, settings.decode.seed + i),
+                    settings)
                 done[method] = tokens
                 rows.append(_row(method, prompt, temp, budget, depth, tokens, wall, result))
                 results.append(result)
@@ -284,20 +258,13 @@ def run_bench(
                 for row in rows[-len(order) :]:
                     row["same_as_hf_generate"] = done[row["method"]] == done["hf_generate"]
     # part times before and after the runs, averaged: drift of a shared machine shows in both
-    parts = costmodel.mean_parts(parts, measure(target, draft, prompts, settings))
+    parts = mean_parts(parts, measure(target, draft, prompts, settings))
     for row, result, i in zip(rows, results, prompt_of, strict=True):
         if result is not None and result.rounds:
-            b = costmodel.bound(
-                row["method"],
-                parts,
-                result.rounds,
-                settings.top_k,
-                get_decoder(row["method"]).pool_depth(row["depth"] or settings.depth,
-                                                      row["budget"] or settings.depth),
-                settings.guesses,
-                prompt_s[i],
-                budget=row["budget"],
-            )
+            depth = row["depth"] or settings.pool.depth
+            drafted = get_decoder(row["method"]).pool_depth(depth, row["budget"] or depth)
+            b = bound(row["method"], parts, result.rounds, replace(settings.pool, depth=drafted),
+                      prompt_s[i], budget=row["budget"])
             row.update(
                 overlap=b.overlap,
                 bound_tokens_per_s=b.tokens_per_s,
@@ -321,7 +288,7 @@ def _row(method, prompt, temperature, budget, depth, tokens, wall, result) -> di
         "method": method,
         "temperature": temperature,
         "budget": budget if tree else "",
-        "depth": depth if tree else "",  # the pool depth setting (`DecodeConfig.depth`)
+        "depth": depth if tree else "",  # the pool depth setting (`PoolShape.depth`)
         "question_id": prompt.question_id,
         "category": prompt.category,
         "prompt_tokens": len(prompt.ids),

@@ -10,7 +10,15 @@ import dataclasses
 import os
 import sys
 
-from .common import add_decoding_arguments, add_model_arguments, budget_arg, check_draft
+from targetrows.bench.run import BenchSettings
+
+from .common import (
+    add_decoding_arguments,
+    add_model_arguments,
+    budget_arg,
+    check_draft,
+    decode_config,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,14 +34,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget", type=budget_arg, default="auto",
                         help="non-root nodes per tree, or auto (budget and pool depth, at most "
                              "--depth, picked per decoder from timings)")
-    add_decoding_arguments(parser, max_new_tokens=64)
+    add_decoding_arguments(parser, max_new_tokens=BenchSettings().decode.max_new_tokens)
     parser.add_argument("--no-hf", dest="hf", action="store_false",
                         help="skip the Hugging Face baselines")
     parser.add_argument("--assistant", default=None, metavar="DIR",
                         help="standalone draft model (folder, .gguf, hub id) for Hugging Face "
                         "assisted generation, e.g. a distilled draft beside an EAGLE-3 head "
                         "--draft; default: --draft when it is a standalone model")
-    parser.add_argument("--prompt-lookup-tokens", type=int, default=10, metavar="N",
+    parser.add_argument("--prompt-lookup-tokens", type=int,
+                        default=BenchSettings.prompt_lookup_tokens, metavar="N",
                         help="candidates per round of Hugging Face prompt lookup decoding")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--out-dir", default="benchmarks/results")
@@ -43,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _questions(args) -> list[tuple[str, str, str]]:
     """(question_id, category, first user message) of each prompt to time."""
-    from targetrows.decoding.answers import read_questions
+    from targetrows.specbench.questions import read_questions
 
     if args.prompts:
         if args.num_prompts is not None and args.num_prompts < 1:
@@ -98,8 +107,8 @@ def run(args: argparse.Namespace) -> int:
     import transformers
 
     from targetrows.bench import report
-    from targetrows.bench.run import BenchPrompt, BenchSettings, run_bench
-    from targetrows.decoding.chat import encode_prompt, stop_ids
+    from targetrows.bench.run import BenchPrompt, run_bench
+    from targetrows.specbench.chat import encode_prompt, stop_ids
 
     from .common import load_from_args
 
@@ -110,9 +119,9 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
     settings = BenchSettings(  # checks budget, temperatures and decoders
-        decoders=tuple(args.decoders), temperatures=tuple(args.temperature), budget=args.budget,
-        max_new_tokens=args.max_new_tokens, top_k=args.top_k, depth=args.depth, seed=args.seed,
-        hf=args.hf, prompt_lookup_tokens=args.prompt_lookup_tokens,
+        decode=decode_config(args, temperature=0.0), decoders=tuple(args.decoders),
+        temperatures=tuple(args.temperature), budget=args.budget, hf=args.hf,
+        prompt_lookup_tokens=args.prompt_lookup_tokens,
     )
     check_draft(args.decoders, args.draft)
     if args.assistant and not args.hf:
@@ -123,7 +132,9 @@ def run(args: argparse.Namespace) -> int:
     assistant = _load_assistant(args, tokenizer) if args.assistant else None
     prompts = [BenchPrompt(qid, cat, tuple(encode_prompt(tokenizer, text)))
                for qid, cat, text in items]
-    settings = dataclasses.replace(settings, stop_ids=frozenset(stop_ids(tokenizer, target)))
+    stops = frozenset(stop_ids(tokenizer, target))
+    settings = dataclasses.replace(settings, decode=dataclasses.replace(settings.decode,
+                                                                        stop_ids=stops))
 
     def progress(row):
         print(f"{row['question_id']:>12} T={row['temperature']:g} {row['method']:>16}: "

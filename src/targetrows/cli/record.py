@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from .common import UsageError, check_temperature, draft_label
+from .common import UsageError, add_pool_arguments, check_temperatures, draft_label, pool_from
 
 
 def toy_pair(target: str, draft: str | None):
@@ -37,8 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--draft", default=None, help="toy[:CLOSENESS]")
     parser.add_argument("--prompts", required=True, help="Spec-Bench question JSONL file")
     parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--top-k", type=int, default=10, help="pool: children per frontier node")
-    parser.add_argument("--depth", type=int, default=6, help="pool: levels")
+    add_pool_arguments(parser, auto=False)
     parser.add_argument("--stride", type=int, default=1, help="log every S-th position")
     parser.add_argument("--max-new-tokens", type=int, default=128,
                         help="positions per turn (the trajectory runs --depth tokens further)")
@@ -56,13 +55,14 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"row log {args.out} exists; pass --overwrite or choose another --out")
     if args.draft is None and not args.target.startswith("toy"):
         raise UsageError("record needs --draft (the model whose pools are logged)")
-    check_temperature([args.temperature])
+    check_temperatures([args.temperature])
+    pool = pool_from(args)
     read_prompts(args.prompts)  # a bad prompts file fails before any model loads
     if args.target.startswith("toy"):
         target, draft, encoder, stops = toy_pair(args.target, args.draft)
     else:
         try:
-            from targetrows.decoding.chat import stop_ids
+            from targetrows.specbench.chat import stop_ids
 
             from .common import load_from_args
         except ImportError as err:
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         target, draft, tokenizer = load_from_args(args)
         encoder, stops = ChatEncoder(tokenizer), frozenset(stop_ids(tokenizer, target))
     config = RecordConfig(
-        temperature=args.temperature, top_k=args.top_k, depth=args.depth, stride=args.stride,
+        temperature=args.temperature, pool=pool, stride=args.stride,
         max_new_tokens=args.max_new_tokens, root_top=args.root_top, seed=args.seed,
         stop_ids=stops,
     )

@@ -1,5 +1,5 @@
 """`targetrows replies --target T --out DIR`: the target's greedy replies to many chat prompts,
-with the hidden states and features both trainings read (`targetrows.build.replies`)."""
+with the hidden states and features both trainings read (`targetrows.train.replies`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 def add_replies_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of the reply generation (also used by `distill` and `train-eagle3` when they
     generate their replies themselves)."""
-    from targetrows.build.replies import RepliesConfig
+    from targetrows.train.replies import RepliesConfig
 
     d = RepliesConfig()
     for name, help_text in [
@@ -45,11 +45,39 @@ def add_replies_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def replies_config(args: argparse.Namespace, features: bool):
-    from targetrows.build.replies import RepliesConfig
+    from targetrows.train.replies import RepliesConfig
 
     names = {f.name for f in dataclasses.fields(RepliesConfig)} - {"seed", "features"}
     return RepliesConfig(seed=args.data_seed, features=features,
                          **{k: v for k, v in vars(args).items() if k in names})
+
+
+def add_training_arguments(parser: argparse.ArgumentParser, defaults, fields, what: str) -> None:
+    """What `distill` and `train-eagle3` share: --target --out --force --replies, the reply
+    options, one typed option per training field (`fields`: (name, type, help), each default
+    read from the `defaults` config), --threads and --train-minutes."""
+    parser.add_argument("--target", required=True, help="target model folder")
+    parser.add_argument("--out", required=True, help=f"output folder for the {what}")
+    parser.add_argument("--force", action="store_true", help="replace --out if it exists")
+    parser.add_argument("--replies", default=None,
+                        help="replies folder from `targetrows replies` (default: generate them "
+                        "now with the reply options below)")
+    add_replies_arguments(parser)
+    for name, kind, help_text in fields:
+        key = name.replace("-", "_")
+        parser.add_argument(f"--{name}", type=kind, default=getattr(defaults, key),
+                            help=f"{help_text} (default {getattr(defaults, key)})")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch CPU threads (default: torch's choice, one per core); on a busy "
+                        "machine 1 avoids threads waiting on each other")
+    parser.add_argument("--train-minutes", type=float, default=None,
+                        help="time cap on training (makes the result machine-dependent)")
+
+
+def config_from(args: argparse.Namespace, cls):
+    """A training config (dataclass `cls`) from the options named as its fields."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in vars(args).items() if k in names})
 
 
 def set_threads(threads: int) -> None:
@@ -73,7 +101,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from targetrows.build.replies import make_replies
+    from targetrows.train.replies import make_replies
 
     set_threads(args.threads)
     summary = make_replies(args.target, args.out, replies_config(args, args.features),

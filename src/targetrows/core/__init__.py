@@ -1,2 +1,2 @@
-"""NumPy-only core: token trees, rows, the candidate pool, selection rules, acceptance and
-verification, and the toy pair."""
+"""NumPy-only core: token trees, rows, the candidate pool and its shape, the selection rules
+(`rules`), acceptance and verification, prompt lookup, the toy pair, atomic writes."""

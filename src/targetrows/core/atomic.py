@@ -1,5 +1,6 @@
-"""Writing files so that nothing is ever half-written: a temp file beside the target, fsync,
-then one rename. A reader sees the old file or the complete new one, never a torn one."""
+"""Writing files and folders so that nothing is ever half-written: a temp file (or folder)
+beside the target, fsync, then one rename. A reader sees the old one or the complete new one,
+never a torn one."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ import contextlib
 import os
 import re
 import secrets
+import shutil
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import BinaryIO
 
 
@@ -56,3 +60,34 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def replace_folder(tmp: Path, out: Path, force: bool) -> None:
+    """Move the finished `tmp` folder to `out`, replacing an old `out` only when `force`."""
+    # mkdtemp and safetensors create private (0700/0600) entries; models are meant to be shared
+    os.chmod(tmp, 0o755)
+    for path in tmp.rglob("*"):
+        os.chmod(path, 0o755 if path.is_dir() else 0o644)
+    if out.exists() and not force:
+        raise FileExistsError(f"{out} already exists; pass --force to replace it")
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.replace(out, old)
+        os.replace(tmp, out)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, out)
+
+
+@contextlib.contextmanager
+def new_folder(out: Path, force: bool):
+    """Yield a temporary folder beside `out` to fill; on success it becomes `out` (replacing an
+    old one only when `force`), on an error it is removed: `out` is never half-written."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        yield tmp
+        replace_folder(tmp, out, force)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)

@@ -15,14 +15,36 @@ the embedded pair at B=2 the second level's pass feeds one node instead of top_k
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from .checks import check_count
 from .tree import Tree
 
 # propose(tokens, parents, nodes) -> (child tokens [len(nodes), k], child log-probs [len(nodes), k])
 Propose = Callable[[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
+
+
+@dataclass(frozen=True)
+class PoolShape:
+    """The candidate pool every decoder and recording drafts: `top_k` children per frontier
+    node, `depth` levels; `guesses`: the likeliest first tokens a redrafting decoder
+    pre-expands pools under while the root pass runs."""
+
+    top_k: int = 10
+    depth: int = 6
+    guesses: int = 2
+
+    def __post_init__(self):
+        for name in ("top_k", "depth", "guesses"):
+            check_count(getattr(self, name), name)
+
+    @property
+    def size(self) -> int:
+        """Non-root nodes of the full pool."""
+        return pool_size(self.top_k, self.depth)
 
 
 def pool_size(top_k: int, depth: int) -> int:
@@ -187,7 +209,5 @@ def _model_propose(model: Any, context: Sequence[int], k: int) -> Propose:
 
 
 def _check_shape(top_k: int, depth: int) -> None:
-    if int(top_k) < 1:
-        raise ValueError(f"top_k must be >= 1, got {top_k}")
-    if int(depth) < 1:
-        raise ValueError(f"depth must be >= 1, got {depth}")
+    check_count(top_k, "top_k")
+    check_count(depth, "depth")

@@ -1,2 +1,2 @@
-"""Decoding (NumPy only): the `Model` protocol, the one round loop, the decoder registry and the
-cost model."""
+"""Decoding (NumPy only): the `Model` protocol, the one round loop, its settings, and the
+registry of rules and decoders with their planners."""

@@ -24,47 +24,9 @@ from targetrows.core.rows import RowStore
 from targetrows.core.tree import Tree
 from targetrows.core.verify import walk
 
+from .config import DecodeConfig
 from .registry import get_decoder, get_rule
 from .round import NoPool, Round, RoundStats
-
-
-@dataclass(frozen=True)
-class DecodeConfig:
-    decoder: str = "fts"
-    budget: int = 59  # non-root nodes per verified tree
-    temperature: float = 0.0
-    max_new_tokens: int = 128
-    top_k: int = 10  # candidate pool: top_k children per frontier node
-    depth: int = 6  # candidate pool levels
-    guesses: int = 2  # fts_redraft: pools pre-expanded under the draft's likeliest t0s
-    seed: int = 0
-    stop_ids: frozenset[int] = frozenset()
-    overlap: bool | None = None  # root pass alongside drafting; None: when on two devices
-    # after t0, a tree without draft nodes is still verified for its bonus token (one more
-    # one-token pass buys one more token: measured faster than leaving the row to the next
-    # round's root pass); False commits t0 alone
-    verify_empty: bool = True
-
-    def __post_init__(self):
-        get_decoder(self.decoder)  # an unknown name raises, naming the known ones
-        if isinstance(self.budget, bool) or int(self.budget) != self.budget or self.budget < 1:
-            raise ValueError(f"budget must be an integer >= 1, got {self.budget!r}")
-        if not np.isfinite(self.temperature) or self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.top_k < 1 or self.depth < 1 or self.guesses < 1:
-            raise ValueError("top_k, depth and guesses must be >= 1")
-
-    @property
-    def pool_depth(self) -> int:
-        """Pool levels the round loop drafts (`Decoder.pool_depth`)."""
-        return get_decoder(self.decoder).pool_depth(self.depth, self.budget)
-
-    @property
-    def pool_budget(self) -> int | None:
-        """The tree size a round's root pool is pruned to (`Decoder.prunes_pool`), or None."""
-        return self.budget if get_decoder(self.decoder).prunes_pool else None
 
 
 @dataclass

@@ -29,7 +29,8 @@ def _root_pool(r: Round):
     decoder whose tree is the pool's draft_rank tree, only what that tree can use
     (`DecodeConfig.pool_budget`)."""
     cfg = r.config
-    cand, logq = expand_model(r.draft, r.context, cfg.top_k, cfg.pool_depth, cfg.pool_budget)
+    cand, logq = expand_model(r.draft, r.context, cfg.pool.top_k, cfg.pool_depth,
+                              cfg.pool_budget)
     r.stats.draft_passes += int(cand.depth.max())  # a pruned pool may stop early
     return cand, logq
 
@@ -96,7 +97,8 @@ def plan_redraft(r: Round) -> Plan:
 
     def draft_work():
         r.stats.draft_passes += cfg.pool_depth + 1
-        return expand_under_guesses(r.draft, r.context, cfg.guesses, cfg.top_k, cfg.pool_depth)
+        return expand_under_guesses(r.draft, r.context, cfg.pool.guesses, cfg.pool.top_k,
+                                    cfg.pool_depth)
 
     root_logits, (guessed, logq) = root_pass_alongside(r, draft_work)
     t0 = _draw_t0(r, root_logits)
@@ -107,7 +109,7 @@ def plan_redraft(r: Round) -> Plan:
 
         def redraft():
             r.stats.draft_passes += cfg.pool_depth
-            return expand_model(r.draft, r.context + [t0], cfg.top_k, cfg.pool_depth)
+            return expand_model(r.draft, r.context + [t0], cfg.pool.top_k, cfg.pool_depth)
 
         hit = timed_draft_work(r, redraft)
     cand, cand_logq = hit

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from targetrows.core.pool import pool_depth
+from targetrows.core.pool import PoolShape, pool_depth
 from targetrows.core.rules import after_t0, root_pool
 from targetrows.core.rules.rule import Rule
 
@@ -84,17 +84,17 @@ class Decoder:
         below = self.drafts and get_rule(self.rule).tree == "below_t0"
         return pool_depth(depth, budget, below_first=below)
 
-    def draft_widths(self, top_k: int, depth: int, guesses: int = 2,
-                     budget: int | None = None) -> list[int]:
-        """New tokens per draft pass of one round's pool expansion: the root, then the top_k
-        frontier nodes of each further level (at most B - 1 of them for a pool pruned to a
-        B-node tree, `budget`); a guesses pool feeds the root, the guesses, then
-        guesses * top_k frontier nodes per level."""
+    def draft_widths(self, pool: PoolShape, budget: int | None = None) -> list[int]:
+        """New tokens per draft pass of one round's expansion of a pool of `pool.depth` levels:
+        the root, then the top_k frontier nodes of each further level (at most B - 1 of them
+        for a pool pruned to a B-node tree, `budget`); a guesses pool feeds the root, the
+        guesses, then guesses * top_k frontier nodes per level."""
         if not self.drafts:
             return []
+        k, depth = pool.top_k, pool.depth
         if self.guesses_pool:
-            return [1, guesses] + [guesses * top_k] * (depth - 1)
-        frontier = top_k if budget is None or not self.prunes_pool else min(top_k, budget - 1)
+            return [1, pool.guesses] + [pool.guesses * k] * (depth - 1)
+        frontier = k if budget is None or not self.prunes_pool else min(k, budget - 1)
         return [1] + [frontier] * (depth - 1)
 
 

@@ -1,1 +1,2 @@
-"""What the Snakemake jobs call: GPU claims for local runs, and the command lines of the pipeline's jobs."""
+"""What the Snakemake jobs call: each decode job's budget conditions (`conditions`), and GPU
+claims for local runs (`gpu_lock`)."""

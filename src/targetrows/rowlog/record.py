@@ -25,18 +25,18 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from targetrows.core.atomic import remove_stale_temps
-from targetrows.core.pool import expand_model
+from targetrows.core.checks import check_count, check_temperature
+from targetrows.core.pool import PoolShape, expand_model
 from targetrows.core.tree import Tree
-from targetrows.decoding.answers import check_prompt, read_questions
 from targetrows.decoding.model import edge_probs
 from targetrows.rowlog import format as rowlog
+from targetrows.specbench.questions import check_prompt, read_questions
 
 
 @dataclass(frozen=True)
 class RecordConfig:
     temperature: float = 0.0
-    top_k: int = 10
-    depth: int = 6
+    pool: PoolShape = field(default_factory=PoolShape)  # the pools logged
     stride: int = 1
     max_new_tokens: int = 128  # scored positions per turn (the trajectory runs depth further)
     root_top: int = 32  # root-row entries kept besides the first-level pool tokens
@@ -44,11 +44,16 @@ class RecordConfig:
     stop_ids: frozenset[int] = field(default_factory=frozenset)
 
     def __post_init__(self):
-        if not np.isfinite(self.temperature) or self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        for name in ("top_k", "depth", "stride", "max_new_tokens", "root_top"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        check_temperature(self.temperature)
+        for name in ("stride", "max_new_tokens", "root_top"):
+            check_count(getattr(self, name), name)
+
+    def header(self) -> dict:
+        """The settings a row log's header records (`targetrows.rowlog.format`)."""
+        return dict(temperature=self.temperature, top_k=self.pool.top_k, depth=self.pool.depth,
+                    stride=self.stride, max_new_tokens=self.max_new_tokens,
+                    root_top=self.root_top, seed=self.seed,
+                    stop_ids=sorted(int(t) for t in self.stop_ids))
 
 
 def record_prompt(target, draft, prompt_ids: Sequence[int], config: RecordConfig,
@@ -71,7 +76,7 @@ def record_prompt(target, draft, prompt_ids: Sequence[int], config: RecordConfig
         target.commit(ctx[:-1])
     n, stride = config.max_new_tokens, config.stride
     trajectory, records, stopped = [], [], False
-    for t in range(n + config.depth):
+    for t in range(n + config.pool.depth):
         scored = t % stride == 0 and t < n
         if scored or (1 <= t <= n and (t - 1) % stride == 0):
             rec, root = _pool_record(target, draft, ctx, prev_root, config)
@@ -93,7 +98,7 @@ def record_prompt(target, draft, prompt_ids: Sequence[int], config: RecordConfig
 def _pool_record(target, draft, ctx: list[int], prev_root, config: RecordConfig):
     """The pool at `ctx`, its edge probabilities and the sparse root row: one target pass."""
     temperature = config.temperature
-    tree, logq = expand_model(draft, ctx, config.top_k, config.depth)
+    tree, logq = expand_model(draft, ctx, config.pool.top_k, config.pool.depth)
     heads = np.unique(tree.parents[1:])  # nodes with children (0 first): the only rows needed
     rows = target.logits(ctx, tree, heads)
     edge_p = edge_probs(target, rows, heads, tree, temperature)
@@ -142,7 +147,7 @@ class ChatEncoder:
         self.tokenizer = tokenizer
 
     def encode(self, turns: list[str], answers: list[list[int]]) -> list[int]:
-        from targetrows.decoding.chat import encode_conversation
+        from targetrows.specbench.chat import encode_conversation
 
         messages = []
         for i, turn in enumerate(turns):
@@ -178,7 +183,7 @@ def record_question(target, draft, encoder, item: dict, index: int,
 def check_turn(target, draft, item: dict, turn: int, ids, config: RecordConfig) -> None:
     """The trajectory runs max_new_tokens + depth tokens and pools reach depth further."""
     check_prompt(item["question_id"], turn, ids, (target, draft),
-                 config.max_new_tokens + config.depth,
+                 config.max_new_tokens + config.pool.depth,
                  "shorten the prompt or lower --max-new-tokens / --depth")
 
 
@@ -190,9 +195,7 @@ def record_file(target, draft, encoder, prompts_path: str, out: str, config: Rec
         digest = hashlib.sha256(f.read()).hexdigest()
     settings = json.loads(json.dumps(dict(
         target=names[0], draft=names[1], prompts=prompts_path, prompts_sha256=digest,
-        n_questions=len(prompts), vocab_size=int(target.vocab_size),
-        **{k: v for k, v in asdict(config).items() if k != "stop_ids"},
-        stop_ids=sorted(int(t) for t in config.stop_ids),
+        n_questions=len(prompts), vocab_size=int(target.vocab_size), **config.header(),
     )))
     for item in prompts:  # first turns too long for the models fail before anything is written
         check_turn(target, draft, item, 0, encoder.encode(item["turns"][:1], []), config)

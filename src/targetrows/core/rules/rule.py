@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..checks import check_budget
 from ..rows import check_rows
 from ..tree import Tree
 from ..verify import draw_rows
@@ -178,13 +179,6 @@ def tree_after_t0(pool: Tree, nodes: np.ndarray, t0: int) -> Tree:
         return Tree.root_only(t0)
     local = np.concatenate([[0], nodes])
     return pool.subtree(local).reroot(1)[0]
-
-
-def check_budget(budget: int) -> int:
-    """A budget: a positive integer count of non-root nodes."""
-    if isinstance(budget, bool) or int(budget) != budget or budget < 1:
-        raise ValueError(f"budget must be a positive integer (non-root nodes), got {budget!r}")
-    return int(budget)
 
 
 def _top_nodes(score: np.ndarray, budget: int) -> np.ndarray:

@@ -1,5 +1,5 @@
 """Tiny random-weight EAGLE-3 heads written as checkpoints, in both layouts, for tests,
-examples and the GPU check (`targetrows.hf.tiny` makes their targets).
+examples and the GPU check (`tiny_models` makes their targets).
 
 ``save_tiny_head(folder, target_config, layout="eagle")`` writes what a published head folder
 holds: config.json plus the tensors under the EAGLE/SpecForge names (``midlayer.*``, ``d2t``,
@@ -13,7 +13,7 @@ import os
 
 import torch
 
-from .eagle3_checkpoint import write_head
+from targetrows.hf.eagle3_checkpoint import write_head
 
 LAYER_TENSORS = {  # name -> shape, given hidden H, q width Q, kv width K, intermediate M
     "hidden_norm.weight": lambda H, Q, K, M: (H,),

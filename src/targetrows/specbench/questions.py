@@ -1,22 +1,13 @@
-"""Spec-Bench-compatible records: prompts in (question format), answers out (answer format).
-
-A prompts file is JSONL, one question a line: ``question_id``, ``category``, ``turns`` (the user
-messages; MT-bench has two). Answers are JSONL too, one line per prompt and condition, with
-Spec-Bench's fields (``question_id``, ``category``, ``model_id``,
-``choices: [{index, turns, new_tokens, wall_time, decoding_steps, accept_lengths}]``) plus
-targetrows' own: the decoder, its condition and per-round statistics.
+"""Spec-Bench prompts in: a prompts file is JSONL in Spec-Bench's question format, one question a
+line: ``question_id``, ``category``, ``turns`` (the user messages; MT-bench has two), so
+Spec-Bench's own ``question.jsonl`` works as it is.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass
-
-from targetrows.core.atomic import atomic_write_text
-
-from .loop import DecodeResult
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -82,38 +73,3 @@ def check_prompt(question_id, turn: int, ids, models, extra: int, shorten: str) 
                 f"{where}: {len(ids)} prompt tokens + {extra} further positions exceed the "
                 f"context window of {name} ({window}); {shorten}"
             )
-
-
-def answer_record(
-    question: Question,
-    model_id: str,
-    condition: dict,
-    texts: list[str],
-    results: list[DecodeResult],
-) -> dict:
-    """One answer line: Spec-Bench's fields, then the decoder's condition and statistics."""
-    rounds = [asdict(r) for res in results for r in res.rounds]
-    return {
-        "question_id": question.question_id,
-        "category": question.category,
-        "model_id": model_id,
-        "choices": [
-            {
-                "index": 0,
-                "turns": texts,
-                "new_tokens": [len(r.tokens) for r in results],
-                "wall_time": [r.wall_time for r in results],
-                "decoding_steps": [len(r.rounds) for r in results],
-                "accept_lengths": [s["committed"] for s in rounds],
-            }
-        ],
-        **condition,
-        "token_ids": [r.tokens for r in results],
-        "stop_reasons": [r.stop_reason for r in results],
-        "rounds": {key: [s[key] for s in rounds] for key in (rounds[0] if rounds else {})},
-    }
-
-
-def write_jsonl_atomic(path: str, records: Iterable[dict]) -> None:
-    """Write all records as JSONL under `path`, atomically (temp file, then rename)."""
-    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in records))

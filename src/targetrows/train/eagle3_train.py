@@ -1,5 +1,5 @@
 """`targetrows train-eagle3`: an EAGLE-3 head for any Hugging Face target, trained on the target's
-own replies (`targetrows.build.replies`) and written in the EAGLE checkpoint layout.
+own replies (`targetrows.train.replies`) and written in the EAGLE checkpoint layout.
 
 The head (`targetrows.hf.eagle3.Eagle3Head`) reads the inputs of three target layers (2, L//2,
 L-3) at position t with the embedding of token t+1 and predicts token t+2. Training follows
@@ -29,17 +29,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from targetrows.core.atomic import new_folder
 from targetrows.hf.eagle3 import Eagle3Head
 from targetrows.hf.loading import fast_dtype
 from targetrows.hf.packed import packed_product
 
 from .eagle3_init import coverage_of, draft_vocabulary, head_tensors, new_head, target_rows
-from .embedded import new_folder
+from .optimise import batch_order, optimise
 from .replies import RepliesConfig, TeacherData, check_head, load_target, replies_for
-from .schedule import adamw_warmup_cosine, batch_order
 
 
 @dataclass
@@ -268,35 +267,25 @@ def train(head: Eagle3Head, embed, data: TeacherData, config: Eagle3TrainConfig,
     stream = batch_order(n, config.steps, batch, gen, lengths).tolist()
     head.lm_head.weight.requires_grad_(config.train_lm_head)
     params = [p for p in head.parameters() if p.requires_grad]
-    opt, sched = adamw_warmup_cosine(params, config.lr, config.weight_decay, config.warmup,
-                                     config.steps)
     dev = target_w.device
     dtype = fast_dtype(config.autocast, str(dev))
     noise_gen = torch.Generator(device=dev).manual_seed(config.seed + 1)
     noise_scale = None
     if config.feature_noise:
         noise_scale = (config.feature_noise * feature_std(data)).to(dev)
-    head.train()
-    losses: list[float] = []
-    bar = tqdm(range(config.steps), desc="training head", unit="step", mininterval=2.0)
-    for step in bar:
-        if deadline is not None and time.perf_counter() > deadline:
-            break
+
+    def step_loss(step: int) -> torch.Tensor:
         b = make_batch(data, stream[step * batch : (step + 1) * batch], config.ttt_steps,
                        f_off, h_off, dev)
         if noise_scale is not None:
             noise = torch.randn(b.features.shape, generator=noise_gen, device=dev)
             b.features.add_(noise.mul_(noise_scale))
         with torch.autocast(dev.type, dtype=dtype, enabled=dtype != torch.float32):
-            loss = batch_loss(head, embed, b, config, target_w, dtype)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, config.clip)
-        opt.step()
-        sched.step()
-        losses.append(loss.item())
-        bar.set_postfix(loss=f"{losses[-1]:.3f}")
-    bar.close()
+            return batch_loss(head, embed, b, config, target_w, dtype)
+
+    head.train()
+    losses = optimise(step_loss, params, config.lr, config.weight_decay, config.warmup,
+                      config.steps, config.clip, "training head", deadline)
     head.eval()
     return losses
 
@@ -386,8 +375,8 @@ def train_eagle3(target_dir: str, out: str | Path, config: Eagle3TrainConfig,
     """Train a head for the target at `target_dir` on the replies folder `replies` (or on
     replies generated now with `data`) and write it to `out` in the EAGLE layout with its report
     (out/train_eagle3_report.json); return the report."""
-    from targetrows.decoding.chat import stop_ids
     from targetrows.hf.eagle3_checkpoint import write_head
+    from targetrows.specbench.chat import stop_ids
 
     out = Path(out)
     if out.exists() and not force:

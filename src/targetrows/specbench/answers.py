@@ -1,4 +1,9 @@
-"""Decoding a prompts file with one decoder, at each budget, into answer JSONL (`targetrows decode`).
+"""Spec-Bench answers out: decoding a prompts file with one decoder, at each budget, into answer
+JSONL (`targetrows decode`).
+
+An answer line carries Spec-Bench's fields (``question_id``, ``category``, ``model_id``,
+``choices: [{index, turns, new_tokens, wall_time, decoding_steps, accept_lengths}]``) plus
+targetrows' own: the decoder, its condition and per-round statistics.
 
 The models load once; every budget condition runs over every prompt (MT-bench's second turn is
 asked after the decoder's own first answer, as in Spec-Bench). Each finished (prompt, budget)
@@ -16,13 +21,15 @@ import json
 import os
 import sys
 import zlib
+from collections.abc import Iterable
 
-from targetrows.core.atomic import remove_stale_temps
+from targetrows.core.atomic import atomic_write_text, remove_stale_temps
+from targetrows.cost.calibration import auto_budget
+from targetrows.decoding.config import DecodeConfig
+from targetrows.decoding.loop import DecodeResult, generate
+from targetrows.decoding.registry import get_decoder
 
-from .answers import Question, answer_record, check_prompt, read_questions, write_jsonl_atomic
-from .costmodel import auto_budget
-from .loop import DecodeConfig, generate
-from .registry import get_decoder
+from .questions import Question, check_prompt, read_questions
 
 
 def derive_seed(seed: int, question_id, turn: int, budget: int) -> int:
@@ -32,7 +39,8 @@ def derive_seed(seed: int, question_id, turn: int, budget: int) -> int:
 def positions_needed(config: DecodeConfig) -> int:
     """Positions past the prompt a turn may reach: its new tokens, and for a tree decoder the
     last round's t0 and tree (verified before the answer is cut to max_new_tokens)."""
-    return config.max_new_tokens + (config.depth + 1 if get_decoder(config.decoder).drafts else 0)
+    extra = config.pool.depth + 1 if get_decoder(config.decoder).drafts else 0
+    return config.max_new_tokens + extra
 
 
 def check_question(target, draft, question: Question, turn: int, ids, config: DecodeConfig):
@@ -42,7 +50,7 @@ def check_question(target, draft, question: Question, turn: int, ids, config: De
 
 def decode_question(target, draft, tokenizer, question: Question, config: DecodeConfig):
     """(answer texts, DecodeResults) for every turn of one question; errors name the question."""
-    from targetrows.decoding.chat import encode_conversation
+    from .chat import encode_conversation
 
     conversation, texts, results = [], [], []
     for turn, user in enumerate(question.turns):
@@ -119,46 +127,47 @@ def _progress(total: int, enabled: bool, desc: str):
 
 @dataclasses.dataclass(frozen=True)
 class AnswerSettings:
-    """One `decode` job: a decoder and its budget conditions, and what identifies the run (an
-    interrupted run's answers are reused only when every field here and the prompts match)."""
+    """One `decode` job: its decoder, temperature, new tokens, seed and pool (`decode`; its
+    budget is replaced by each condition's), the budget conditions, and what identifies the
+    run (an interrupted run's answers are reused only when every field here and the prompts
+    match)."""
 
-    decoder: str
+    decode: DecodeConfig
     budgets: tuple = (59,)  # ints, or "auto" (the cost model's pick on this machine)
-    temperature: float = 0.0
-    max_new_tokens: int = 128
-    seed: int = 0
-    top_k: int = 10
-    depth: int = 6  # pool levels of every budget; "auto" picks its own depth, at most this
     model_id: str = "target"  # model_id in the answers
     draft_name: str | None = None  # the draft's name or path
     dtype: str = "auto"
     progress: bool = True
+
+    def fingerprint(self, prompts_digest: str) -> str:
+        d, pool = self.decode, self.decode.pool
+        return (f"{self.model_id}|{self.draft_name}|{d.decoder}|{d.temperature}|"
+                f"{d.max_new_tokens}|{d.seed}|{pool.top_k}|{pool.depth}|{self.dtype}|"
+                f"{prompts_digest}")
 
 
 def answer_file(target, draft, tokenizer, prompts_path: str, out: str,
                 s: AnswerSettings) -> None:
     """Decode every question of `prompts_path` at every budget condition into the answers file
     `out` (one line per question and budget), resuming from ``out.partial``. A condition is a
-    (budget, pool depth): an integer budget runs at `s.depth`, "auto" at the depth it picks."""
+    (budget, pool depth): an integer budget runs at the pool's depth, "auto" at the depth it
+    picks."""
     from .chat import encode_conversation, stop_ids
 
+    base, depth = s.decode, s.decode.pool.depth
+    decoder = base.decoder
     questions = read_questions(prompts_path)
-    drafts = get_decoder(s.decoder).drafts
+    drafts = get_decoder(decoder).drafts
     budgets = list(dict.fromkeys(s.budgets)) if drafts else [0]  # ar: one condition, budget 0
     if not drafts:
         draft = None
-    shape = DecodeConfig(decoder=s.decoder, max_new_tokens=s.max_new_tokens,
-                         top_k=s.top_k, depth=s.depth)
     for q in questions:  # first turns too long for the models fail before anything is written
         ids = encode_conversation(tokenizer, [("user", q.turns[0])])
-        check_question(target, draft, q, 0, ids, shape)
+        check_question(target, draft, q, 0, ids, base)
     model_id = s.model_id
     # answers in OUT.partial are reused only under the same settings and the same prompts file
     with open(prompts_path, "rb") as f:
-        prompts_digest = hashlib.sha256(f.read()).hexdigest()[:16]
-    fingerprint = f"{model_id}|{s.draft_name}|{s.decoder}|{s.temperature}|" \
-                  f"{s.max_new_tokens}|{s.seed}|{s.top_k}|{s.depth}|{s.dtype}|" \
-                  f"{prompts_digest}"
+        fingerprint = s.fingerprint(hashlib.sha256(f.read()).hexdigest()[:16])
     partial = out + ".partial"
     for path in (out, partial):  # a job killed mid-write (SIGKILL) left its temp file behind
         remove_stale_temps(path)
@@ -166,20 +175,19 @@ def answer_file(target, draft, tokenizer, prompts_path: str, out: str,
     auto = None  # the (budget, depth) that --budgets auto chose
     if "auto" in budgets:
         # timings differ from run to run: a resumed run keeps the interrupted run's choice
-        auto = _auto_choice_of(interrupted, fingerprint, s.depth)
+        auto = _auto_choice_of(interrupted, fingerprint, depth)
         if auto is not None:
-            print(f"{s.decoder}: budget auto -> {auto[0]} at depth {auto[1]}, as chosen by the "
+            print(f"{decoder}: budget auto -> {auto[0]} at depth {auto[1]}, as chosen by the "
                   f"interrupted run ({partial})", file=sys.stderr)
         else:  # timed and calibrated on the first question's first turn
             first = encode_conversation(tokenizer, [("user", questions[0].turns[0])])
-            choice = auto_budget(target, draft, first, s.decoder, s.temperature,
-                                 s.top_k, s.depth)
-            print(f"{s.decoder}: {choice.describe()}", file=sys.stderr)
+            choice = auto_budget(target, draft, base, [first])
+            print(f"{decoder}: {choice.describe()}", file=sys.stderr)
             auto = (choice.budget, choice.depth)
-    conditions = sorted({auto if b == "auto" else (b, s.depth) for b in budgets}, reverse=True)
+    conditions = sorted({auto if b == "auto" else (b, depth) for b in budgets}, reverse=True)
     stops = frozenset(stop_ids(tokenizer, target))
     keys = {(str(q.question_id), b, d, fingerprint) for q in questions for b, d in conditions}
-    done = _finished(interrupted, keys, s.depth)
+    done = _finished(interrupted, keys, depth)
     # keep what survived (atomically: a kill now must not lose it), then append; a run that
     # fails before its first answer leaves no file behind
     if done:
@@ -188,23 +196,20 @@ def answer_file(target, draft, tokenizer, prompts_path: str, out: str,
         os.unlink(partial)
     todo = [(b, d, q) for b, d in conditions for q in questions
             if (str(q.question_id), b, d, fingerprint) not in done]
-    bar = _progress(len(todo), s.progress, f"{s.decoder} {model_id}")
-    for budget, depth, question in todo:
-        config = DecodeConfig(
-            decoder=s.decoder, budget=max(budget, 1), temperature=s.temperature,
-            max_new_tokens=s.max_new_tokens, top_k=s.top_k, depth=depth,
-            seed=s.seed, stop_ids=stops,
-        )
+    bar = _progress(len(todo), s.progress, f"{decoder} {model_id}")
+    for budget, at_depth, question in todo:
+        config = dataclasses.replace(base, budget=max(budget, 1), stop_ids=stops,
+                                     pool=dataclasses.replace(base.pool, depth=at_depth))
         texts, results = decode_question(target, draft, tokenizer, question, config)
-        condition = {"decoder": s.decoder, "budget": budget, "depth": depth,
-                     "budget_auto": (budget, depth) == auto, "temperature": s.temperature,
-                     "seed": s.seed, "fingerprint": fingerprint}
+        condition = {"decoder": decoder, "budget": budget, "depth": at_depth,
+                     "budget_auto": (budget, at_depth) == auto, "temperature": base.temperature,
+                     "seed": base.seed, "fingerprint": fingerprint}
         record = answer_record(question, model_id, condition, texts, results)
         with open(partial, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
             f.flush()
             os.fsync(f.fileno())
-        done[(str(question.question_id), budget, depth, fingerprint)] = record
+        done[(str(question.question_id), budget, at_depth, fingerprint)] = record
         bar.update(1)
     bar.close()
     ordered = [done[(str(q.question_id), b, d, fingerprint)] for b, d in conditions
@@ -212,3 +217,38 @@ def answer_file(target, draft, tokenizer, prompts_path: str, out: str,
     write_jsonl_atomic(out, ordered)
     if os.path.exists(partial):
         os.unlink(partial)
+
+
+def answer_record(
+    question: Question,
+    model_id: str,
+    condition: dict,
+    texts: list[str],
+    results: list[DecodeResult],
+) -> dict:
+    """One answer line: Spec-Bench's fields, then the decoder's condition and statistics."""
+    rounds = [dataclasses.asdict(r) for res in results for r in res.rounds]
+    return {
+        "question_id": question.question_id,
+        "category": question.category,
+        "model_id": model_id,
+        "choices": [
+            {
+                "index": 0,
+                "turns": texts,
+                "new_tokens": [len(r.tokens) for r in results],
+                "wall_time": [r.wall_time for r in results],
+                "decoding_steps": [len(r.rounds) for r in results],
+                "accept_lengths": [s["committed"] for s in rounds],
+            }
+        ],
+        **condition,
+        "token_ids": [r.tokens for r in results],
+        "stop_reasons": [r.stop_reason for r in results],
+        "rounds": {key: [s[key] for s in rounds] for key in (rounds[0] if rounds else {})},
+    }
+
+
+def write_jsonl_atomic(path: str, records: Iterable[dict]) -> None:
+    """Write all records as JSONL under `path`, atomically (temp file, then rename)."""
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in records))

@@ -1,5 +1,5 @@
 """Tiny random-weight Hugging Face models and an offline tokenizer, for tests, examples and the
-GPU check (no hub access): ``from targetrows.hf.tiny import tiny_model, save_tiny_pair``.
+GPU check (no hub access): ``from tiny_models import tiny_model, save_tiny_pair``.
 Weights use a large initializer range (0.3 by default) so logits are spread out and the argmax
 of a row is not decided by rounding; pass ``dtype=torch.float64`` for bit-level comparisons.
 

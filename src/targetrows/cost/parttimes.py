@@ -1,8 +1,8 @@
 """What the passes of a round cost on this machine: a forward pass of the target or the draft
 timed against the number of new tokens it feeds, on top of a cached context.
 
-`targetrows.costmodel` turns these part times into round times, the zero-overhead bound of each
-decoder and the budget that fits the hardware.
+`targetrows.cost.rounds` turns these part times into round times and the zero-overhead bound
+of each decoder, `targetrows.cost.calibration` into the budget that fits the hardware.
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from targetrows.core.tree import Tree
-
-from .model import synchronize
+from targetrows.decoding.model import synchronize
 
 
 @dataclass(frozen=True)

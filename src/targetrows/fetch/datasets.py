@@ -88,7 +88,7 @@ def load_split(src: Source, tries: int = 4, backoff_s: float = 10.0, log=sys.std
     other failures explained with the dataset's name."""
     import datasets
 
-    from targetrows.build.hub import explain, is_transient, redact
+    from targetrows.fetch.hub import explain, is_transient, redact
 
     for attempt in range(1, tries + 1):
         try:

@@ -3,7 +3,7 @@
 The draft is the target cut to its first `--layers` decoder layers, with the target's final norm
 and its embedding and output head copied (both frozen). The data are the target's own greedy
 replies to many *different* chat prompts (`chat_prompts`); prompt variety matters more than
-layers or steps. The replies (`targetrows.build.replies`, shared with `train-eagle3`) keep the
+layers or steps. The replies (`targetrows.train.replies`, shared with `train-eagle3`) keep the
 target's final hidden state and top-k tokens at every reply position: with the head shared, any
 target logit is one dot product away, so the loss (KL at temperature 1 over the target's top-32
 tokens plus ~2,048 random ones; the full-vocabulary softmax was 7x slower) never runs the target
@@ -19,11 +19,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
-from .embedded import new_folder
+from targetrows.core.atomic import new_folder
+
+from .optimise import batch_order, optimise
 from .replies import RepliesConfig, TeacherData, check_head, load_target, replies_for
-from .schedule import adamw_warmup_cosine, batch_order
 
 
 @dataclass
@@ -115,26 +115,17 @@ def train(draft, data: TeacherData, config: DistillConfig, vocab: int,
     if config.compile:
         body = torch.compile(body, dynamic=False)
     params = [p for p in draft.parameters() if p.requires_grad]
-    opt, sched = adamw_warmup_cosine(params, config.lr, 0.01, config.warmup, config.steps)
-    draft.train()
-    losses: list[float] = []
-    bar = tqdm(range(config.steps), desc="training draft", unit="step", mininterval=2.0)
-    for step in bar:
-        if deadline is not None and time.perf_counter() > deadline:
-            break
+
+    def step_loss(step: int) -> torch.Tensor:
         idx = stream[step * batch : (step + 1) * batch]
         h_s = body(input_ids=inputs[idx], use_cache=False).last_hidden_state[mask[idx]]
         rows = _rows(offsets, idx)
         rand = torch.randperm(vocab, generator=gen)[: config.n_random].sort().values
-        loss = subset_kl(h_s, data.hidden[rows].float(), weight, data.top[rows].long(), rand)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        sched.step()
-        losses.append(loss.item())
-        bar.set_postfix(loss=f"{losses[-1]:.3f}")
-    bar.close()
+        return subset_kl(h_s, data.hidden[rows].float(), weight, data.top[rows].long(), rand)
+
+    draft.train()
+    losses = optimise(step_loss, params, config.lr, 0.01, config.warmup, config.steps, 1.0,
+                      "training draft", deadline)
     draft.eval()
     return losses
 

@@ -1,1 +1,0 @@
-"""Builders: the embedded SmolLM2 target from PyPI, and small drafts distilled from a target."""

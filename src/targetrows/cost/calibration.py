@@ -1,0 +1,258 @@
+"""Calibration: what the decoders would accept on this pair and machine, measured on a few
+contexts of the target's own greedy path, and the budget and pool depth it makes fastest.
+
+`acceptance_curve` is a small recording scored by the decoder's own rule (`Rule.expected`, as
+the row-log scorer scores a row log); `auto_budget` times the target's and the draft's passes
+on this machine (`targetrows.cost.parttimes`), predicts tokens/s for every candidate budget and
+depth (`targetrows.cost.rounds`) and takes the best.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from targetrows.core.acceptance import reach_probability
+from targetrows.core.pool import expand_model
+from targetrows.core.rules.batch import PoolBatch, stack_pools
+from targetrows.core.rules.root_pool import draft_rank
+from targetrows.core.tree import Tree
+from targetrows.core.verify import walk
+from targetrows.decoding.config import DecodeConfig
+from targetrows.decoding.model import edge_probs
+from targetrows.decoding.registry import get_decoder, get_rule
+
+from .parttimes import PartTimes, measure_parts, target_sizes_for
+from .rounds import DEFAULT_BUDGETS, best_depth_budget, predicted_tokens_per_s
+
+
+@dataclass(frozen=True)
+class BudgetSearch:
+    """What `auto_budget` tries, and how it calibrates."""
+
+    budgets: tuple[int, ...] = DEFAULT_BUDGETS  # candidates (those above the pool's size drop)
+    depths: tuple[int, ...] | None = None  # candidate pool depths; None: 1..pool.depth
+    contexts: int = 8  # calibration contexts in all, spread over the calibration prompts
+    gap: int = 4  # greedy target tokens from one context to the next along a prompt's path
+    repeats: int = 5  # timings per pass size
+
+
+@dataclass(frozen=True)
+class BudgetChoice:
+    """`auto_budget`'s pick and its predictions: `tokens_per_s`, `committed` and `nodes` hold one
+    tuple per candidate depth (in `depths` order), each with one value per candidate budget."""
+
+    budget: int
+    depth: int  # the pool depth to decode at (`PoolShape.depth`)
+    budgets: tuple[int, ...]
+    depths: tuple[int, ...]
+    tokens_per_s: tuple[tuple[float, ...], ...]  # predicted, [depth][budget]
+    committed: tuple[tuple[float, ...], ...]  # predicted tokens per round
+    nodes: tuple[tuple[float, ...], ...]  # predicted non-root nodes verified per round
+    parts: PartTimes
+
+    def at_depth(self, depth: int) -> tuple[float, ...]:
+        """Predicted tokens/s by budget at one candidate depth."""
+        return self.tokens_per_s[self.depths.index(depth)]
+
+    def describe(self) -> str:
+        curve = ", ".join(
+            f"{b}: {t:.1f}" for b, t in zip(self.budgets, self.at_depth(self.depth), strict=True)
+        )
+        best = ", ".join(
+            f"{d}: {max(row):.1f}" for d, row in zip(self.depths, self.tokens_per_s, strict=True)
+        )
+        return (
+            f"budget auto -> {self.budget} at depth {self.depth} (predicted tokens/s by budget at "
+            f"depth {self.depth}: {curve}; best predicted tokens/s by depth: {best})"
+        )
+
+
+def acceptance_curve(
+    target,
+    draft,
+    prompt_ids: Sequence[int],
+    budgets: Sequence[int],
+    config: DecodeConfig,
+    contexts: int = 3,
+    depths: Sequence[int] | None = None,
+    gap: int = 0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens committed per round, nodes verified per round) predicted at each budget for
+    `config`'s decoder, temperature and pool (seeded by `config.seed`): arrays [len(budgets)]
+    for a pool of `config.pool.depth` levels, or with `depths` (candidate pool depths, each
+    1..that) arrays [len(depths), len(budgets)].
+
+    A small recording scored by the decoder's own rule (`Rule.expected`, as the row-log scorer
+    scores it): at each of `contexts` contexts along the target's greedy path (a draft_rank
+    round of the largest budget at the deepest depth, then `gap` greedy target tokens, move to
+    the next: a reply's first tokens are its easiest to guess), one target pass scores the
+    largest trees of every depth together (their union): draft_rank's, and the rule's own (for
+    a rule after t0, under the root row's likeliest t0). A pool of depth d is the first d
+    levels of a deeper pool (expansion goes level by level) and the union's nodes of depth
+    <= d hold depth d's largest trees, so one expansion at the deepest depth serves every
+    depth. A tree after t0 is averaged over t0, which takes each first-level branch with the
+    root row's probability (the branches of less likely t0s only as far as the union holds
+    them); a redrafted tree is predicted as the rule's tree at the root, plus t0.
+    """
+    rule = get_rule(get_decoder(config.decoder).rule)
+    temperature, seed, top_k, depth = (config.temperature, config.seed, config.pool.top_k,
+                                       config.pool.depth)
+    budgets = np.asarray(budgets, dtype=np.int64)
+    largest = int(budgets.max())
+    candidates = [depth] if depths is None else _check_depths(depths, depth)
+    deepest = max(candidates)
+    ctx = [int(t) for t in prompt_ids]
+    target.reset(seed)
+    draft.reset(seed)
+    committed = np.zeros((len(candidates), len(budgets)))
+    nodes = np.zeros((len(candidates), len(budgets)))
+    for _ in range(contexts):
+        stale = _stale_row(target, ctx) if "stale_row" in rule.reads else None
+        cand, logq = expand_model(draft, ctx, top_k, deepest)
+        root = None
+        if rule.needs_root_pass:  # the rule's own trees need its rows (and t0) first
+            root = target.logits(ctx, Tree.root_only(ctx[-1]), [0])
+        rows = _rows_read(target, rule, cand, root, stale, temperature)
+        t0 = int(target.draw(root, 0.0)[0]) if rule.commits_t0 else None
+        walked = _largest_tree(draft_rank, cand, logq, largest, deepest)
+        union = functools.reduce(np.union1d, [
+            tree for d in set(candidates) for tree in (
+                _largest_tree(draft_rank, cand, logq, largest, d),
+                _largest_tree(rule, cand, logq, largest, d, rows, t0))])
+        tree, tlogq = cand.subtree(union), logq[union]
+        everywhere = np.arange(len(tree))  # every node's row: the walk may end at a leaf
+        logits = target.logits(ctx, tree, everywhere)
+        draws = target.draw(logits, 0.0)
+        if temperature == 0:  # greedy: an edge is taken when it is the target's argmax
+            edge = np.ones(len(tree))
+            edge[1:] = draws[tree.parents[1:]] == tree.tokens[1:]
+        else:
+            edge = edge_probs(target, logits, everywhere, tree, temperature)
+        reach = reach_probability(tree, edge)
+        pools = PoolBatch.of_pool(tree, tlogq,
+                                  **_rows_read(target, rule, tree, root, stale, temperature))
+        # depth d's pool: the union's nodes of depth <= d (level by level: a prefix)
+        cuts = [int(np.searchsorted(tree.depth, d, side="right")) for d in candidates]
+        batch = stack_pools([pools.truncated(c) for c in cuts])
+        width = batch.shape[1]
+        reach_at = np.stack([np.where(np.arange(width) < c, reach[:width], 0.0) for c in cuts])
+        # t0 takes each first-level node with the root row's probability: that node's reach
+        acc, verified = rule.expected(batch, reach_at, budgets,
+                                      reach_at if rule.commits_t0 else None)
+        committed += acc + (2 if rule.commits_t0 else 1)
+        nodes += verified
+        # the deepest draft_rank tree's round alone moves on
+        walked_tree = cand.subtree(walked)
+        path, bonus = walk(walked_tree, draws[np.searchsorted(union, walked)])
+        ctx = ctx + walked_tree.tokens[path].tolist() + [int(bonus)]
+        target.commit(ctx)
+        for _ in range(gap):  # on along the greedy path, the target alone
+            row = target.logits(ctx, Tree.root_only(ctx[-1]), [0])
+            ctx = ctx + [int(target.draw(row, 0.0)[0])]
+            target.commit(ctx)
+        draft.commit(ctx)
+    target.reset(seed)
+    draft.reset(seed)
+    committed, nodes = committed / contexts, nodes / contexts
+    return (committed[0], nodes[0]) if depths is None else (committed, nodes)
+
+
+def _rows_read(target, rule, pool: Tree, root, stale, temperature: float) -> dict:
+    """The rows `rule` reads, at `pool`'s first-level tokens (`Rule.select`'s arguments)."""
+    tokens = pool.tokens[pool.children(0)][None]
+    rows = {}
+    if "root_row" in rule.reads:
+        rows["root_logp"] = target.logprobs(root, tokens, temperature)[0]
+    if stale is not None:
+        rows["stale_logp"] = target.logprobs(stale, tokens, temperature)[0]
+    return rows
+
+
+def _stale_row(target, ctx: list[int]):
+    """The target's row at the context less its last token (a one-token context has none)."""
+    if len(ctx) < 2:
+        return None
+    row = target.logits(ctx[:-1], Tree.root_only(ctx[-2]), [0])
+    target.commit(ctx[:-1])
+    return row
+
+
+def _check_depths(depths: Sequence[int], depth: int) -> list[int]:
+    candidates = [int(d) for d in depths]
+    if not candidates or any(not 1 <= d <= depth for d in candidates):
+        raise ValueError(f"candidate depths must be 1..{depth} (--depth), got {list(depths)}")
+    return candidates
+
+
+def _largest_tree(rule, pool: Tree, logq: np.ndarray, budget: int, depth: int,
+                  rows: dict | None = None, t0: int | None = None) -> np.ndarray:
+    """`rule`'s tree of `budget` nodes from the pool's first `depth` levels (the pool a round
+    of that depth drafts, since nodes are numbered level by level), with the root: sorted pool
+    node indices."""
+    levels = int(np.searchsorted(pool.depth, depth, side="right"))
+    nodes = rule.select(pool.subtree(np.arange(levels)), logq[:levels], budget, t0=t0,
+                        **(rows or {}))
+    return np.union1d([0], nodes)
+
+
+def auto_budget(
+    target,
+    draft,
+    config: DecodeConfig,
+    prompts: Sequence[Sequence[int]],
+    search: BudgetSearch = BudgetSearch(),
+    parts: PartTimes | None = None,
+) -> BudgetChoice:
+    """The budget and pool depth that maximise predicted tokens/s for `config`'s decoder and
+    temperature on this pair and machine; `config.pool.depth` is the deepest pool tried. Each
+    level costs a draft pass, which a shallower pool saves when deep nodes are seldom accepted.
+
+    Times target passes against tree size and the draft's passes at the first prompt (unless
+    `parts` is given), predicts acceptance per depth and budget (`acceptance_curve`, at
+    `search.contexts` contexts in all, ceil(contexts / len(prompts)) along each prompt,
+    `search.gap` greedy tokens apart; the prompts' curves averaged), and takes the best. How
+    much a draft gets right differs from prompt to prompt and task to task (most for a draft
+    with prompt lookup mixed in, which gains where replies copy), hence several prompts. The
+    root pass overlaps drafting as `config.overlap` says (None: when target and draft sit on
+    different devices, the round loop's schedule).
+    """
+    entry = get_decoder(config.decoder)
+    if not entry.drafts:
+        raise ValueError(f"decoder {config.decoder} verifies no tree: it has no budget to pick")
+    if draft is None:
+        raise ValueError(f"auto budget for {config.decoder!r} needs a draft model")
+    prompts = [list(p) for p in prompts]
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("auto budget needs prompts to time and calibrate on, none of them empty")
+    pool = config.pool
+    budgets = sorted({int(b) for b in search.budgets if 1 <= int(b) <= pool.size}) or [pool.size]
+    depths = sorted(set(_check_depths(search.depths or range(1, pool.depth + 1), pool.depth)))
+    overlap = config.overlap
+    if overlap is None:
+        overlap = target.device != draft.device
+    if parts is None:  # the deepest pool's passes cover every shallower one's
+        widths = entry.draft_widths(pool) + [1, pool.top_k]
+        parts = measure_parts(target, draft, prompts[0], target_sizes_for(budgets), widths,
+                              search.repeats)
+    curves = [acceptance_curve(target, draft, p, budgets, config,
+                               -(-search.contexts // len(prompts)), depths, search.gap)
+              for p in prompts]
+    committed = np.mean([c for c, _ in curves], axis=0)
+    nodes = np.mean([n for _, n in curves], axis=0)
+    # each (depth, budget) drafts `Decoder.pool_depth(depth, budget)` levels
+    tps = np.stack([
+        predicted_tokens_per_s(config.decoder, c, n, parts, float(overlap),
+                               replace(pool, depth=d), budgets)
+        for d, c, n in zip(depths, committed, nodes, strict=True)
+    ])
+    best_depth, best = best_depth_budget(depths, budgets, tps)
+    return BudgetChoice(best, best_depth, tuple(budgets), tuple(depths), _nested(tps),
+                        _nested(committed), _nested(nodes), parts)
+
+
+def _nested(table: np.ndarray) -> tuple[tuple[float, ...], ...]:
+    return tuple(tuple(map(float, row)) for row in table)
