@@ -3,7 +3,7 @@
 under 10 s).
 
 The log is synthetic but has the real shape: EAGLE-2 pools of top_k 10 and depth 6 (510
-non-root nodes) with the level-by-level structure `targetrows.pool` builds, sibling-distinct
+non-root nodes) with the level-by-level structure `targetrows.core.pool` builds, sibling-distinct
 tokens over a 32,000-token vocabulary, draft log-probs and target edge probabilities from
 random rows, and a trajectory that often starts with a first-level token.
 

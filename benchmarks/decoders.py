@@ -1,4 +1,4 @@
-"""Our five decoders against Hugging Face generate() and assisted generation: a thin wrapper
+"""Every registered decoder against Hugging Face generate() and assisted generation: a thin wrapper
 around `targetrows bench` (same arguments, same code), for running from a checkout.
 
     python benchmarks/decoders.py \

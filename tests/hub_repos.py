@@ -3,7 +3,7 @@
 Datasets: the seven of config/paper.yaml (targetrows.fetch.datasets.SOURCES) under their real ids,
 configurations, splits and columns, as parquet files laid out as on the hub (a README whose YAML
 names the configurations' data files), with a handful of rows each. Models: a tiny random-weight
-model folder (targetrows.hf.tiny) as a model repository.
+model folder (tests/tiny_models.py) as a model repository.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The five decoders on tiny random-weight Hugging Face models (CPU): lossless, exact caches, CLI."""
+"""Every registered decoder on tiny random-weight Hugging Face models (CPU): lossless, exact caches, CLI."""
 
 import copy
 import itertools

@@ -1,4 +1,4 @@
-"""Every decoder is lossless on the toy pair: the round loop of `targetrows.decode` is the same one
+"""Every decoder is lossless on the toy pair: the round loop of `targetrows.decoding.loop` is the same one
 real models run, so this checks the algorithm itself (trees, rules, verification, commits)."""
 
 import itertools

@@ -169,7 +169,7 @@ def _weights(rng: np.random.Generator, n: int, n_boot: int) -> np.ndarray:
 def _interval(boot: np.ndarray, level: float, n: int) -> tuple[float, float]:
     """Expanded percentile interval (Hesterberg 2015): the percentile interval's tails are
     narrowed from alpha/2 to Phi(-sqrt(n / (n - 1)) t_{n-1}), which corrects its small-sample
-    under-coverage (simulated: 92% -> 94% at 40 prompts). NaN for fewer than 2 prompts."""
+    under-coverage. NaN for fewer than 2 prompts."""
     boot = boot[np.isfinite(boot)]
     if len(boot) == 0 or n < 2:
         return np.nan, np.nan

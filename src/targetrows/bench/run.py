@@ -132,7 +132,7 @@ def pick_budgets(target, draft, prompts: Sequence[BenchPrompt], settings: BenchS
 
 def measure(target, draft, prompts: Sequence[BenchPrompt], settings: BenchSettings):
     """Part times at the mean context of the runs: the prompts' mean length plus half the new
-    tokens (attention grows with the context, so the first prompt alone can miss by 10%)."""
+    tokens (attention grows with the context, so the first prompt alone would misprice them)."""
     ids = [t for p in prompts for t in p.ids]
     want = round(len(ids) / len(prompts)) + settings.decode.max_new_tokens // 2
     ctx = (ids * (want // len(ids) + 1))[:want]

@@ -11,6 +11,7 @@ import os
 import sys
 
 from targetrows.bench.run import BenchSettings
+from targetrows.core.checks import check_count
 
 from .common import (
     add_decoding_arguments,
@@ -55,8 +56,8 @@ def _questions(args) -> list[tuple[str, str, str]]:
     from targetrows.specbench.questions import read_questions
 
     if args.prompts:
-        if args.num_prompts is not None and args.num_prompts < 1:
-            raise ValueError(f"--num-prompts must be >= 1, got {args.num_prompts}")
+        if args.num_prompts is not None:
+            check_count(args.num_prompts, "--num-prompts")
         questions = [q for path in args.prompts
                      for q in read_questions(path)[: args.num_prompts]]
         items = [(str(q.question_id), q.category, q.turns[0]) for q in questions]
@@ -115,9 +116,7 @@ def run(args: argparse.Namespace) -> int:
     # assisted generation warns, every call, about its own internal generation config
     transformers.logging.set_verbosity_error()
     if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError(f"--threads must be >= 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
+        torch.set_num_threads(check_count(args.threads, "--threads"))
     settings = BenchSettings(  # checks budget, temperatures and decoders
         decode=decode_config(args, temperature=0.0), decoders=tuple(args.decoders),
         temperatures=tuple(args.temperature), budget=args.budget, hf=args.hf,

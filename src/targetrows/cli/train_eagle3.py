@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from targetrows.core.checks import check_count
+
 from .replies import add_training_arguments, config_from, replies_config, set_threads
 
 
@@ -47,8 +49,8 @@ def run(args: argparse.Namespace) -> int:
 
     set_threads(args.threads)
     config = config_from(args, Eagle3TrainConfig)
-    if config.steps < 1 or config.batch_size < 1 or config.ttt_steps < 1 or config.eval_depth < 1:
-        raise ValueError("--steps, --batch-size, --ttt-steps and --eval-depth must be >= 1")
+    for name in ("steps", "batch_size", "ttt_steps", "eval_depth"):
+        check_count(getattr(config, name), "--" + name.replace("_", "-"))
     report = train_eagle3(args.target, args.out, config, replies=args.replies,
                           data=replies_config(args, features=True), force=args.force)
     cost = report["forward_cost"]

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from .checks import check_count
 from .tree import Tree
 
 
@@ -43,8 +44,7 @@ class NgramIndex:
     that grows (the committed context of one decode); `extend` indexes what is new."""
 
     def __init__(self, max_ngram: int = 2):
-        if max_ngram < 1:
-            raise ValueError(f"max_ngram must be >= 1, got {max_ngram}")
+        check_count(max_ngram, "max_ngram")
         self.max_ngram = max_ngram
         self.clear()
 

@@ -153,7 +153,7 @@ def expand(
 
 def expand_model(model: Any, context: Sequence[int], top_k: int, depth: int,
                  budget: int | None = None) -> tuple[Tree, np.ndarray]:
-    """The candidate pool from a `targetrows.model.Model`: one draft pass per level. With
+    """The candidate pool from a `targetrows.decoding.model.Model`: one draft pass per level. With
     `budget`, only as much of it as a draft_rank tree of `budget` nodes can use (`grow`)."""
     _check_shape(top_k, depth)
     tokens, parents, logq = [int(context[-1])], [-1], [0.0]

@@ -28,7 +28,7 @@ def _gaussian(seed: int, context: Sequence[int], size: int) -> np.ndarray:
 
 @dataclass
 class ToyModel:
-    """One side of the toy pair; implements `targetrows.model.Model` with NumPy rows."""
+    """One side of the toy pair; implements `targetrows.decoding.model.Model` with NumPy rows."""
 
     vocab_size: int
     seed: int

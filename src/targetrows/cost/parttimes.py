@@ -64,8 +64,8 @@ def time_passes(
     The whole context is cached first, so a pass feeds exactly the n nodes; after each pass the
     model drops them again (commit of the same context), so every pass starts from one cache.
     Each repeat times every size once, in turn: on a shared machine a slow spell then slows one
-    sample of every size, which the median drops, instead of every sample of one size (a 3-node
-    pass once measured 4 ms dearer than a 2-node one, and --budget auto took B=1 for it).
+    sample of every size, which the median drops, instead of every sample of one size (which
+    would make that size look dearer than a larger one, and mislead --budget auto).
     """
     ctx = [int(t) for t in context]
     sizes = sorted({int(n) for n in sizes})

@@ -2,9 +2,9 @@
 spare, and a new entry is written into it instead of concatenated onto a fresh copy.
 
 Hugging Face's `DynamicCache` concatenates on every update, so a decoding step copies the whole
-cache of every layer once. At batch 1 that is a few percent of a step; for the replies'
-batched greedy decoding (128 rows, up to ~200 entries) it was 43% of the time, more than the
-matrix products. Here the buffer doubles when full, so each entry is copied O(1) times on
+cache of every layer once. At batch 1 that is a small part of a step; for the replies' batched
+greedy decoding (over a hundred rows) it can cost more than the matrix products. Here the
+buffer doubles when full, so each entry is copied O(1) times on
 average, and attention reads a view of the filled part (the same entries, the same results)."""
 
 from __future__ import annotations

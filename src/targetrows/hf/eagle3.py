@@ -122,7 +122,7 @@ class Eagle3Head(nn.Module):
 
 
 class Eagle3Draft(TorchRows):
-    """An EAGLE-3 head bound to its target `HFModel` (implements `targetrows.model.Model`).
+    """An EAGLE-3 head bound to its target `HFModel` (implements `targetrows.decoding.model.Model`).
 
     Rows come out over the target's vocabulary (`vocab_size`), -inf outside the draft
     vocabulary, so pools, rules and row logs treat the head like any draft. The target is made
@@ -260,8 +260,8 @@ class Eagle3Draft(TorchRows):
     def topk_at(self, context: Sequence[int], tree: Tree, nodes: Sequence[int],
                 k: int) -> tuple[np.ndarray, np.ndarray]:
         """`topk` of the nodes' rows, ranked over the draft vocabulary's own logits: the rows
-        are never widened to the target's vocabulary (three times a round on the embedded pair,
-        0.2 ms each with the gather back)."""
+        are never widened to the target's vocabulary and gathered back (pool expansion asks
+        this at every level of every round)."""
         g = self._node_g(context, tree, nodes)
         if k > len(self._target_ids):
             return self.topk(self._rows(g), k)
@@ -318,8 +318,8 @@ class Eagle3Draft(TorchRows):
     @torch.inference_mode()
     def topk(self, logits: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
         """As for any rows, but over the draft vocabulary's columns only (every other token is
-        -inf, so its softmax is the same): on the embedded pair a 7.5k-wide softmax and top-k
-        per row instead of a 49k-wide one, the pool's top-k every level of every round."""
+        -inf, so its softmax is the same): a softmax and top-k as wide as the draft
+        vocabulary instead of the target's, at every level of every round."""
         if k > len(self._target_ids):
             return super().topk(logits, k)
         ids, logp = super().topk(logits[:, self._target_cols], k)

@@ -5,8 +5,7 @@ query heads) to `scaled_dot_product_attention(enable_gqa=True)` only when there 
 pass with a custom 4D mask over more than one new token (every tree pass: verify passes and row
 logs) first repeats the keys and values of the whole cache once per query group, a copy per
 layer per pass. On the CPU, torch's own kernel takes the mask and the grouped heads together and
-gives the same numbers (checked in the tests): on the embedded target (3 key/value heads for 9
-query heads, 30 layers, 1 thread) a 3-token tree pass over 121 cached tokens took about 1 ms less.
+gives the same numbers (checked in the tests) without the copy.
 
 `use_gqa_kernel(model)` switches a model that uses "sdpa" to this function ("sdpa_gqa"): the same
 masks (Hugging Face's sdpa mask builder), the same function for every other pass. Elsewhere

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from targetrows.core.checks import check_temperature
 from targetrows.core.tree import Tree
 from targetrows.hf.cache import growing_cache
 from targetrows.hf.gqa_attention import NAME as GQA_ATTENTION
@@ -71,8 +72,7 @@ class TorchRows:
     def draw(self, logits: torch.Tensor, temperature: float) -> np.ndarray:
         if temperature == 0:
             return logits.argmax(dim=-1).cpu().numpy()  # first maximum: ties to the lower id
-        if temperature < 0:
-            raise ValueError(f"{self.name}: temperature must be >= 0, got {temperature}")
+        check_temperature(temperature, f"{self.name}: temperature")
         probs = torch.softmax(self._work(logits) / temperature, dim=-1)
         picks = torch.multinomial(probs, 1, generator=self._generator)
         return picks[:, 0].cpu().numpy()
@@ -121,7 +121,7 @@ class TorchRows:
 
 
 class HFModel(TorchRows):
-    """A Hugging Face causal LM seen as a source of rows (implements `targetrows.model.Model`).
+    """A Hugging Face causal LM seen as a source of rows (implements `targetrows.decoding.model.Model`).
 
     `vocab_size` (default: the model's logit width) is the tokenizer's vocabulary: rows are cut
     to it, so a target and a draft whose logit widths differ only by padding compare equal.
@@ -323,7 +323,7 @@ class HFModel(TorchRows):
         if base == start and np.array_equal(region, np.tri(q, dtype=bool)):
             # a plain causal chain after the prefix (a prompt's first pass, ar's step): no mask of
             # ours, so the pass is the one Hugging Face's generate() runs (the same kernels and
-            # numbers; a one-token step without a mask is also 2% faster)
+            # numbers; a one-token step without a mask is also a little faster)
             mask = None
         else:
             mask = torch.zeros((1, 1, q, base + q), dtype=self.dtype, device=self.input_device)
@@ -402,8 +402,8 @@ class HFModel(TorchRows):
 
     def _check_finite(self, rows: torch.Tensor, positions: np.ndarray) -> None:
         """One reduction and one sync per pass: a NaN/inf row names its sequence position."""
-        # a row's sum is finite only if every entry is, and over 49k-wide rows a sum costs a
-        # fraction of an elementwise isfinite (3 rows, 1 thread: 0.01 ms against 0.17)
+        # a row's sum is finite only if every entry is, and over vocabulary-wide rows a sum
+        # costs a small fraction of an elementwise isfinite
         if bool(torch.isfinite(rows.sum(dim=-1)).all()):
             return
         finite = torch.isfinite(rows).all(dim=-1)

@@ -3,19 +3,18 @@ what `torch.compile`'s CPU freezing does to a model's linear layers, without com
 
 Why. A transformer pass over a few tokens is almost all `nn.Linear`, and the default CPU path
 (`F.linear`, an MKL sgemm on the weight as stored) rearranges the weight into its own blocked
-layout on every call. A verify pass over a small token tree pays that on every layer: on the
-embedded target (SmolLM2-135M, float32, 1 thread) a 9-token pass took 79 ms against 41 ms for
-one token. With the weight packed once, in the blocked layout oneDNN's kernels read directly, a
-one-token pass takes 27 ms and a 9-token pass 36 ms (`benchmarks/linear_kernels.py` measures
-both). Rows differ from `F.linear`'s by float rounding only (another summation order).
+layout on every call, and a verify pass over a small token tree pays that on every layer. With
+the weight packed once, in the blocked layout oneDNN's kernels read directly, small passes get
+much cheaper, a few-token tree pass most (`benchmarks/linear_kernels.py` measures both paths).
+Rows differ from `F.linear`'s by float rounding only (another summation order).
 
 `pack_linears(model)` turns a model's `nn.Linear` modules into `PackedLinear` in place: the same
 parameters, names and state dict (tied weights stay tied), so Hugging Face `generate`, copies
 and checkpoints work as before. A module is packed for the dtype its weight has then: float32,
-or bfloat16 where oneDNN supports it (an EAGLE-3 head's one-to-three-entry passes took 0.7 ms
-instead of 1.2 in float32). Converted to another dtype later, it takes plain `F.linear`: the
-replies' bfloat16 request writer, a copy of the float32 target, stays on torch's own layers,
-where packing gained nothing at batch 128. The packed copy is made on the first pass without
+or bfloat16 where oneDNN supports it (an EAGLE-3 head's few-entry passes gain from both).
+Converted to another dtype later, it takes plain `F.linear`: the replies' bfloat16 request
+writer, a copy of the float32 target, stays on torch's own layers, where packing gains nothing
+at large batches. The packed copy is made on the first pass without
 gradients and made again when the weight changes; passes that need gradients and other devices
 take plain `F.linear` too, so a packed model still trains.
 """
@@ -29,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# oneDNN's layout is chosen for a batch size; 16 serves 1..64 rows about equally (measured).
+# oneDNN's layout is chosen for a batch size; 16 serves 1..64 rows about equally.
 BATCH_HINT = 16
 
 
@@ -113,8 +112,8 @@ def pack_linears(model: nn.Module) -> int:
 
 def packed_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """``x @ w.T`` without gradients, through a copy of `w` packed now: for one large product
-    (training's vocabulary-wide logits: 1,500 x 576 x 8,077 took 150 ms instead of 350 in
-    float32 on 1 thread; packing cost 7). Elsewhere, or when packing does not work, `x @ w.T`."""
+    (training's vocabulary-wide logits), where packing costs far less than it saves. Elsewhere,
+    or when packing does not work, `x @ w.T`."""
     w = w.detach()
     if x.device.type != "cpu" or x.dtype != w.dtype or not packing_works(w.dtype):
         return x @ w.T

@@ -27,7 +27,7 @@ segment's trajectory where the draft's candidate pool was logged. Flat arrays wi
     per node     pool_tokens (int32), pool_parents (int16; -1 at each pool's root, local
                  indices), pool_logq (float32, cumulative draft log-prob, 0 at the root),
                  edge_p (float32, the target's probability of the node's token at its parent's
-                 context, 1 at the root). Pools are in `targetrows.pool` order (level by level).
+                 context, 1 at the root). Pools are in `targetrows.core.pool` order (level by level).
     per first-level node (in pool order)  stale_p: the probability of the token under the
                  target's row at the previous context prompt + traj[:t-1] (NaN when there is
                  none: a one-token prompt at t = 0).
@@ -160,7 +160,7 @@ def _offsets(chunks) -> np.ndarray:
 
 
 def from_segments(header: dict, segments: list[dict]) -> RowLog:
-    """A RowLog from per-segment dicts (what `targetrows.record` builds): keys question, task,
+    """A RowLog from per-segment dicts (what `targetrows.rowlog.record` builds): keys question, task,
     turn, stopped, prompt, trajectory and records, a list of dicts with position, scored,
     tokens, parents, logq, edge_p, stale_p, root_tokens, root_p."""
     recs = [(i, r) for i, s in enumerate(segments) for r in s["records"]]

@@ -58,7 +58,7 @@ class RecordConfig:
 
 def record_prompt(target, draft, prompt_ids: Sequence[int], config: RecordConfig,
                   seed: int | None = None) -> dict:
-    """Record one prompt (any pair implementing `targetrows.model.Model`).
+    """Record one prompt (any pair implementing `targetrows.decoding.model.Model`).
 
     Returns a segment dict: prompt, trajectory, stopped, records (one dict per logged pool, see
     `rowlog.from_segments`). `seed` (default ``config.seed``) seeds the target's sampling.

@@ -19,9 +19,7 @@ def draft_vocabulary(data: TeacherData, coverage: float, stop: set[int], vocab_s
     """Sorted target ids: the smallest set of tokens covering `coverage` of the appearances of
     tokens among the target's `top_k` at the training reply positions (most frequent first,
     ties by lower id), plus `stop`. top_k = 1 counts the greedy reply tokens themselves; a
-    larger top_k also counts the target's near-misses, which generalises to unseen replies
-    (SmolLM2, 1,024 replies: 97% of the top-4 is 7.3k tokens covering 0.900 of held-out reply
-    tokens; every reply token, 6.4k, covers 0.879)."""
+    larger top_k also counts the target's near-misses, which generalises to unseen replies."""
     if not 0 < coverage <= 1:
         raise ValueError(f"--coverage {coverage} must be in (0, 1]")
     if not 1 <= top_k <= data.top.shape[1]:

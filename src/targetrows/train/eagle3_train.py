@@ -57,7 +57,7 @@ class Eagle3TrainConfig:
     clip: float = 0.5
     # Gaussian noise added to the target's features, in units of each feature's standard
     # deviation over the training positions (EAGLE trains on noised features too), against
-    # over-fitting the replies it sees several times; 0.2 measured no gain on the embedded pair
+    # over-fitting the replies it sees several times (off by default: it did not pay here)
     feature_noise: float = 0.0
     init_from_target: bool = True  # lm_head and norm from the target's output rows and norm
     # the layer from the target layer that reads the last feature layer (eagle3_init.py)
@@ -181,9 +181,8 @@ class SoftCrossEntropy(torch.autograd.Function):
 
     The rows are as wide as the draft vocabulary, so these passes are memory-bound. Going
     through `chunk` rows at a time keeps every temporary small and warm, and the labels are
-    gathered per chunk rather than copied whole: on 2 CPU cores the loss takes about 20% less
-    than autograd's log_softmax, exp and product over whole rows (50 MB each, which the
-    allocator maps and faults in afresh every time)."""
+    gathered per chunk rather than copied whole: cheaper than autograd's log_softmax, exp and
+    product over whole rows, which the allocator maps and faults in afresh every time."""
 
     @staticmethod
     def forward(ctx, z: torch.Tensor, target_p: torch.Tensor, rows: torch.Tensor,

@@ -7,11 +7,11 @@ the batch) keeps, at no extra cost:
   the output head, any target logit is one dot product away, so neither training runs the
   target again. With `learn_prompts`, the same for the training prompts' own text: every
   position after the chat header all prompts share (the user's request is text the target
-  predicts too: 40% more labelled positions at no extra pass);
+  predicts too: more labelled positions at no extra pass);
 - at every position but the last, the residual stream entering the feature layers (Hugging Face
   ``hidden_states[i]``; by default 2, L//2 and L-3, what an EAGLE-3 head reads), fp16.
 
-Batch 32-128 generates about 9x more tokens per second on a CPU than batch-1 decoding, and prompt
+Batched generation makes many more tokens per second on a CPU than batch-1 decoding, and prompt
 variety matters more than reply length: the prompts are template requests (`chat_prompts`) and
 requests the target writes itself (`self_prompts`; only their text is kept, so they are written
 in bfloat16 wherever that is fast, `write_dtype`). The training replies are generated in the
@@ -285,7 +285,7 @@ def generate_replies(target, tokenizer, config: RepliesConfig) -> tuple[TeacherD
     generator = in_dtype(target, dtype)
     prompts = training_prompts(config.prompts, config.seed)
     written = []
-    if config.self_prompts:  # only their text is kept: bfloat16 writes them 1.6x faster on AMX
+    if config.self_prompts:  # only their text is kept: written in bfloat16 where that is fast
         writer = in_dtype(target, fast_dtype(config.write_dtype, str(target.device)))
         written = self_prompts(writer, tokenizer, config.self_prompts, config.seed, stop,
                                exclude={*prompts, *HELDOUT_PROMPTS})
