@@ -4,6 +4,7 @@ through generate, the cost model, the online tables and the figures' ordering wi
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -163,3 +164,73 @@ def test_draft_passes_are_as_wide_as_the_registry_prices_them(decoder):
     for r in result.rounds:  # no round's pass is wider than priced
         taken, start = widths[start : start + r.draft_passes], start + r.draft_passes
         assert all(w <= p for w, p in zip(taken, planned, strict=False))
+
+
+def deep_scores(batch):
+    """A toy rule for the test: the draft's log-probs plus a small bonus per level, so that
+    deeper nodes win ties of the draft (a bonus of 0.01 per level keeps a child at or below its
+    parent wherever the draft's step costs more than that)."""
+    depth = np.zeros(batch.shape)
+    for _ in range(batch.shape[1]):  # depth from parents, one level at a time
+        up = np.take_along_axis(depth, np.maximum(batch.parents, 0), 1) + 1
+        depth = np.where(batch.parents >= 0, up, 0.0)
+    return batch.logq + 0.01 * depth
+
+
+@pytest.fixture
+def toy_rule():
+    from targetrows.core.rules.rule import Rule
+
+    register(Rule("toy_deep", "draft_rank with a small bonus per level (a test's own rule)",
+                  deep_scores, baseline="draft_rank", paper=False))
+    register(Decoder("toy_deep_dec", "decodes with toy_deep", "toy_deep"))
+    yield get_rule("toy_deep")
+    unregister("toy_deep_dec")
+    unregister("toy_deep")
+    assert "toy_deep" not in RULES
+
+
+def test_a_rule_registered_from_a_test_is_scored_costed_decoded_and_tabled(toy_rule, tmp_path):
+    """One Rule and one Decoder entry, nothing else: the row-log scorer scores it as its
+    definition says, the cost model predicts it, the round loop decodes with it losslessly, and
+    the tables put it beside its baseline."""
+    import brute_rules as brute
+    from test_score import toy_log
+
+    from targetrows import Tree, expected_accepted_greedy
+    from targetrows.cost.calibration import acceptance_curve
+    from targetrows.rowlog.score import score_log, write_table
+
+    log = toy_log(0.0)
+    table = score_log(log, [1, 3, 8], rules=("draft_rank", "toy_deep"))
+    # scored: the top-B by its own score, pool by pool, accepted along the greedy trajectory
+    segment = {(q, int(u)): k for k, (q, u) in enumerate(zip(log.seg_question, log.seg_turn,
+                                                              strict=True))}
+    for i in np.flatnonzero(table["rule"] == "toy_deep"):
+        s = segment[table["prompt_id"][i], int(table["turn"][i])]
+        t = int(table["position"][i])
+        r = int(np.flatnonzero((log.rec_segment == s) & (log.rec_position == t))[0])
+        tokens, parents, logq, _ = log.pool(r)
+        pool = Tree(tokens, parents)
+        score = {j: logq[j] + 0.01 * pool.depth[j] for j in range(1, len(pool))}
+        chosen = [0] + brute.top(range(1, len(pool)), score, int(table["budget"][i]))
+        want = expected_accepted_greedy(pool.subtree(chosen), log.trajectory(s)[t:].tolist())
+        assert table["accepted"][i] == want and table["nodes"][i] == len(chosen) - 1
+    # costed: the calibration scores it from its rule
+    pair = ToyPair(vocab_size=24, seed=5, closeness=0.9)
+    config = DecodeConfig("toy_deep_dec", budget=6, max_new_tokens=20, pool=PoolShape(4, 3))
+    committed, nodes = acceptance_curve(pair.target, pair.draft, [4, 7, 1], [1, 4, 8], config, 2)
+    assert np.all(committed >= 1) and list(nodes) == [1, 4, 8]
+    # decoded: lossless like every decoder
+    ar = generate(pair.target, None, [4, 7, 1], DecodeConfig("ar", max_new_tokens=20))
+    assert generate(pair.target, pair.draft, [4, 7, 1], config).tokens == ar.tokens
+    # tabled: its expected acceptance and its gain over its baseline
+    pytest.importorskip("pandas")
+    from targetrows.analysis.tables import row_log_tables
+
+    path = tmp_path / "scores" / "toy-target" / "toy" / "T0.csv"
+    path.parent.mkdir(parents=True)
+    write_table(table, str(path))
+    acc, gains, _ = row_log_tables([str(path)], n_boot=50, seed=0)
+    assert "toy_deep" in set(acc["rule"])
+    assert set(gains.loc[gains["rule"] == "toy_deep", "baseline"]) == {"draft_rank"}

@@ -219,3 +219,15 @@ def test_each_rule_selects_what_its_definition_says(seed):
                 cand, logq, budget, t0)
             assert first_token.select(cand, logq, budget, t0=t0).tolist() == brute.first_token(
                 cand, logq, budget, t0)
+
+
+def test_a_rule_whose_child_outscores_its_parent_is_refused():
+    from targetrows.core.rules.rule import Rule
+
+    def rising(batch):
+        return -batch.logq  # deeper (less likely) nodes score higher
+
+    cand = Tree([0, 1, 2, 3], [-1, 0, 1, 2])
+    logq = np.log([1, 0.5, 0.25, 0.1])
+    with pytest.raises(ValueError, match="rule 'rising': a node scores above its parent"):
+        Rule("rising", "a broken rule", rising).select(cand, logq, 2)

@@ -88,7 +88,7 @@ class Rule:
         budget = check_budget(budget)
         logq = _check_logq(pool, logq)
         batch = PoolBatch.of_pool(pool, logq, root_logp, stale_logp)
-        score = self.scores(batch)[0]
+        score = self._scores(batch)[0]
         if self.tree in ("pool", "redraft"):
             return _top_nodes(score, budget)
         if t0 is None:
@@ -118,7 +118,7 @@ class Rule:
         _, n = batch.shape
         k = min(int(budgets.max()), n - 1)
         col = np.minimum(budgets, k) - 1
-        score = self.scores(batch)
+        score = self._scores(batch)
         if self.tree in ("pool", "redraft"):
             order = top_order(score[:, 1:], k) + 1
             accepted = np.cumsum(gather(reach, order), axis=1)[:, col]
@@ -128,6 +128,21 @@ class Rule:
             raise ValueError(f"rule {self.name!r} scores a tree after t0: give t0's "
                              "distribution over the first-level nodes")
         return self._after_t0(batch, score, reach, t0, k, col)
+
+    def _scores(self, batch: PoolBatch) -> np.ndarray:
+        """The rule's scores, checked: a child never above its parent, so that every top-B
+        selection is ancestor-closed (a rule that breaks this is refused by name)."""
+        score = np.asarray(self.scores(batch), dtype=np.float64)
+        if score.shape != batch.shape:
+            raise ValueError(f"rule {self.name!r}: scores have shape {score.shape}, the pools "
+                             f"{batch.shape}")
+        child = batch.parents > 0
+        above = np.take_along_axis(score, np.maximum(batch.parents, 0), 1)
+        if np.any(child & (score > above)):
+            raise ValueError(f"rule {self.name!r}: a node scores above its parent, so a top-B "
+                             "selection would not be ancestor-closed; scores must not rise "
+                             "from a node to its children")
+        return score
 
     def _after_t0(self, batch, score, reach, t0, k, col):
         p, n = batch.shape
