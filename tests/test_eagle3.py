@@ -122,14 +122,22 @@ def test_target_features_follow_the_cache(llama_target, tmp_path):
         torch.testing.assert_close(feats, want, rtol=1e-10, atol=1e-10)
 
 
-def test_explicit_layer_ids_count_layer_inputs(llama_target, tmp_path):
-    """eagle_aux_hidden_state_layer_ids [0, 1, 4] reads hidden_states[0], [1], [4] (inputs)."""
-    folder = save_tiny_head(tmp_path / "h", llama_target.config, layer_ids=[0, 1, 4])
+@pytest.mark.parametrize("layout, written, inputs", [
+    ("eagle", {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [3, 0, 1]}}, [1, 2, 4]),
+    ("speculators", {"eagle_aux_hidden_state_layer_ids": [4, 0, 1]}, [0, 1, 4]),
+])
+def test_explicit_layer_ids_follow_each_keys_convention(llama_target, tmp_path, layout, written,
+                                                        inputs):
+    """SGLang and SpecForge's eagle_config ids are layer outputs (SGLang captures id + 1);
+    vLLM and speculators' top-level ids are layer inputs (hidden_states[j]); features are
+    concatenated in ascending layer order whatever order the list has."""
+    folder = save_tiny_head(tmp_path / "h", llama_target.config, layout=layout,
+                            config_overrides=written)
     target, draft = _draft(llama_target, folder)
     ctx = PROMPTS[1]
     feats = target.features(ctx, 0, len(ctx) - 1)
     hs = hidden_states(llama_target, ctx[:-1])
-    torch.testing.assert_close(feats, torch.cat([hs[0][0], hs[1][0], hs[4][0]], -1))
+    torch.testing.assert_close(feats, torch.cat([hs[i][0] for i in inputs], -1))
 
 
 @pytest.mark.parametrize("embed", [False, True])
@@ -266,7 +274,11 @@ def test_bin_and_both_layouts_load_the_same_head(llama_target, tmp_path):
     (dict(vocab_size=300), "vocab_size"),
     (dict(eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 3, 6]}),
      "eagle_aux_hidden_state_layer_ids"),
-    (dict(norm_before_residual=True), "norm_before_residual"),
+    (dict(eagle_aux_hidden_state_layer_ids=[2, 3, 4],
+          eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 3, 4]}), "two sets"),
+    (dict(norm_output=False), "norm_output=false"),
+    (dict(attention_bias=True), "attention_bias"),
+    (dict(tie_word_embeddings=True), "tie_word_embeddings"),
     (dict(num_hidden_layers=2), "num_hidden_layers"),
 ])
 def test_a_mismatched_or_unknown_head_is_refused(llama_target, tmp_path, change, message):

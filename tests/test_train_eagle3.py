@@ -244,7 +244,10 @@ def test_train_eagle3_builds_a_reproducible_lossless_head(tmp_path, capsys):
     assert cli.main(["train-eagle3", *args, "--out", str(tmp_path / "b")]) == 0
     a, b = (load_file(tmp_path / x / "model.safetensors") for x in "ab")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert "midlayer.self_attn.q_proj.weight" in a and "embed_tokens.weight" not in a
+    assert "midlayer.self_attn.q_proj.weight" in a
+    # the target's table, frozen, as the head's own embedding (EAGLE's loader needs it)
+    embedding = AutoModelForCausalLM.from_pretrained(target_dir).get_input_embeddings().weight
+    assert torch.equal(a["embed_tokens.weight"], embedding.detach()[: len(a["t2d"])])
     report = json.loads((tmp_path / "a" / "train_eagle3_report.json").read_text())
     assert report["steps_done"] == 6 and report["feature_layers"] == list(LAYERS)
     assert 0 <= report["heldout_top1_agreement"] <= report["heldout_coverage"] + 1e-9

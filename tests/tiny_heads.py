@@ -72,7 +72,9 @@ def tiny_head_tensors(target_config, hidden: int | None = None, n_heads: int = 4
 
 def save_tiny_head(folder, target_config, layout: str = "eagle", safe: bool = True,
                    layer_ids=None, config_overrides: dict | None = None, **sizes) -> str:
-    """Write a tiny head folder for a target with `target_config`; returns the folder."""
+    """Write a tiny head folder for a target with `target_config`; returns the folder.
+    `layer_ids`: the target layers (inputs) it reads, written in the layout's own convention
+    (``eagle_config`` ids are layer outputs, a speculators config's top-level ids inputs)."""
     folder = os.fspath(folder)
     os.makedirs(folder, exist_ok=True)
     tensors = tiny_head_tensors(target_config, **sizes)
@@ -89,16 +91,16 @@ def save_tiny_head(folder, target_config, layout: str = "eagle", safe: bool = Tr
     if layout == "eagle":
         config = dict(layer, architectures=["LlamaForCausalLMEagle3"], draft_vocab_size=dv,
                       target_hidden_size=int(target_config.hidden_size))
-        if layer_ids is not None:
-            config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(layer_ids),
-                                      "use_aux_hidden_state": True}
+        if layer_ids is not None:  # SGLang and SpecForge name layer outputs
+            config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids":
+                                      [i - 1 for i in layer_ids], "use_aux_hidden_state": True}
     elif layout == "speculators":
         config = dict(speculators_model_type="eagle3", architectures=["Eagle3Speculator"],
                       transformer_layer_config=layer, draft_vocab_size=dv, norm_before_residual=False,
                       target_hidden_size=int(target_config.hidden_size),
                       speculators_config={"algorithm": "eagle3",
                                           "verifier": {"name_or_path": "tiny-target"}})
-        if layer_ids is not None:
+        if layer_ids is not None:  # vLLM and speculators name layer inputs
             config["eagle_aux_hidden_state_layer_ids"] = list(layer_ids)
     else:
         raise ValueError(f"unknown layout {layout!r}")

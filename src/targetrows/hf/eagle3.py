@@ -8,6 +8,12 @@ hidden_norm(h))`` (width 2H, embedding first) into attention, adds h as the resi
 usual ``post_attention_layernorm`` and SwiGLU MLP; its output g is fed back as the next h; rows are
 ``lm_head(norm(g))`` over a reduced draft vocabulary, target id = d + d2t[d].
 
+Variants (`Eagle3Shape`, read from a config by `targetrows.hf.eagle3_conventions`): the normed
+output norm(g) fed back instead of g (EAGLE-3.1, ``norm_output``), the residual taken after
+hidden_norm (``norm_before_residual``), an RMSNorm over the concatenated features
+(``norm_before_fc``) or one per feature (``fc_norm``) before fc, and per-head norms of queries
+and keys before the rotation (a Qwen3 layer).
+
 Entry t of the head's cache pairs the target feature at position t with token t+1 (position t)
 and predicts token t+2. For a context of n tokens the committed entries are 0..n-2, built from
 the target's features (`HFModel.features`); entry n-2 is the tree's root. A tree node feeds its
@@ -48,6 +54,11 @@ class Eagle3Shape:
     n_features: int  # target layers whose inputs fc reads (3)
     rms_norm_eps: float = 1e-6
     hidden_act: str = "silu"
+    norm_output: bool = False  # deeper levels read norm(g), not g (EAGLE-3.1)
+    norm_before_residual: bool = False  # the layer's residual is hidden_norm(h)
+    norm_before_fc: bool = False  # input_norm over the concatenated features
+    fc_norm: bool = False  # fc_norm[i] over each feature
+    qk_norm: bool = False  # q_norm, k_norm over each head (Qwen3's layer)
 
 
 class RMSNorm(nn.Module):
@@ -88,11 +99,35 @@ class Eagle3Head(nn.Module):
         mlp.gate_proj = nn.Linear(h, s.intermediate_size, bias=False)
         mlp.up_proj = nn.Linear(h, s.intermediate_size, bias=False)
         mlp.down_proj = nn.Linear(s.intermediate_size, h, bias=False)
+        if s.qk_norm:
+            attn.q_norm = RMSNorm(s.head_dim, s.rms_norm_eps)
+            attn.k_norm = RMSNorm(s.head_dim, s.rms_norm_eps)
+        features = s.n_features * s.target_hidden_size
+        if s.norm_before_fc:
+            self.input_norm = RMSNorm(features, s.rms_norm_eps)
+        if s.fc_norm:
+            self.fc_norm = nn.ModuleList(RMSNorm(s.target_hidden_size, s.rms_norm_eps)
+                                         for _ in range(s.n_features))
         self.act = ACT2FN[s.hidden_act]
         self.norm = RMSNorm(h, s.rms_norm_eps)
         self.lm_head = nn.Linear(h, s.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(s.draft_vocab_size, dtype=torch.long))
         self.rotary = LlamaRotaryEmbedding(rope_config)
+
+    def project(self, features: torch.Tensor) -> torch.Tensor:
+        """The target's concatenated features [..., n_features * T] to h [..., H]."""
+        s = self.shape
+        if s.norm_before_fc:
+            features = self.input_norm(features)
+        elif s.fc_norm:
+            parts = features.split(s.target_hidden_size, dim=-1)
+            features = torch.cat([norm(x) for norm, x in zip(self.fc_norm, parts, strict=True)],
+                                 dim=-1)
+        return self.fc(features)
+
+    def fed_back(self, g: torch.Tensor) -> torch.Tensor:
+        """What a level hands the next as its h: g, or norm(g) for an EAGLE-3.1 head."""
+        return self.norm(g) if self.shape.norm_output else g
 
     def step(self, h: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor,
              past_k: torch.Tensor, past_v: torch.Tensor, allowed: torch.Tensor):
@@ -101,16 +136,21 @@ class Eagle3Head(nn.Module):
         `allowed` [q, S + q] says which entries each query sees. Returns (g [q, H], k, v)."""
         s, layer, attn = self.shape, self.layer, self.layer.self_attn
         q_len = h.shape[0]
-        x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(h)], dim=-1)
-        q = attn.q_proj(x).view(q_len, s.num_heads, s.head_dim).transpose(0, 1)[None]
-        k = attn.k_proj(x).view(q_len, s.num_kv_heads, s.head_dim).transpose(0, 1)[None]
+        normed = layer.hidden_norm(h)
+        residual = normed if s.norm_before_residual else h
+        x = torch.cat([layer.input_layernorm(embeds), normed], dim=-1)
+        q = attn.q_proj(x).view(q_len, s.num_heads, s.head_dim)
+        k = attn.k_proj(x).view(q_len, s.num_kv_heads, s.head_dim)
+        if s.qk_norm:
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k = q.transpose(0, 1)[None], k.transpose(0, 1)[None]
         v = attn.v_proj(x).view(q_len, s.num_kv_heads, s.head_dim).transpose(0, 1)[None]
         cos, sin = self.rotary(x[None], positions[None])
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         keys, values = torch.cat([past_k, k[0]], dim=1), torch.cat([past_v, v[0]], dim=1)
         out = F.scaled_dot_product_attention(q, keys[None], values[None], attn_mask=allowed,
                                              enable_gqa=s.num_heads != s.num_kv_heads)
-        h = h + attn.o_proj(out[0].transpose(0, 1).reshape(q_len, -1))
+        h = residual + attn.o_proj(out[0].transpose(0, 1).reshape(q_len, -1))
         mlp = layer.mlp
         x = layer.post_attention_layernorm(h)
         g = h + mlp.down_proj(self.act(mlp.gate_proj(x)) * mlp.up_proj(x))
@@ -134,7 +174,7 @@ class Eagle3Draft(TorchRows):
         self.target = target
         self.name = name
         target.keep_features(feature_layers)
-        self.feature_layers = tuple(int(i) for i in feature_layers)
+        self.feature_layers = tuple(sorted(int(i) for i in feature_layers))
         weight = head.lm_head.weight
         self.device, self.dtype = weight.device, weight.dtype
         self.vocab_size = target.vocab_size
@@ -247,8 +287,8 @@ class Eagle3Draft(TorchRows):
         m = end - start
         allowed = np.ones((m, end), dtype=bool)
         allowed[:, start:] = np.tril(np.ones((m, m), dtype=bool))
-        g = self._feed(self.head.fc(features), ctx[start + 1 : end + 1], np.arange(start, end),
-                       allowed)
+        g = self._feed(self.head.project(features), ctx[start + 1 : end + 1],
+                       np.arange(start, end), allowed)
         self._g_committed = torch.cat([self._g_committed, g])
         self._n, self._prefix = end, ctx[: end + 1].copy()
 
@@ -288,7 +328,8 @@ class Eagle3Draft(TorchRows):
             if depth == 0:  # a one-token context: no feature exists, the root starts from h = 0
                 h = self._g.new_zeros((1, self._g.shape[1]))
             else:
-                h = self._g[torch.from_numpy(tree.parents[level]).to(self.device)]
+                h = self.head.fed_back(self._g[torch.from_numpy(tree.parents[level])
+                                               .to(self.device)])
             cache_len, k = self._k.shape[1], len(level)
             allowed = np.zeros((k, cache_len + k), dtype=bool)
             allowed[:, : self._n] = True  # every committed entry, the root's among them

@@ -169,9 +169,10 @@ class HFModel(TorchRows):
 
     def keep_features(self, feature_layers: Sequence[int]) -> None:
         """From now on keep, per cache entry, the inputs of decoder layers `feature_layers`
-        (Hugging Face ``hidden_states[i]`` for each i), captured during our own passes only.
-        Forgets the cache (its entries have no features)."""
-        ids = tuple(int(i) for i in feature_layers)
+        (Hugging Face ``hidden_states[i]`` for each i), concatenated in ascending layer order
+        (as every engine concatenates them, whatever order a list has), captured during our own
+        passes only. Forgets the cache (its entries have no features)."""
+        ids = tuple(sorted(int(i) for i in feature_layers))
         if self.feature_layers:
             if ids == self.feature_layers:
                 return

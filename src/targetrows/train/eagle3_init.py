@@ -42,41 +42,31 @@ def coverage_of(draft_ids: torch.Tensor, data: TeacherData) -> float:
 
 
 # -- the head ----------------------------------------------------------------------------------
-def layer_config(target_config, draft_vocab_size: int) -> dict:
-    """The head's config.json (EAGLE layout): the target's own layer shape and rotary
-    settings, one layer, the draft vocabulary size."""
+def layer_config(target_config) -> dict:
+    """The head layer's Llama config keys: the target's own layer shape."""
     t = target_config
-    config = dict(
-        architectures=["LlamaForCausalLMEagle3"], model_type="llama",
+    return dict(
         hidden_size=int(t.hidden_size), intermediate_size=int(t.intermediate_size),
         num_attention_heads=int(t.num_attention_heads),
         num_key_value_heads=int(getattr(t, "num_key_value_heads", None) or t.num_attention_heads),
         head_dim=int(getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads),
-        num_hidden_layers=1, vocab_size=int(t.vocab_size), draft_vocab_size=int(draft_vocab_size),
-        target_hidden_size=int(t.hidden_size), rms_norm_eps=float(getattr(t, "rms_norm_eps", 1e-6)),
+        vocab_size=int(t.vocab_size), rms_norm_eps=float(getattr(t, "rms_norm_eps", 1e-6)),
         hidden_act=getattr(t, "hidden_act", "silu"),
-        max_position_embeddings=int(t.max_position_embeddings), tie_word_embeddings=False,
-        torch_dtype="float32",
+        max_position_embeddings=int(t.max_position_embeddings), torch_dtype="float32",
     )
-    for key in ("rope_theta", "rope_scaling", "rope_parameters"):
-        value = getattr(t, key, None)
-        if value is not None:
-            config[key] = value
-    return config
 
 
 def new_head(target, draft_ids: torch.Tensor, feature_layers, init_from_target: bool,
              seed: int, init_layer: bool = False) -> tuple[Eagle3Head, dict]:
     """A fresh head for `target` (a transformers model) and its config.json; `init_layer`
     starts its layer as a copy of the target's (`copy_target_layer`)."""
-    from targetrows.hf.eagle3_checkpoint import parse_config
-
-    config = layer_config(target.config, len(draft_ids))
-    config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(feature_layers),
-                              "use_aux_hidden_state": True}
-    parsed = parse_config(config, "train-eagle3")
     from transformers import LlamaConfig
 
+    from targetrows.hf.eagle3_checkpoint import head_config_json, parse_config
+
+    config = head_config_json(layer_config(target.config), len(draft_ids), target.config,
+                              feature_layers)
+    parsed = parse_config(config, "train-eagle3")
     rope = LlamaConfig(hidden_size=parsed.hidden_size, num_attention_heads=config[
         "num_attention_heads"], head_dim=config["head_dim"],
         **{k: config[k] for k in ("rope_theta", "rope_scaling", "rope_parameters",
@@ -113,9 +103,7 @@ def copy_target_layer(head: Eagle3Head, target, layer: int, fc_scale: float = 0.
     that layer, not the layer.
 
     A head started at random must learn to read the target's features from a few minutes of
-    replies; one started as a target layer already reads them as the target does. On the
-    embedded target, the default run's head: 0.420 held-out top-1 agreement against 0.382
-    (docs/eagle3.md)."""
+    replies; one started as a target layer already reads them as the target does."""
     src, h = target.base_model.layers[layer], head.shape.hidden_size
     slot = head.shape.n_features - 1  # the last feature slot holds `layer`'s input
     head.fc.weight.mul_(fc_scale)
@@ -130,12 +118,18 @@ def copy_target_layer(head: Eagle3Head, target, layer: int, fc_scale: float = 0.
     head.layer.post_attention_layernorm.weight.copy_(src.post_attention_layernorm.weight)
 
 
-def head_tensors(head: Eagle3Head, vocab_size: int) -> dict[str, torch.Tensor]:
-    """The head's canonical tensors for `write_head`: weights, d2t and the t2d mask."""
+def head_tensors(head: Eagle3Head, vocab_size: int,
+                 embedding: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """The head's canonical tensors for `write_head`: weights, d2t, the t2d mask and, given the
+    target's `embedding` table (which the head embeds with, frozen), that table as the head's
+    own ``embed_tokens.weight`` (what EAGLE's reference loader needs; see
+    `targetrows.hf.eagle3_checkpoint`)."""
     tensors = {k: v for k, v in head.state_dict().items() if not k.startswith("rotary.")}
     t2d = torch.zeros(vocab_size, dtype=torch.bool)
     t2d[torch.arange(len(head.d2t)) + head.d2t] = True
     tensors["t2d"] = t2d
+    if embedding is not None:
+        tensors["embed_tokens.weight"] = embedding.detach()[:vocab_size].float().contiguous()
     return tensors
 
 

@@ -133,15 +133,20 @@ def unrolled(head: Eagle3Head, embed: torch.nn.Embedding, batch: Batch, k_steps:
     group = s.num_heads // s.num_kv_heads
     dev, lo = batch.features.device, batch.lo
     causal = torch.ones(width, width, dtype=torch.bool, device=dev).tril()
-    h = head.fc(batch.features)
+    h = head.project(batch.features)
     keys, values = [], []
     for k in range(k_steps):
         start = 0 if k == 0 else lo  # the indices this step runs at
         n_q = width - start
         emb = embed(batch.tokens[:, start + k : width + k]).float()
-        x = torch.cat([layer.input_layernorm(emb), layer.hidden_norm(h)], dim=-1)
-        q = attn.q_proj(x).view(n_b, n_q, s.num_heads, s.head_dim).transpose(1, 2)
-        kk = attn.k_proj(x).view(n_b, n_q, s.num_kv_heads, s.head_dim).transpose(1, 2)
+        normed = layer.hidden_norm(h)
+        residual = normed if s.norm_before_residual else h
+        x = torch.cat([layer.input_layernorm(emb), normed], dim=-1)
+        q = attn.q_proj(x).view(n_b, n_q, s.num_heads, s.head_dim)
+        kk = attn.k_proj(x).view(n_b, n_q, s.num_kv_heads, s.head_dim)
+        if s.qk_norm:
+            q, kk = attn.q_norm(q), attn.k_norm(kk)
+        q, kk = q.transpose(1, 2), kk.transpose(1, 2)
         vv = attn.v_proj(x).view(n_b, n_q, s.num_kv_heads, s.head_dim).transpose(1, 2)
         pos = (torch.arange(start, width, device=dev) + k).expand(n_b, n_q)
         cos, sin = head.rotary(x, pos)
@@ -157,12 +162,12 @@ def unrolled(head: Eagle3Head, embed: torch.nn.Embedding, batch: Batch, k_steps:
         out = probs[..., :width] @ values[0]
         for j, value in enumerate(values[1:k + 1]):
             out = out + probs[..., width + j : width + j + 1] * value
-        h = h + attn.o_proj(out.transpose(1, 2).reshape(n_b, n_q, -1))
+        h = residual + attn.o_proj(out.transpose(1, 2).reshape(n_b, n_q, -1))
         mlp = layer.mlp
         y = layer.post_attention_layernorm(h)
-        g = h + mlp.down_proj(head.act(mlp.gate_proj(y)) * mlp.up_proj(y))
-        h = g[:, lo - start:]
-        yield k, h
+        g = (h + mlp.down_proj(head.act(mlp.gate_proj(y)) * mlp.up_proj(y)))[:, lo - start:]
+        yield k, g
+        h = head.fed_back(g)
 
 
 def step_rows(batch: Batch, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -425,6 +430,7 @@ def train_eagle3(target_dir: str, out: str | Path, config: Eagle3TrainConfig,
     report["total_seconds"] = time.perf_counter() - start
 
     with new_folder(out, force) as tmp:
-        write_head(str(tmp), head_tensors(head.cpu(), int(target.config.vocab_size)), head_config)
+        tensors = head_tensors(head.cpu(), int(target.config.vocab_size), embed.weight.cpu())
+        write_head(str(tmp), tensors, head_config)
         (tmp / "train_eagle3_report.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
