@@ -32,7 +32,8 @@ def head(pair, tmp_path_factory):
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(pair[0])
-    return save_tiny_head(tmp_path_factory.mktemp("head") / "h", config, layer_ids=[0, 1, 1])
+    return save_tiny_head(tmp_path_factory.mktemp("head") / "h", config, layer_ids=[0, 1, 1],
+                          layout="speculators")  # inputs: the embedding is one
 
 
 @pytest.fixture(scope="module")

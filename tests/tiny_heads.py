@@ -92,6 +92,9 @@ def save_tiny_head(folder, target_config, layout: str = "eagle", safe: bool = Tr
         config = dict(layer, architectures=["LlamaForCausalLMEagle3"], draft_vocab_size=dv,
                       target_hidden_size=int(target_config.hidden_size))
         if layer_ids is not None:  # SGLang and SpecForge name layer outputs
+            if min(layer_ids) < 1:
+                raise ValueError("the embedding (input 0) is no layer's output: use the "
+                                 "speculators layout")
             config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids":
                                       [i - 1 for i in layer_ids], "use_aux_hidden_state": True}
     elif layout == "speculators":
