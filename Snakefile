@@ -18,6 +18,7 @@ include: "workflow/rules/models.smk"
 include: "workflow/rules/prompts.smk"
 include: "workflow/rules/decode.smk"
 include: "workflow/rules/rows.smk"
+include: "workflow/rules/rerank.smk"
 include: "workflow/rules/score.smk"
 include: "workflow/rules/report.smk"
 

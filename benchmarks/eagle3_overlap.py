@@ -42,7 +42,7 @@ from targetrows.hf.model import HFModel
 from targetrows.specbench.chat import encode_prompt
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DECODERS = decoder_names()
+DECODERS = decoder_names(learned=False)  # no trained rerankers here
 
 
 def accepted(tree, logq, budget: int, continuation: list[int]) -> int:

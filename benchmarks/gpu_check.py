@@ -38,6 +38,8 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))  # tiny_models, tiny_heads: the test fixtures
 
+from rerankers import decode_config
+
 from targetrows.bench import report as bench_report
 from targetrows.bench import run as bench
 from targetrows.core.atomic import atomic_write_text
@@ -145,9 +147,8 @@ def identity_stage(device: str, smoke: bool) -> dict:
                 for decoder, budget in itertools.product(DECODERS, budgets):
                     if decoder == "ar" and budget != budgets[0]:
                         continue
-                    cfg = DecodeConfig(
-                        decoder, budget=budget, max_new_tokens=n_new, pool=PoolShape(top_k=top_k, depth=depth)
-                    )
+                    cfg = decode_config(decoder, budget=budget, max_new_tokens=n_new,
+                                        pool=PoolShape(top_k=top_k, depth=depth))
                     result = generate(target, draft if decoder != "ar" else None, prompt, cfg)
                     report["runs"] += 1
                     if result.tokens != reference:
@@ -255,7 +256,7 @@ def eagle3_identity(device: str, smoke: bool, folder: str) -> dict:
                                      min_new_tokens=24, do_sample=False, eos_token_id=None,
                                      pad_token_id=0)[0, len(prompt):].tolist()
             for decoder, budget in itertools.product(DECODERS, (1, 8) if smoke else (1, 8, 59)):
-                cfg = DecodeConfig(decoder, budget=budget, max_new_tokens=24,
+                cfg = decode_config(decoder, budget=budget, max_new_tokens=24,
                                    pool=PoolShape(top_k=4, depth=4))
                 out = generate(target, draft if decoder != "ar" else None, prompt, cfg).tokens
                 checked += 1

@@ -6,9 +6,9 @@ import itertools
 
 import numpy as np
 import torch
+from rerankers import decode_config
 
 from targetrows.core.pool import PoolShape
-from targetrows.decoding.config import DecodeConfig
 from targetrows.decoding.loop import generate
 
 
@@ -28,7 +28,7 @@ def assert_first_tokens_follow_the_target(target_hf, target, draft, decoders, pr
     for decoder in decoders:
         counts = {}
         for seed in range(samples):
-            cfg = DecodeConfig(decoder, budget=4, temperature=1.0, max_new_tokens=3, seed=seed,
+            cfg = decode_config(decoder, budget=4, temperature=1.0, max_new_tokens=3, seed=seed,
                                pool=PoolShape(top_k=2, depth=2))
             out = tuple(generate(target, draft, prompt, cfg).tokens)
             counts[out] = counts.get(out, 0) + 1

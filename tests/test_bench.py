@@ -81,7 +81,7 @@ def test_bench_end_to_end(pair, prompts_file, tmp_path):
     )
     assert code == 0
     rows = list(csv.DictReader(open(out / "run.csv")))
-    methods = [*bench.HF_METHODS, *decoder_names()]
+    methods = [*bench.HF_METHODS, *decoder_names(learned=False)]
     assert len(rows) == 2 * 2 * len(methods)
     assert {r["method"] for r in rows} == set(methods)
     assert {r["question_id"] for r in rows} == {"1", "2"}

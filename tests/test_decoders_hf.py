@@ -12,6 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from rerankers import decode_config
 from sampling_check import assert_first_tokens_follow_the_target
 from tiny_models import ARCHS, save_tiny_pair, tiny_model, tiny_tokenizer
 
@@ -71,7 +72,7 @@ def test_greedy_identity_with_generate(pair):
             ar = generate(target, None, prompt, DecodeConfig("ar", max_new_tokens=48))
             assert ar.tokens == reference, (arch, "ar", prompt)
             for decoder, budget in itertools.product(DECODERS[1:], budgets):
-                cfg = DecodeConfig(decoder, budget=budget, max_new_tokens=48,
+                cfg = decode_config(decoder, budget=budget, max_new_tokens=48,
                                    pool=PoolShape(top_k=top_k, depth=depth))
                 result = generate(target, draft, prompt, cfg)
                 assert result.tokens == reference, (arch, kind, decoder, budget, prompt)
@@ -85,7 +86,7 @@ def test_caches_equal_a_fresh_prefill(pair):
     arch, target_hf, drafts = pair
     target, draft = HFModel(target_hf, name="target"), HFModel(drafts["noisy"], name="draft")
     for decoder in ("draft_rank", "fts", "pearl", "rerank"):
-        cfg = DecodeConfig(decoder, budget=12, max_new_tokens=30, pool=PoolShape(top_k=3, depth=4))
+        cfg = decode_config(decoder, budget=12, max_new_tokens=30, pool=PoolShape(top_k=3, depth=4))
         prompt = PROMPTS[0]
         result = generate(target, draft, prompt, cfg)
         committed = prompt + result.tokens
@@ -124,10 +125,18 @@ def saved_pair(tmp_path_factory):
 
 
 def test_compare_end_to_end(saved_pair, tmp_path):
+    """Every registered decoder, the learned ones with the rerankers given (--reranker)."""
+    from rerankers import RERANKERS
+
     target, draft = saved_pair
     out = tmp_path / "compare.json"
+    files = []
+    for rule, model in RERANKERS.items():
+        files.append(str(tmp_path / f"{rule}.json"))
+        model.save(files[-1])
     proc = _cli("compare", "--target", target, "--draft", draft, "--prompt", "Tell me a story",
-                "--budget", "8", "--max-new-tokens", "24", "--json", str(out))
+                "--budget", "8", "--max-new-tokens", "24", "--reranker", *files,
+                "--json", str(out))
     assert proc.returncode == 0, proc.stderr
     assert "every decoder reproduced ar's tokens exactly" in proc.stdout
     for name in DECODERS:

@@ -12,7 +12,7 @@ pytest.importorskip("transformers")
 from tiny_models import save_tiny_pair
 
 from targetrows.cli import main
-from targetrows.decoding.registry import decoder_names
+from targetrows.decoding.registry import decoder_names, get_decoder
 
 DECODERS = decoder_names()
 
@@ -49,14 +49,21 @@ def without_timings(text: str) -> str:
 @pytest.mark.parametrize("decoder, temperature",
                          [(d, "1") for d in DECODERS] + [("fts", "0"), ("rerank", "0")])
 def test_decode_is_reproducible(setup, tmp_path, decoder, temperature):
+    from rerankers import RERANKERS
+
     target, draft, prompts = setup
+    reranker = []
+    if get_decoder(decoder).learned:
+        reranker = ["--reranker", str(tmp_path / "reranker.json")]
+        RERANKERS[get_decoder(decoder).rule].save(reranker[1])
     texts = []
     for name in ("a.jsonl", "b.jsonl"):
         out = tmp_path / name
         assert main(["decode", "--target", target, "--draft", draft, "--prompts", prompts,
                      "--decoder", decoder, "--budgets", "5", "2", "--temperature", temperature,
                      "--max-new-tokens", "10", "--top-k", "3", "--depth", "3", "--seed", "11",
-                     "--out", str(out), "--no-progress", "--target-device", "cpu"]) == 0
+                     *reranker, "--out", str(out), "--no-progress",
+                     "--target-device", "cpu"]) == 0
         texts.append(out.read_text())
     assert without_timings(texts[0]) == without_timings(texts[1])
     records = [json.loads(line) for line in texts[0].splitlines()]

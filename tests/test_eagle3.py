@@ -12,6 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from rerankers import decode_config
 from sampling_check import assert_first_tokens_follow_the_target
 from tiny_heads import save_tiny_head, tiny_head_tensors
 from tiny_models import random_tree, save_tiny, tiny_model
@@ -112,7 +113,7 @@ def test_target_features_follow_the_cache(llama_target, tmp_path):
     long_prompt = (PROMPTS[1] * 60)[:200]
     for decoder, prompt, n_new in (("draft_rank", PROMPTS[1], 20), ("fts", PROMPTS[1], 20),
                                    ("draft_rank", long_prompt, 220)):
-        result = generate(target, draft, prompt, DecodeConfig(decoder, budget=6,
+        result = generate(target, draft, prompt, decode_config(decoder, budget=6,
                                                               max_new_tokens=n_new, pool=PoolShape(top_k=3)))
         cached = target.cached_tokens.tolist()
         assert cached == (prompt + result.tokens)[: len(cached)]
@@ -226,7 +227,7 @@ def test_every_decoder_matches_greedy(tmp_path, arch, layout, vocab):
         reference = hf_greedy(target_hf, prompt, 40)
         assert generate(target, None, prompt, DecodeConfig("ar", max_new_tokens=40)).tokens == reference
         for decoder, budget in itertools.product(DECODERS[1:], (1, 12)):
-            cfg = DecodeConfig(decoder, budget=budget, max_new_tokens=40, pool=PoolShape(top_k=4, depth=4))
+            cfg = decode_config(decoder, budget=budget, max_new_tokens=40, pool=PoolShape(top_k=4, depth=4))
             assert generate(target, draft, prompt, cfg).tokens == reference, (decoder, budget, prompt)
 
 
@@ -237,7 +238,7 @@ def test_drafting_alongside_the_root_pass_in_a_thread(llama_target, tmp_path):
     target, draft = _draft(llama_target, folder)
     reference = hf_greedy(llama_target, PROMPTS[1], 30)
     for decoder in ("rerank", "fts", "pearl"):
-        cfg = DecodeConfig(decoder, budget=8, max_new_tokens=30, overlap=True,
+        cfg = decode_config(decoder, budget=8, max_new_tokens=30, overlap=True,
                            pool=PoolShape(top_k=3, depth=3))
         assert generate(target, draft, PROMPTS[1], cfg).tokens == reference, decoder
 
@@ -327,7 +328,7 @@ def test_compare_and_record_with_a_head(saved_target_and_head, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "every decoder reproduced ar's tokens exactly" in proc.stdout
     rows = {r["decoder"]: r for r in json.loads(out.read_text())["decoders"]}
-    assert set(rows) == set(DECODERS)
+    assert set(rows) == set(decoder_names(learned=False))  # no --reranker: no learned ones
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"question_id": 1, "category": "x", "turns": ["Hello"]}) + "\n")
     log = tmp_path / "rows.npz"
@@ -376,7 +377,7 @@ def test_prompt_lookup_guesses_outside_the_draft_vocabulary_stay_greedy(llama_ta
     # ar is the reference (HF generate would read the prompt's token 0 as padding)
     reference = generate(target, None, prompt, DecodeConfig("ar", max_new_tokens=30)).tokens
     for decoder in DECODERS[1:]:
-        cfg = DecodeConfig(decoder, budget=8, max_new_tokens=30, pool=PoolShape(top_k=3, depth=3))
+        cfg = decode_config(decoder, budget=8, max_new_tokens=30, pool=PoolShape(top_k=3, depth=3))
         assert generate(target, draft, prompt, cfg).tokens == reference, decoder
     tokens, _ = draft.topk_at(prompt, Tree.root_only(prompt[-1]), [0], 3)
     guessed = int(tokens[0, 0])

@@ -6,6 +6,7 @@ import itertools
 
 import numpy as np
 import pytest
+from rerankers import decode_config
 
 from targetrows.core.lookup import LookupDraft, NgramIndex, mix_guess
 from targetrows.core.pool import PoolShape
@@ -104,7 +105,7 @@ def test_every_decoder_stays_greedy_with_prompt_lookup(decoder, budget):
     pair = ToyPair(8, seed=5, closeness=0.3)
     context = [3, 1, 4, 1, 5, 3, 1, 4, 1, 5, 3, 1]
     greedy = generate(pair.target, None, context, DecodeConfig("ar", max_new_tokens=40)).tokens
-    cfg = DecodeConfig(decoder, budget=budget, max_new_tokens=40, pool=PoolShape(top_k=3, depth=3))
+    cfg = decode_config(decoder, budget=budget, max_new_tokens=40, pool=PoolShape(top_k=3, depth=3))
     draft = LookupDraft(pair.draft)
     assert generate(pair.target, draft, context, cfg).tokens == greedy
 
@@ -126,7 +127,7 @@ def test_sampling_with_prompt_lookup_follows_the_target():
         counts = {}
         draft = LookupDraft(pair.draft, weights=(0.6, 0.9))
         for seed in range(samples):
-            cfg = DecodeConfig(decoder, budget=4, temperature=1.0, max_new_tokens=3, seed=seed,
+            cfg = decode_config(decoder, budget=4, temperature=1.0, max_new_tokens=3, seed=seed,
                                pool=PoolShape(top_k=2, depth=2))
             out = tuple(generate(pair.target, draft, prompt, cfg).tokens)
             counts[out] = counts.get(out, 0) + 1

@@ -5,6 +5,7 @@ import itertools
 
 import numpy as np
 import pytest
+from rerankers import decode_config
 from scipy import stats
 
 from targetrows.core.pool import PoolShape
@@ -39,7 +40,7 @@ def test_sampling_matches_the_target(decoder):
                   pool=PoolShape(top_k=3, depth=3))
     counts = {}
     for seed in range(SAMPLES):
-        out = generate(pair.target, pair.draft, PROMPT, DecodeConfig(**config, seed=seed)).tokens
+        out = generate(pair.target, pair.draft, PROMPT, decode_config(**config, seed=seed)).tokens
         counts[tuple(out)] = counts.get(tuple(out), 0) + 1
     probs = exact_first_three(pair)
     # chi-square over cells, pooling those expected below 5 into one
@@ -63,7 +64,7 @@ def test_greedy_equals_target_greedy(decoder, budget):
     for _ in range(40):  # the target alone, argmax by argmax
         tok = int(np.argmax(pair.target_row(context + greedy)))
         greedy.append(tok)
-    cfg = DecodeConfig(decoder, budget=budget, max_new_tokens=40, pool=PoolShape(top_k=4, depth=4))
+    cfg = decode_config(decoder, budget=budget, max_new_tokens=40, pool=PoolShape(top_k=4, depth=4))
     result = generate(pair.target, pair.draft, context, cfg)
     assert result.tokens == greedy
     assert sum(r.committed for r in result.rounds) == 40
@@ -77,7 +78,7 @@ def test_stop_tokens_end_decoding_exactly():
     stop = free[7]
     first = free.index(stop)
     for decoder in DECODERS:
-        cfg = DecodeConfig(decoder, budget=16, max_new_tokens=30,
+        cfg = decode_config(decoder, budget=16, max_new_tokens=30,
                            stop_ids=frozenset({stop}), pool=PoolShape(top_k=4, depth=4))
         result = generate(pair.target, pair.draft, [1, 2, 3], cfg)
         assert result.tokens == free[: first + 1], decoder
@@ -88,7 +89,7 @@ def test_stop_tokens_end_decoding_exactly():
 def test_max_new_tokens_is_exact(max_new):
     pair = ToyPair(16, seed=0, closeness=1.0)  # a perfect draft: rounds commit many tokens
     for decoder in DECODERS:
-        cfg = DecodeConfig(decoder, budget=20, max_new_tokens=max_new, pool=PoolShape(top_k=4, depth=5))
+        cfg = decode_config(decoder, budget=20, max_new_tokens=max_new, pool=PoolShape(top_k=4, depth=5))
         assert len(generate(pair.target, pair.draft, [1], cfg).tokens) == max_new
 
 
@@ -120,7 +121,7 @@ def test_drafting_stops_at_the_budgets_depth():
     pair = ToyPair(vocab_size=16, seed=1, closeness=0.8)
     for decoder, passes in (("draft_rank", {2}), ("rerank", {2}), ("pearl", {2}), ("fts", {3}),
                             ("fts_redraft", {3, 5})):  # guesses' level + 2, and 2 more on a miss
-        config = DecodeConfig(decoder, budget=2, max_new_tokens=30, pool=PoolShape(top_k=3, depth=5))
+        config = decode_config(decoder, budget=2, max_new_tokens=30, pool=PoolShape(top_k=3, depth=5))
         result = generate(pair.target, pair.draft, [1, 2, 3], config)
         assert {r.draft_passes for r in result.rounds} <= passes, decoder
         assert max(r.nodes for r in result.rounds) <= 2

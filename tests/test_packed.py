@@ -10,6 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from rerankers import decode_config
 from tiny_models import reference_logits, save_tiny, tiny_model
 
 from targetrows.core.pool import PoolShape
@@ -131,7 +132,8 @@ def test_decoders_on_packed_models_are_lossless(arch):
                                 do_sample=False, eos_token_id=None, pad_token_id=0)
         assert ar == hf[0, len(prompt):].tolist()
         for decoder, budget in itertools.product(decoder_names()[1:], (4, 24)):
-            config = DecodeConfig(decoder, budget=budget, max_new_tokens=32, pool=PoolShape(top_k=4, depth=4))
+            config = decode_config(decoder, budget=budget, max_new_tokens=32,
+                                   pool=PoolShape(top_k=4, depth=4))
             result = generate(target, draft, prompt, config)
             assert result.tokens == ar, (arch, decoder, budget, prompt)
             assert sum(r.accepted for r in result.rounds) > 0
@@ -168,7 +170,7 @@ def test_a_bfloat16_packed_head_on_a_float32_target_is_lossless(tmp_path):
     for prompt in ([5, 17, 42], [200, 3, 9, 9, 31]):
         ar = generate(target, None, prompt, DecodeConfig("ar", max_new_tokens=24)).tokens
         for decoder in decoder_names()[1:]:
-            config = DecodeConfig(decoder, budget=8, max_new_tokens=24, pool=PoolShape(top_k=4, depth=4))
+            config = decode_config(decoder, budget=8, max_new_tokens=24, pool=PoolShape(top_k=4, depth=4))
             assert generate(target, head, prompt, config).tokens == ar, (decoder, prompt)
 
 

@@ -46,7 +46,7 @@ def test_every_decoder_names_a_registered_rule_and_baseline():
         assert d.rule is None or d.rule in RULES
         assert d.baseline is None or d.baseline in DECODERS
     for r in RULES.values():
-        assert r.baseline is None or r.baseline in RULES
+        assert all(b in RULES for b in r.baselines)
 
 
 def test_unknown_names_raise_naming_the_known_ones():
@@ -182,7 +182,7 @@ def toy_rule():
     from targetrows.core.rules.rule import Rule
 
     register(Rule("toy_deep", "draft_rank with a small bonus per level (a test's own rule)",
-                  deep_scores, baseline="draft_rank", paper=False))
+                  deep_scores, baselines=("draft_rank",), paper=False))
     register(Decoder("toy_deep_dec", "decodes with toy_deep", "toy_deep"))
     yield get_rule("toy_deep")
     unregister("toy_deep_dec")

@@ -2,6 +2,8 @@
 definition written out node by node (tests/brute_rules.py) and the core's Tree and
 expected_accepted, pool by pool; and against online draft_rank decoding."""
 
+import dataclasses
+
 import brute_rules as brute
 import numpy as np
 import pytest
@@ -122,7 +124,7 @@ def check_against_brute_force(log, vocab=16):
 def test_scores_match_brute_force(temperature):
     log = toy_log(temperature)
     table = check_against_brute_force(log)
-    assert set(table["rule"]) == set(rule_names())
+    assert set(table["rule"]) == set(rule_names(learned=False))
     assert table["accepted"].max() > 1  # the draft is close enough for deep acceptance
 
 
@@ -222,3 +224,41 @@ def test_first_token_contains_pearl_at_every_position_and_budget(temperature):
     assert np.all(table["nodes"][ft] <= table["budget"][ft])
     assert table["nodes"][ft].sum() > table["nodes"][pe].sum()
     assert table["accepted"][ft].sum() > table["accepted"][pe].sum()
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+@pytest.mark.parametrize("rule", ["learned_rerank", "learned_stale_rerank"])
+def test_learned_rules_match_brute_force(temperature, rule):
+    """Each learned rule's scores, features and all, against its definition written out node
+    by node (tests/brute_rules.py), pool by pool; its fold models by prompt."""
+    from rerankers import reranker
+
+    log = toy_log(temperature, stride=2)
+    base = reranker(rule, seed=5)
+    keys = [f"task{i % 2}/q{i // 2}" for i in range(4)]
+    model = dataclasses.replace(base, folds=(base.weights, reranker(rule, seed=6).weights),
+                                fold_of={keys[0]: 1, keys[1]: 0})
+    table = score_log(log, BUDGETS, rules=(rule,), rerankers={rule: model})
+    greedy = temperature == 0
+    row = 0
+    for r in np.flatnonzero(log.rec_scored):
+        s, t = int(log.rec_segment[r]), int(log.rec_position[r])
+        tokens, parents, logq, edge = log.pool(r)
+        pool = Tree(tokens, parents)
+        root = np.log(dense_root_row(log, r, 16))
+        stale = log.stale(r).astype(np.float64)
+        firsts = pool.tokens[pool.children(0)]
+        stale_by_token = None if np.isnan(stale).any() else dict(
+            zip(firsts.tolist(), np.log(stale), strict=True))
+        features = brute.learned_features(pool, logq, dict(enumerate(root)) if
+                                          rule == "learned_rerank" else None, stale_by_token)
+        used = model.for_prompt(f"{log.seg_task[s]}/{log.seg_question[s]}")
+        weights = dict(zip(used.features, used.weights, strict=True))
+        for b in BUDGETS:
+            chosen = brute.learned(pool, logq, b, features, weights)
+            want = accept(pool.subtree(chosen), edge[chosen], log.trajectory(s)[t:].tolist(),
+                          greedy)
+            assert table["accepted"][row] == pytest.approx(want, rel=1e-9, abs=1e-12)
+            assert table["nodes"][row] == len(chosen) - 1
+            row += 1
+    assert row == len(table["rule"])

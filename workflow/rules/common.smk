@@ -5,7 +5,7 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-from targetrows.decoding.registry import DECODERS, decoder_names
+from targetrows.decoding.registry import DECODERS, RULES, decoder_names
 
 
 def config_key(path):
@@ -117,6 +117,12 @@ def check_config(cfg):
                 f"config key {key}: matched at {missing[0]}, a budget {baseline} does not run; "
                 f"match at one of its budgets ({decode_budgets(baseline, cfg)})"
             )
+    learned = [d for d in dec["decoders"] if DECODERS[d].learned]
+    if learned and not cfg["rerank"]["train"]:
+        raise WorkflowError(
+            f"config key decode.decoders: {', '.join(learned)} decode with trained rerankers; "
+            "set rerank.train: true (the pipeline trains them on the row logs) or drop them"
+        )
     pool = cfg["pool"]["top_k"] + (cfg["pool"]["depth"] - 1) * cfg["pool"]["top_k"] ** 2
     for key, budgets in (("decode.budgets", dec["budgets"]), ("score.budgets", cfg["score"]["budgets"])):
         if max(budgets) > pool:
@@ -221,8 +227,26 @@ def trust_args(target):
     return ["--trust-remote-code", "all" if len(trusted) == 2 else trusted[0]]
 
 
+# The learned rules scored and decoded: every one, when config key rerank.train is on
+LEARNED_RULES = [n for n, r in RULES.items() if r.learned] if config["rerank"]["train"] else []
+
+
+def rerank_inputs(wildcards):
+    """Every task's row log at one target and temperature (what a reranker trains on)."""
+    return expand("results/rows/{target}/{task}/T{temperature}.npz", target=wildcards.target,
+                  task=config["tasks"], temperature=wildcards.temperature)
+
+
+def reranker_files(wildcards, rules=None):
+    return expand("results/rerankers/{target}/T{temperature}/{name}.json",
+                  target=wildcards.target, temperature=wildcards.temperature,
+                  name=LEARNED_RULES if rules is None else rules)
+
+
 def decode_inputs(wildcards):
     inputs = pair_inputs(wildcards)
+    if DECODERS[wildcards.decoder].learned:
+        inputs["reranker"] = reranker_files(wildcards, [DECODERS[wildcards.decoder].rule])
     if any(isinstance(b, dict) for b in decode_budgets(wildcards.decoder)):
         # a matched cap waits for the baseline's runs and the row logs on every task at this
         # target and temperature

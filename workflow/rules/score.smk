@@ -1,16 +1,19 @@
-# Scoring: every rule at every budget on one row log (NumPy only, seconds), into a tidy table.
+# Scoring: every rule at every budget on one row log (NumPy only, seconds), into a tidy table;
+# the learned rules with their rerankers (rules/rerank.smk).
 
 
 rule score:
     input:
-        "results/rows/{target}/{task}/T{temperature}.npz",
+        rows="results/rows/{target}/{task}/T{temperature}.npz",
+        rerankers=reranker_files,
     output:
         "results/scores/{target}/{task}/T{temperature}.csv",
     log:
         "results/logs/scores/{target}/{task}/T{temperature}.log",
     params:
         command=lambda w, input, output: [
-            "score", input[0], "--pair", w.target, "--budgets", *config["score"]["budgets"],
+            "score", input.rows, "--pair", w.target, "--budgets", *config["score"]["budgets"],
+            *(["--reranker", *input.rerankers] if input.rerankers else []),
             "--out", output[0],
         ],
     localrule: True

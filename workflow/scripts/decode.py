@@ -17,6 +17,7 @@ from targetrows.rowlog import format as rowlog
 def command(smk, budgets: list[int]):
     # ar verifies no tree: it runs once, and its answers say budget 0
     budget_args = ["--budgets", *map(str, budgets)] if get_decoder(smk.wildcards.decoder).drafts else []
+    reranker = ["--reranker", *smk.input.reranker] if "reranker" in smk.input.keys() else []
 
     def argv(target_device: str, draft_device: str) -> list[str]:
         return [
@@ -29,7 +30,7 @@ def command(smk, budgets: list[int]):
             "--max-new-tokens", str(smk.params.max_new_tokens), "--seed", str(smk.params.seed),
             "--top-k", str(smk.params.top_k), "--depth", str(smk.params.depth),
             "--model-id", smk.wildcards.target, "--no-progress",
-            *smk.params.trust, *smk.params.args, "--out", smk.output.answers,
+            *reranker, *smk.params.trust, *smk.params.args, "--out", smk.output.answers,
         ]
     return argv
 

@@ -6,7 +6,7 @@ identified by task and prompt id, the bootstrap's resampling unit):
 expected_accepted  expected accepted draft tokens per verify pass by pair, temperature, rule and
                    budget, with mean non-root nodes and tokens committed per pass.
 relative_gains     paired gains with 95% bootstrap CIs (`stats.paired_gain`) of each rule over
-                   its baseline (`Rule.baseline` in the registry).
+                   each of its baselines (`Rule.baselines` in the registry).
 equal_size         the same at the baseline's mean tree size (`stats.equal_size_gain`), for the
                    rules whose trees are not their budget's size (those that commit t0).
 
@@ -64,9 +64,9 @@ def read_scores(paths: list[str]) -> dict[str, np.ndarray]:
 
 
 def comparisons(present) -> list[tuple[str, str]]:
-    """(rule, baseline) for each registered rule whose baseline is scored too."""
-    return [(r.name, r.baseline) for r in RULES.values()
-            if r.baseline is not None and {r.name, r.baseline} <= set(present)]
+    """(rule, baseline) for each registered rule and each of its baselines scored too."""
+    return [(r.name, b) for r in RULES.values() for b in r.baselines
+            if {r.name, b} <= set(present)]
 
 
 def row_log_tables(paths: list[str], n_boot: int, seed: int):

@@ -22,8 +22,10 @@ from targetrows.decoding.registry import get_decoder
 NEAR_TIE_STEPS = 4  # top-2 logit gaps up to this many rounding steps count as a near-tie
 
 
-def compare(target, draft, prompt_ids, decoders, config: DecodeConfig, progress=True):
-    """{decoder: DecodeResult}, each decoder run once on the same prompt and seed."""
+def compare(target, draft, prompt_ids, decoders, config: DecodeConfig, rerankers=None,
+            progress=True):
+    """{decoder: DecodeResult}, each decoder run once on the same prompt and seed (a learned
+    one with its rule's model from `rerankers`)."""
     import dataclasses
 
     from tqdm import tqdm
@@ -33,7 +35,7 @@ def compare(target, draft, prompt_ids, decoders, config: DecodeConfig, progress=
     generate(target, None, prompt_ids, dataclasses.replace(config, decoder="ar", max_new_tokens=2))
     for name in tqdm(decoders, desc="decoders", file=sys.stderr, disable=not progress):
         results[name] = generate(target, draft if get_decoder(name).drafts else None, prompt_ids,
-                                 dataclasses.replace(config, decoder=name))
+                                 config.for_decoder(name, rerankers))
     return results
 
 

@@ -19,8 +19,8 @@ a Markdown report, both written atomically.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -68,7 +68,8 @@ class BenchSettings:
     run's own)."""
 
     decode: DecodeConfig = DecodeConfig(max_new_tokens=64)
-    decoders: tuple[str, ...] = decoder_names()
+    decoders: tuple[str, ...] = decoder_names(learned=False)
+    rerankers: Mapping = field(default_factory=dict)  # rule -> Reranker, for learned decoders
     temperatures: tuple[float, ...] = (0.0,)
     budget: int | str = "auto"  # an int for every decoder, or "auto": auto_budget for each
     hf: bool = True  # run the Hugging Face baselines
@@ -98,7 +99,7 @@ class BenchSettings:
                    seed: int, max_new_tokens: int | None = None) -> DecodeConfig:
         """One of our decoders' runs: `decode` with its own decoder, budget, temperature,
         pool depth and seed."""
-        return replace(self.decode, decoder=method, budget=max(int(budget), 1),
+        return replace(self.decode.for_decoder(method, self.rerankers), budget=max(int(budget), 1),
                        temperature=temperature, pool=replace(self.pool, depth=depth), seed=seed,
                        max_new_tokens=max_new_tokens or self.decode.max_new_tokens)
 

@@ -24,6 +24,8 @@ COMMANDS = {
     "replies": ("targetrows.cli.replies", "generate a target's replies, the data of both trainings"),
     "distill": ("targetrows.cli.distill", "distill a small standalone draft from a target"),
     "train-eagle3": ("targetrows.cli.train_eagle3", "train an EAGLE-3 head for a target"),
+    "train-reranker": ("targetrows.cli.train_reranker", "train the learned rules' rerankers "
+                       "on row logs"),
     "inspect-head": ("targetrows.cli.inspect_head", "show how an EAGLE-3 head is read, and "
                      "whether it fits a target"),
     "bench": ("targetrows.cli.bench", "time the decoders against Hugging Face generation"),

@@ -16,9 +16,12 @@ from targetrows.core.checks import check_count
 from .common import (
     add_decoding_arguments,
     add_model_arguments,
+    add_reranker_argument,
     budget_arg,
     check_draft,
     decode_config,
+    decoders_from,
+    rerankers_from,
 )
 
 
@@ -36,6 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="non-root nodes per tree, or auto (budget and pool depth, at most "
                              "--depth, picked per decoder from timings)")
     add_decoding_arguments(parser, max_new_tokens=BenchSettings().decode.max_new_tokens)
+    add_reranker_argument(parser)
     parser.add_argument("--no-hf", dest="hf", action="store_false",
                         help="skip the Hugging Face baselines")
     parser.add_argument("--assistant", default=None, metavar="DIR",
@@ -117,12 +121,15 @@ def run(args: argparse.Namespace) -> int:
     transformers.logging.set_verbosity_error()
     if args.threads is not None:
         torch.set_num_threads(check_count(args.threads, "--threads"))
+    rerankers = rerankers_from(args)
+    decoders = decoders_from(args, rerankers)
     settings = BenchSettings(  # checks budget, temperatures and decoders
-        decode=decode_config(args, temperature=0.0), decoders=tuple(args.decoders),
+        decode=decode_config(args, temperature=0.0), decoders=tuple(decoders),
+        rerankers=rerankers,
         temperatures=tuple(args.temperature), budget=args.budget, hf=args.hf,
         prompt_lookup_tokens=args.prompt_lookup_tokens,
     )
-    check_draft(args.decoders, args.draft)
+    check_draft(decoders, args.draft)
     if args.assistant and not args.hf:
         raise ValueError("--assistant only serves the Hugging Face baselines, which --no-hf "
                          "skips: drop one of the two")

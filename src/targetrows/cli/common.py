@@ -50,8 +50,43 @@ def add_decoding_arguments(parser: argparse.ArgumentParser, max_new_tokens: int 
     parser.add_argument("--seed", type=int, default=DECODE.seed)
     add_pool_arguments(parser)
     if decoders:
-        parser.add_argument("--decoders", nargs="+", default=list(decoder_names()),
-                            choices=decoder_names())
+        parser.add_argument("--decoders", nargs="+", default=None, choices=decoder_names(),
+                            help="default: every registered decoder (the learned ones when "
+                            "--reranker gives their models)")
+
+
+def add_reranker_argument(parser: argparse.ArgumentParser) -> None:
+    """--reranker FILE ...: trained rerankers of the learned rules (one file per rule)."""
+    parser.add_argument("--reranker", nargs="+", default=[], metavar="FILE",
+                        help="reranker(s) from `targetrows train-reranker`, one per learned rule "
+                        "(learned_rerank, learned_stale_rerank): what lrerank and lrerank_stale "
+                        "score with")
+
+
+def rerankers_from(args: argparse.Namespace) -> dict:
+    """{rule: Reranker} from --reranker (a rule named twice is an error)."""
+    from targetrows.core.rules.learned import Reranker
+
+    out = {}
+    for path in getattr(args, "reranker", None) or []:
+        model = Reranker.load(path)
+        if model.rule in out:
+            raise ValueError(f"--reranker: two files for rule {model.rule!r}")
+        out[model.rule] = model
+    return out
+
+
+def decoders_from(args: argparse.Namespace, rerankers: dict) -> list[str]:
+    """--decoders, or every registered decoder whose reranker (if it needs one) was given;
+    a named learned decoder without its reranker is an error naming the option."""
+    names = args.decoders or [d for d in decoder_names() if not get_decoder(d).learned
+                              or get_decoder(d).rule in rerankers]
+    for name in names:
+        entry = get_decoder(name)
+        if entry.learned and entry.rule not in rerankers:
+            raise ValueError(f"decoder {name} scores with a trained reranker for rule "
+                             f"{entry.rule!r}: give it with --reranker FILE")
+    return names
 
 
 def pool_from(args: argparse.Namespace) -> PoolShape:

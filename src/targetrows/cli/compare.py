@@ -22,6 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "most --depth) of the best predicted tokens/s on this machine for "
                              "the first tree decoder listed")
     common.add_decoding_arguments(parser)
+    common.add_reranker_argument(parser)
     parser.add_argument("--json", dest="json_out", default=None,
                         help="also write the results, with token ids and text, to this file")
 
@@ -36,21 +37,23 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--prompt is empty: give the text of a user message")
     common.check_budgets([args.budget])
     common.check_temperatures([args.temperature])
-    common.check_draft(args.decoders, args.draft)
+    rerankers = common.rerankers_from(args)
+    decoders = common.decoders_from(args, rerankers)
+    common.check_draft(decoders, args.draft)
     target, draft, tokenizer = common.load_from_args(args)
     prompt_ids = encode_prompt(tokenizer, args.prompt)
     config = common.decode_config(args, stop_ids=frozenset(stop_ids(tokenizer, target)))
     budget, depth = args.budget, config.pool.depth
     if budget == "auto":
-        tree_decoders = [d for d in args.decoders if get_decoder(d).drafts]
+        tree_decoders = [d for d in decoders if get_decoder(d).drafts]
         budget = 1
         if tree_decoders:
-            choice = auto_budget(target, draft, replace(config, decoder=tree_decoders[0]),
+            choice = auto_budget(target, draft, config.for_decoder(tree_decoders[0], rerankers),
                                  [prompt_ids])
             budget, depth = choice.budget, choice.depth
             print(f"{tree_decoders[0]}: {choice.describe()}", file=sys.stderr)
     config = replace(config, budget=budget, pool=replace(config.pool, depth=depth))
-    results = compare(target, draft, prompt_ids, args.decoders, config)
+    results = compare(target, draft, prompt_ids, decoders, config, rerankers)
     rows = table_rows(results)
     print(format_table(rows))
     status = 0

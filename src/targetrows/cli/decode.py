@@ -22,6 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "predicted tokens/s on this machine")
     parser.add_argument("--temperature", type=float, default=0.0)
     common.add_decoding_arguments(parser, decoders=False)
+    common.add_reranker_argument(parser)
     parser.add_argument("--model-id", default=None, help="model_id in the answers (default: target name)")
     parser.add_argument("--out", required=True, help="answers JSONL to write")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
@@ -35,8 +36,11 @@ def run(args: argparse.Namespace) -> int:
     common.check_budgets(args.budgets, "--budgets")
     common.check_temperatures([args.temperature])
     common.check_draft([args.decoder], args.draft)
+    rerankers = common.rerankers_from(args)
+    common.decoders_from(argparse.Namespace(decoders=[args.decoder]), rerankers)
+    decode = common.decode_config(args).for_decoder(args.decoder, rerankers)
     settings = AnswerSettings(
-        decode=common.decode_config(args, decoder=args.decoder), budgets=tuple(args.budgets),
+        decode=decode, budgets=tuple(args.budgets),
         model_id=args.model_id or os.path.basename(os.path.normpath(args.target)),
         draft_name=common.draft_label(args), dtype=args.dtype, progress=args.progress,
     )

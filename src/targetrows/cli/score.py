@@ -1,5 +1,6 @@
 """`targetrows score rows.npz --budgets 2 4 8 --out scores.csv`: every selection rule at every
-budget on row logs, NumPy only (`targetrows.rowlog.score`)."""
+budget on row logs, NumPy only (`targetrows.rowlog.score`); the learned rules too with their
+--reranker files."""
 
 from __future__ import annotations
 
@@ -7,11 +8,15 @@ import argparse
 
 from targetrows.decoding.registry import rule_names
 
+from .common import add_reranker_argument, rerankers_from
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("logs", nargs="+", metavar="LOG", help="row log(s) from `record`")
     parser.add_argument("--budgets", type=int, nargs="+", default=[2, 4, 8, 16, 32, 59])
-    parser.add_argument("--rules", nargs="+", default=list(rule_names()), choices=rule_names())
+    parser.add_argument("--rules", nargs="+", default=None, choices=rule_names(),
+                        help="default: every rule (the learned ones when --reranker gives them)")
+    add_reranker_argument(parser)
     parser.add_argument("--pair", default=None,
                         help="pair name in the table (default: target+draft from the log)")
     parser.add_argument("--out", required=True, help="table to write: .csv (or .npz)")
@@ -21,7 +26,8 @@ def run(args: argparse.Namespace) -> int:
     from targetrows.rowlog import format as rowlog
     from targetrows.rowlog.score import concat_tables, score_log, write_table
 
-    tables = [score_log(rowlog.read(p), args.budgets, tuple(args.rules), args.pair)
-              for p in args.logs]
+    rerankers = rerankers_from(args)
+    tables = [score_log(rowlog.read(p), args.budgets, args.rules, args.pair,
+                        rerankers=rerankers) for p in args.logs]
     write_table(concat_tables(tables), args.out)
     return 0

@@ -122,7 +122,7 @@ def acceptance_curve(
         union = functools.reduce(np.union1d, [
             tree for d in set(candidates) for tree in (
                 _largest_tree(draft_rank, cand, logq, largest, d),
-                _largest_tree(rule, cand, logq, largest, d, rows, t0))])
+                _largest_tree(rule, cand, logq, largest, d, rows, t0, config.reranker))])
         tree, tlogq = cand.subtree(union), logq[union]
         everywhere = np.arange(len(tree))  # every node's row: the walk may end at a leaf
         logits = target.logits(ctx, tree, everywhere)
@@ -133,7 +133,7 @@ def acceptance_curve(
         else:
             edge = edge_probs(target, logits, everywhere, tree, temperature)
         reach = reach_probability(tree, edge)
-        pools = PoolBatch.of_pool(tree, tlogq,
+        pools = PoolBatch.of_pool(tree, tlogq, reranker=config.reranker,
                                   **_rows_read(target, rule, tree, root, stale, temperature))
         # depth d's pool: the union's nodes of depth <= d (level by level: a prefix)
         cuts = [int(np.searchsorted(tree.depth, d, side="right")) for d in candidates]
@@ -189,13 +189,14 @@ def _check_depths(depths: Sequence[int], depth: int) -> list[int]:
 
 
 def _largest_tree(rule, pool: Tree, logq: np.ndarray, budget: int, depth: int,
-                  rows: dict | None = None, t0: int | None = None) -> np.ndarray:
+                  rows: dict | None = None, t0: int | None = None,
+                  reranker=None) -> np.ndarray:
     """`rule`'s tree of `budget` nodes from the pool's first `depth` levels (the pool a round
     of that depth drafts, since nodes are numbered level by level), with the root: sorted pool
     node indices."""
     levels = int(np.searchsorted(pool.depth, depth, side="right"))
     nodes = rule.select(pool.subtree(np.arange(levels)), logq[:levels], budget, t0=t0,
-                        **(rows or {}))
+                        reranker=reranker, **(rows or {}))
     return np.union1d([0], nodes)
 
 

@@ -4,12 +4,13 @@ command line, `bench`, `decode` and the pipeline build their settings from this.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from targetrows.core.checks import check_budget, check_count, check_temperature
 from targetrows.core.pool import PoolShape
+from targetrows.core.rules.learned import Reranker
 
-from .registry import get_decoder
+from .registry import get_decoder, get_rule
 
 
 @dataclass(frozen=True)
@@ -26,14 +27,30 @@ class DecodeConfig:
     # one-token pass buys one more token: measured faster than leaving the row to the next
     # round's root pass); False commits t0 alone
     verify_empty: bool = True
+    # a learned rule's trained model (`targetrows.core.rules.learned.Reranker`)
+    reranker: Reranker | None = None
 
     def __post_init__(self):
-        get_decoder(self.decoder)  # an unknown name raises, naming the known ones
+        entry = get_decoder(self.decoder)  # an unknown name raises, naming the known ones
         check_budget(self.budget)
         check_temperature(self.temperature)
         check_count(self.max_new_tokens, "max_new_tokens")
         if not isinstance(self.pool, PoolShape):
             raise ValueError(f"pool must be a PoolShape, got {self.pool!r}")
+        learned = entry.drafts and get_rule(entry.rule).learned
+        if learned and self.reranker is None:
+            raise ValueError(f"decoder {self.decoder!r} scores with a trained reranker: give one "
+                             "(--reranker FILE, from targetrows train-reranker)")
+        if learned and self.reranker.rule != entry.rule:
+            raise ValueError(f"decoder {self.decoder!r} runs rule {entry.rule!r}, but the "
+                             f"reranker was trained for {self.reranker.rule!r}")
+
+    def for_decoder(self, decoder: str, rerankers=None) -> DecodeConfig:
+        """This config for `decoder`, with the reranker of its rule from `rerankers` (a
+        mapping rule -> Reranker) when it is a learned one."""
+        entry = get_decoder(decoder)
+        reranker = (rerankers or {}).get(entry.rule) if entry.learned else None
+        return replace(self, decoder=decoder, reranker=reranker)
 
     @property
     def pool_depth(self) -> int:

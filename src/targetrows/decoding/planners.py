@@ -63,7 +63,8 @@ def plan_pool(r: Round) -> Plan:
         root_logits, (cand, logq) = root_pass_alongside(r, lambda: _root_pool(r))
     else:
         cand, logq = timed_draft_work(r, lambda: _root_pool(r))
-    chosen = r.rule.select(cand, logq, r.config.budget, **_rows_read(r, cand, root_logits))
+    chosen = r.rule.select(cand, logq, r.config.budget, reranker=r.config.reranker,
+                           **_rows_read(r, cand, root_logits))
     return Plan([], cand.subtree(chosen))
 
 

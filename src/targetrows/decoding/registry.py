@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from targetrows.core.pool import PoolShape, pool_depth
-from targetrows.core.rules import after_t0, root_pool
+from targetrows.core.rules import after_t0, learned, root_pool
 from targetrows.core.rules.rule import Rule
 
 from . import planners
@@ -49,6 +49,11 @@ class Decoder:
     @property
     def commits_t0(self) -> bool:
         return self.drafts and get_rule(self.rule).commits_t0
+
+    @property
+    def learned(self) -> bool:
+        """Its rule scores with a trained reranker (`DecodeConfig.reranker`)."""
+        return self.drafts and get_rule(self.rule).learned
 
     @property
     def root_pass(self) -> bool:
@@ -130,16 +135,20 @@ def get_rule(name: str) -> Rule:
     return RULES[name]
 
 
-def decoder_names() -> tuple[str, ...]:
-    return tuple(DECODERS)
+def decoder_names(learned: bool = True) -> tuple[str, ...]:
+    """Every registered decoder; without the ones that need a trained reranker when `learned`
+    is False (what runs by default when none is given)."""
+    return tuple(n for n, d in DECODERS.items() if learned or not d.learned)
 
 
-def rule_names() -> tuple[str, ...]:
-    return tuple(RULES)
+def rule_names(learned: bool = True) -> tuple[str, ...]:
+    """Every registered rule; without the learned ones when `learned` is False."""
+    return tuple(n for n, r in RULES.items() if learned or not r.learned)
 
 
 for _rule in (root_pool.draft_rank, root_pool.target_rerank, root_pool.stale_rerank,
-              after_t0.pearl, after_t0.first_token, after_t0.first_token_redraft):
+              after_t0.pearl, after_t0.first_token, after_t0.first_token_redraft,
+              learned.learned_rerank, learned.learned_stale_rerank):
     register(_rule)
 
 for _decoder in (
@@ -151,5 +160,9 @@ for _decoder in (
     Decoder("pearl", "PEARL-style: a predetermined tree pruned to t0's subtree", "pearl"),
     Decoder("fts_redraft", "first-token sampling with a pool drafted anew under t0 (an "
             "extension)", "first_token_redraft", baseline="pearl"),
+    Decoder("lrerank", "first-level branches scored by a reranker trained on row logs, with the "
+            "root row (an extension)", "learned_rerank", baseline="rerank"),
+    Decoder("lrerank_stale", "first-level branches scored by a reranker trained on row logs, "
+            "without a root pass (an extension)", "learned_stale_rerank", baseline="draft_rank"),
 ):
     register(_decoder)

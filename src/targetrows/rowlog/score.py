@@ -9,6 +9,9 @@ gives every budget at once. The rules that commit t0 take the trajectory's next 
 draw from the root row; a rule that drafts anew under t0 (`first_token_redraft`) is scored on
 the pool logged at the next position, which is drafted under that token.
 
+A learned rule scores with its reranker (`rerankers`), cross-fitted where the reranker holds
+fold models: each prompt with the model that was trained without it.
+
 The rows a rule may read come from the log: the exact root row is the first-level edge
 probabilities, the stale row the target's row at the previous context (`stale_p`; a position
 without one, a one-token prompt at its start, leaves its pool to the draft's own ranking).
@@ -38,15 +41,22 @@ _FLOAT_COLUMNS = ("temperature", "accepted", "committed")
 
 
 def score_log(log: rowlog.RowLog, budgets, rules=None, pair: str | None = None,
-              chunk: int = 4096) -> dict[str, np.ndarray]:
+              chunk: int = 4096, rerankers=None) -> dict[str, np.ndarray]:
     """The tidy table: one row per scored position x rule x budget (columns `COLUMNS`);
-    `rules`: registered rule names (default: every one)."""
+    `rules`: registered rule names (default: every one that needs no reranker, and the learned
+    ones `rerankers` holds: a mapping rule -> Reranker)."""
     budgets = _check_budgets(budgets)
-    rules = rule_names() if rules is None else tuple(rules)
+    rerankers = dict(rerankers or {})
+    if rules is None:
+        rules = tuple(r for r in rule_names() if not get_rule(r).learned or r in rerankers)
+    rules = tuple(rules)
     unknown = [r for r in rules if r not in rule_names()]
     if unknown or not rules:
         raise ValueError(f"unknown rules {unknown}: choose from {', '.join(rule_names())}")
-    pools = _Pools(log)
+    untrained = [r for r in rules if get_rule(r).learned and r not in rerankers]
+    if untrained:
+        raise ValueError(f"rules {untrained} score with a trained reranker: give one (--reranker)")
+    pools = _Pools(log, rerankers)
     scored = np.flatnonzero(log.rec_scored)
     seg, pos = log.rec_segment[scored], log.rec_position[scored]
     traj_len = np.diff(log.traj_offsets)[seg]
@@ -80,8 +90,12 @@ def score_log(log: rowlog.RowLog, budgets, rules=None, pair: str | None = None,
 class _Pools:
     """The log's pools as [records, nodes] arrays (views when every pool has the same size)."""
 
-    def __init__(self, log: rowlog.RowLog):
+    def __init__(self, log: rowlog.RowLog, rerankers=None):
         self.log = log
+        self.rerankers = rerankers or {}
+        seg = log.rec_segment
+        self.key = np.array([f"{t}/{q}" for t, q in zip(log.seg_task, log.seg_question,
+                                                         strict=True)], dtype=object)[seg]
         sizes = np.diff(log.pool_offsets)
         self.size = sizes
         n = int(sizes.max()) if len(sizes) else 1
@@ -104,9 +118,10 @@ class _Pools:
                 a[rec, local] = getattr(log, k)
                 self.arr[k] = a
 
-    def batch(self, idx: np.ndarray) -> tuple[PoolBatch, np.ndarray, np.ndarray]:
-        """Pools `idx` as a `PoolBatch` carrying the root and stale rows, each node's reach
-        probability, and t0 (the trajectory's next token) as a one-hot over the nodes."""
+    def batch(self, idx: np.ndarray, reranker=None) -> tuple[PoolBatch, np.ndarray, np.ndarray]:
+        """Pools `idx` as a `PoolBatch` carrying the root and stale rows (and `reranker`), each
+        node's reach probability, and t0 (the trajectory's next token) as a one-hot over the
+        nodes."""
         par = self.arr["pool_parents"][idx].astype(np.int64)
         tok = self.arr["pool_tokens"][idx].astype(np.int64)
         edge = self.arr["edge_p"][idx].astype(np.float64)
@@ -114,7 +129,7 @@ class _Pools:
         with np.errstate(divide="ignore"):
             root_logp = np.where(first, np.log(edge), 0.0)  # a first-level edge is the root row
         batch = PoolBatch(tok, par, self.arr["pool_logq"][idx].astype(np.float64),
-                          self.size[idx], root_logp, self.stale_logp(idx, first))
+                          self.size[idx], root_logp, self.stale_logp(idx, first), reranker)
         if self.temperature == 0:
             reach = reach_batch_greedy(par, tok, self.continuation(idx))
         else:
@@ -142,12 +157,28 @@ class _Pools:
         return out
 
 
+def _learned(pools: _Pools, idx: np.ndarray, budgets: np.ndarray, rule: str):
+    """A learned rule on pools `idx`, each prompt's pools with the model that never saw it."""
+    model = pools.rerankers[rule]
+    acc, nodes = np.zeros((len(idx), len(budgets))), np.zeros((len(idx), len(budgets)))
+    keys = pools.key[idx]
+    for key in dict.fromkeys(keys):
+        rows = np.flatnonzero(keys == key)
+        batch, reach, t0 = pools.batch(idx[rows], model.for_prompt(key))
+        acc[rows], nodes[rows] = get_rule(rule).expected(batch, reach, budgets, t0)
+    return acc, nodes
+
+
 def _by_chunks(pools: _Pools, idx: np.ndarray, budgets: np.ndarray, rules, chunk: int):
     """{rule: (accepted, nodes)}, each [len(idx), len(budgets)], over the pools `idx`."""
     parts = []
     for s in range(0, len(idx), chunk):
-        batch, reach, t0 = pools.batch(idx[s : s + chunk])
-        parts.append({r: get_rule(r).expected(batch, reach, budgets, t0) for r in rules})
+        part = idx[s : s + chunk]
+        batch, reach, t0 = pools.batch(part)
+        parts.append({r: get_rule(r).expected(batch, reach, budgets, t0) for r in rules
+                      if not get_rule(r).learned})
+        for r in [r for r in rules if get_rule(r).learned]:
+            parts[-1][r] = _learned(pools, part, budgets, r)
     empty = np.zeros((0, len(budgets)))
     return {r: (np.concatenate([p[r][0] for p in parts]) if parts else empty,
                 np.concatenate([p[r][1] for p in parts]) if parts else empty) for r in rules}

@@ -32,6 +32,11 @@ from targetrows.decoding.registry import get_decoder
 from .questions import Question, check_prompt, read_questions
 
 
+def prompt_key(question: Question) -> str:
+    """How rerankers (and row-log scores) name a question: "task/question_id"."""
+    return f"{question.category}/{question.question_id}"
+
+
 def derive_seed(seed: int, question_id, turn: int, budget: int) -> int:
     return zlib.crc32(f"{seed}:{question_id}:{turn}:{budget}".encode())
 
@@ -141,9 +146,10 @@ class AnswerSettings:
 
     def fingerprint(self, prompts_digest: str) -> str:
         d, pool = self.decode, self.decode.pool
+        reranker = "" if d.reranker is None else f"|{d.reranker.digest}"
         return (f"{self.model_id}|{self.draft_name}|{d.decoder}|{d.temperature}|"
                 f"{d.max_new_tokens}|{d.seed}|{pool.top_k}|{pool.depth}|{self.dtype}|"
-                f"{prompts_digest}")
+                f"{prompts_digest}{reranker}")
 
 
 def answer_file(target, draft, tokenizer, prompts_path: str, out: str,
@@ -200,6 +206,9 @@ def answer_file(target, draft, tokenizer, prompts_path: str, out: str,
     for budget, at_depth, question in todo:
         config = dataclasses.replace(base, budget=max(budget, 1), stop_ids=stops,
                                      pool=dataclasses.replace(base.pool, depth=at_depth))
+        if base.reranker is not None:  # cross-fitted: a model that never saw this question
+            config = dataclasses.replace(config, reranker=base.reranker.for_prompt(
+                prompt_key(question)))
         texts, results = decode_question(target, draft, tokenizer, question, config)
         condition = {"decoder": decoder, "budget": budget, "depth": at_depth,
                      "budget_auto": (budget, at_depth) == auto, "temperature": base.temperature,

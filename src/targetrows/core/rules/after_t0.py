@@ -18,8 +18,8 @@ from .rule import Rule, draft_scores
 pearl = Rule("pearl", "a B-node draft_rank tree drafted before t0, pruned to t0's subtree",
              draft_scores, tree="pruned")
 first_token = Rule("first_token", "t0 from the exact root row, then the top-B nodes below t0 in "
-                   "the same root pool", draft_scores, tree="below_t0", baseline="pearl")
+                   "the same root pool", draft_scores, tree="below_t0", baselines=("pearl",))
 first_token_redraft = Rule("first_token_redraft", "t0 from the exact root row, then a B-node "
                            "draft_rank tree from a pool drafted anew under t0 (an extension, not "
-                           "the paper's rule)", draft_scores, tree="redraft", baseline="pearl",
+                           "the paper's rule)", draft_scores, tree="redraft", baselines=("pearl",),
                            paper=False)

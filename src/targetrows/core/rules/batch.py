@@ -30,9 +30,11 @@ class PoolBatch:
     size: np.ndarray  # [P] nodes of each pool, its root included
     root_logp: np.ndarray | None = None  # [P, N] log root-row prob of each first-level token
     stale_logp: np.ndarray | None = None  # [P, N] the same under the previous context's row
+    reranker: object | None = None  # a learned rule's model (`targetrows.core.rules.learned`)
 
     @classmethod
-    def of_pool(cls, pool: Tree, logq: np.ndarray, root_logp=None, stale_logp=None) -> PoolBatch:
+    def of_pool(cls, pool: Tree, logq: np.ndarray, root_logp=None, stale_logp=None,
+                reranker=None) -> PoolBatch:
         """One pool; `root_logp` / `stale_logp` give one value per first-level node, in the
         order of ``pool.children(0)`` (None: not known)."""
         n = len(pool)
@@ -51,7 +53,7 @@ class PoolBatch:
 
         return cls(pool.tokens[None], pool.parents[None], np.asarray(logq, np.float64)[None],
                    np.array([n]), at_first(root_logp, "root_logp"),
-                   at_first(stale_logp, "stale_logp"))
+                   at_first(stale_logp, "stale_logp"), reranker)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -96,7 +98,8 @@ class PoolBatch:
         return PoolBatch(self.tokens[:, cut], self.parents[:, cut], self.logq[:, cut],
                          np.minimum(self.size, nodes),
                          None if self.root_logp is None else self.root_logp[:, cut],
-                         None if self.stale_logp is None else self.stale_logp[:, cut])
+                         None if self.stale_logp is None else self.stale_logp[:, cut],
+                         self.reranker)
 
 
 def stack_pools(pools: list[PoolBatch]) -> PoolBatch:
@@ -116,7 +119,8 @@ def stack_pools(pools: list[PoolBatch]) -> PoolBatch:
 
     return PoolBatch(pad("tokens", -1, np.int64), pad("parents", 0, np.int64),
                      pad("logq", -np.inf, np.float64), np.concatenate([p.size for p in pools]),
-                     pad("root_logp", 0.0, np.float64), pad("stale_logp", 0.0, np.float64))
+                     pad("root_logp", 0.0, np.float64), pad("stale_logp", 0.0, np.float64),
+                     pools[0].reranker)
 
 
 def top_order(score: np.ndarray, k: int) -> np.ndarray:

@@ -46,8 +46,9 @@ class Rule:
     scores: Callable[[PoolBatch], np.ndarray]  # [P, N] per node, higher is better
     tree: str = "pool"  # see the module docstring
     reads: tuple[str, ...] = ()  # rows the scores read (ROWS); a pool without one still scores
-    baseline: str | None = None  # the rule the tables compare it with (paired gains)
+    baselines: tuple[str, ...] = ()  # the rules the tables compare it with (paired gains)
     paper: bool = True  # one of the paper's rules (an extension says False)
+    learned: bool = False  # scores with a trained reranker (`targetrows.core.rules.learned`)
 
     def __post_init__(self):
         if self.tree not in TREES:
@@ -79,15 +80,16 @@ class Rule:
     # -- one pool, online -----------------------------------------------------------------------
 
     def select(self, pool: Tree, logq: np.ndarray, budget: int, *, root_logp=None,
-               stale_logp=None, t0: int | None = None) -> np.ndarray:
+               stale_logp=None, t0: int | None = None, reranker=None) -> np.ndarray:
         """Sorted node indices of `pool` that the verified tree holds: the root and the top
         `budget` nodes for a root-pool tree (`pool`, or the pool drafted under t0 for
         `redraft`); t0's first-level node and the nodes kept below it after t0 (empty when t0
         is not a first-level pool token). `root_logp` / `stale_logp`: the rows' log-probs of
-        the first-level tokens, in the order of ``pool.children(0)``."""
+        the first-level tokens, in the order of ``pool.children(0)``; `reranker`: a learned
+        rule's model."""
         budget = check_budget(budget)
         logq = _check_logq(pool, logq)
-        batch = PoolBatch.of_pool(pool, logq, root_logp, stale_logp)
+        batch = PoolBatch.of_pool(pool, logq, root_logp, stale_logp, reranker)
         score = self._scores(batch)[0]
         if self.tree in ("pool", "redraft"):
             return _top_nodes(score, budget)
@@ -120,10 +122,7 @@ class Rule:
         col = np.minimum(budgets, k) - 1
         score = self._scores(batch)
         if self.tree in ("pool", "redraft"):
-            order = top_order(score[:, 1:], k) + 1
-            accepted = np.cumsum(gather(reach, order), axis=1)[:, col]
-            nodes = np.minimum(budgets[None, :], batch.size[:, None] - 1).astype(np.float64)
-            return accepted, nodes
+            return pool_expected(score, reach, batch.size, budgets)
         if t0 is None:
             raise ValueError(f"rule {self.name!r} scores a tree after t0: give t0's "
                              "distribution over the first-level nodes")
@@ -167,6 +166,19 @@ class Rule:
             accepted += w[:, None] * np.cumsum(gather(gained, order), axis=1)[:, col]
             nodes += w[:, None] * np.cumsum(kept, axis=1)[:, col]
         return accepted, nodes
+
+
+def pool_expected(score: np.ndarray, reach: np.ndarray, size: np.ndarray,
+                  budgets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(expected accepted, nodes verified) [P, len(budgets)] of the top-B nodes of each pool
+    by `score` (a root-pool tree): one ordering, one cumulative sum for every budget."""
+    budgets = np.asarray(budgets, dtype=np.int64)
+    k = min(int(budgets.max()), score.shape[1] - 1)
+    col = np.minimum(budgets, k) - 1
+    order = top_order(score[:, 1:], k) + 1
+    accepted = np.cumsum(gather(reach, order), axis=1)[:, col]
+    nodes = np.minimum(budgets[None, :], np.asarray(size)[:, None] - 1).astype(np.float64)
+    return accepted, nodes
 
 
 def draw_first_token(root_row: np.ndarray, rng: np.random.Generator | None = None) -> int:

@@ -1,0 +1,23 @@
+"""Rerankers for tests: models of the learned rules made by hand (no training), so that every
+registered decoder runs; weights mix every feature, so each one's code path is exercised."""
+
+import numpy as np
+
+from targetrows.core.rules.learned import ALL_FEATURES, STALE_FEATURES, Reranker
+from targetrows.decoding.config import DecodeConfig
+
+
+def reranker(rule: str, seed: int = 0) -> Reranker:
+    features = ALL_FEATURES if rule == "learned_rerank" else STALE_FEATURES
+    rng = np.random.default_rng(seed)
+    weights = rng.normal(0.0, 0.3, len(features))
+    weights[features.index("draft_logp")] += 1.0
+    return Reranker(rule, features, tuple(float(w) for w in weights))
+
+
+RERANKERS = {rule: reranker(rule) for rule in ("learned_rerank", "learned_stale_rerank")}
+
+
+def decode_config(decoder: str, **fields) -> DecodeConfig:
+    """A `DecodeConfig` for any decoder, a learned one with its rule's test reranker."""
+    return DecodeConfig("ar", **fields).for_decoder(decoder, RERANKERS)

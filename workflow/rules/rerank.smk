@@ -1,0 +1,26 @@
+# Learned rerankers: the learned rules' models, fitted on the row logs of every task at one
+# target x temperature and cross-fitted by prompt (each prompt is scored, offline and online, by
+# a model trained without it). NumPy only, seconds.
+
+
+rule train_reranker:
+    input:
+        rerank_inputs,
+    output:
+        models=expand("results/rerankers/{{target}}/T{{temperature}}/{name}.json",
+                      name=LEARNED_RULES),
+        report="results/rerankers/{target}/T{temperature}/report.md",
+    log:
+        "results/logs/rerankers/{target}/T{temperature}.log",
+    params:
+        command=lambda w, input, output: [
+            "train-reranker", *input, "--rules", *LEARNED_RULES,
+            "--budgets", *config["score"]["budgets"],
+            "--folds", config["rerank"]["folds"], "--seed", config["rerank"]["seed"],
+            "--out", str(Path(output.report).parent),
+        ],
+    localrule: True
+    conda:
+        ENV
+    script:
+        "../scripts/targetrows_command.py"
