@@ -352,7 +352,7 @@ def test_compare_and_record_with_prompt_lookup_mixed_in(saved_target_and_head, t
     target, head = saved_target_and_head
     assert main(["compare", "--target", target, "--draft", head, "--draft-lookup", "--prompt",
                  "say it again: the cat sat on the mat, the cat sat on the", "--budget", "8",
-                 "--max-new-tokens", "16"]) == 0
+                 "--max-new-tokens", "16", "--dtype", "float32"]) == 0
     assert "every decoder reproduced ar's tokens exactly" in capsys.readouterr().out
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"question_id": 1, "category": "x", "turns": ["Hi, hi"]}) + "\n")

@@ -41,14 +41,14 @@ def pair(tmp_path_factory):
 
 def test_load_pair_gives_matching_models(pair):
     target_dir, draft_dir = pair
-    target, draft, tokenizer = load_pair(target_dir, draft_dir, "cpu", "cpu", "auto")
+    target, draft, tokenizer = load_pair(target_dir, draft_dir, "cpu", "cpu", "float32")
     assert isinstance(target, HFModel) and isinstance(draft, HFModel)
     assert len(tokenizer) == TOKENIZER_SIZE
     # logit widths differ (272 vs 264); rows are cut to the shared vocabulary
     assert target.model.get_output_embeddings().weight.shape[0] == TARGET_VOCAB
     assert draft.model.get_output_embeddings().weight.shape[0] == DRAFT_VOCAB
     assert target.vocab_size == draft.vocab_size == TOKENIZER_SIZE
-    assert target.model.dtype == torch.float32  # auto on the CPU
+    assert target.model.dtype == torch.float32
     assert str(target.device) == "cpu"
     # the loaded target is the saved one
     ids = encode_prompt(tokenizer, "hi")
@@ -92,7 +92,7 @@ def test_pickle_weights_need_permission(tmp_path):
     assert "pytorch_model.bin" in os.listdir(path)
     with pytest.raises(ValueError, match=r"pickled.*allow-pickle"):
         load_model(path)
-    model, _ = load_model(path, allow_pickle=True)
+    model, _ = load_model(path, "cpu", "float32", allow_pickle=True)
     ids = [3, 4, 5]
     model.reset(0)
     rows = model.logits(ids, Tree.root_only(5), [0])
@@ -107,7 +107,7 @@ def test_gguf_files_load(tmp_path):
     path = save_tiny_gguf(tmp_path / "gguf-model", seed=0)
     expected = reference_logits(tiny_model("qwen2", seed=0), [5, 6, 7])[-1]
     for where in (path, os.path.dirname(path)):  # the file, or the folder holding one GGUF
-        model, tokenizer = load_model(where)
+        model, tokenizer = load_model(where, "cpu", "float32")
         assert tokenizer("héllo")["input_ids"] == tiny_tokenizer()("héllo")["input_ids"]
         assert model.vocab_size == TARGET_VOCAB  # the GGUF's token list is padded to the width
         assert stop_ids(tokenizer, model) == {EOS, IM_END}

@@ -162,7 +162,8 @@ def test_a_bfloat16_packed_head_on_a_float32_target_is_lossless(tmp_path):
     target_dir = save_tiny(tmp_path / "t", "llama", seed=0, n_layers=6)
     config = tiny_model("llama", seed=0, n_layers=6).config
     head_dir = save_tiny_head(tmp_path / "h", config, draft_vocab_size=120)
-    target, head, _ = load_pair(target_dir, head_dir, "cpu", draft_dtype="bfloat16")
+    target, head, _ = load_pair(target_dir, head_dir, "cpu", dtype="float32",
+                                draft_dtype="bfloat16")
     linears = [m for m in head.head.modules() if isinstance(m, torch.nn.Linear)]
     assert linears and all(isinstance(m, PackedLinear) and m.packed_dtype == torch.bfloat16
                            for m in linears)

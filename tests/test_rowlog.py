@@ -197,7 +197,7 @@ def test_record_from_tiny_hf_models_round_trips(tmp_path):
     out = tmp_path / "hf.npz"
     assert main(["record", "--target", target_dir, "--draft", draft_dir, "--prompts", prompts,
                  "--top-k", "3", "--depth", "3", "--max-new-tokens", "4", "--out", str(out),
-                 "--target-device", "cpu", "--quiet"]) == 0
+                 "--target-device", "cpu", "--dtype", "float32", "--quiet"]) == 0
     log = rowlog.read(out)
     assert log.n_segments == 2 and log.header["temperature"] == 0.0
     vocab = log.header["vocab_size"]
@@ -228,7 +228,7 @@ def test_sampled_recording_from_tiny_hf_models_is_deterministic(tmp_path):
     from targetrows.specbench.chat import stop_ids
 
     target_dir, draft_dir = save_tiny_pair(tmp_path, "qwen2")
-    target, draft, tokenizer = load_pair(target_dir, draft_dir, "cpu")
+    target, draft, tokenizer = load_pair(target_dir, draft_dir, "cpu", dtype="float32")
     config = RecordConfig(temperature=1.0, stride=2, max_new_tokens=4,
                           stop_ids=frozenset(stop_ids(tokenizer, target)), pool=PoolShape(top_k=3, depth=2))
     prompts = write_prompts(tmp_path / "p.jsonl", PROMPTS[1:])

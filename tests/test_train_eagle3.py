@@ -196,18 +196,18 @@ def test_length_sorted_batches_still_visit_every_sequence_once_an_epoch():
 
 
 def test_auto_precision_is_bfloat16_only_where_its_products_are_fast(monkeypatch):
-    from targetrows.hf.loading import fast_dtype
+    from targetrows.hf.loading import resolve_dtype
 
-    assert fast_dtype("auto", "cuda") == torch.bfloat16
-    assert fast_dtype("float32", "cuda") == torch.float32
+    assert resolve_dtype("auto", "cuda") == torch.bfloat16
+    assert resolve_dtype("float32", "cuda") == torch.float32
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
-    assert fast_dtype("auto", "cpu") == torch.float32
+    assert resolve_dtype("auto", "cpu") == torch.float32
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True, raising=False)
-    assert fast_dtype("auto", "cpu") == torch.bfloat16
-    assert fast_dtype("bfloat16", "cpu") == torch.bfloat16
+    assert resolve_dtype("auto", "cpu") == torch.bfloat16
+    assert resolve_dtype("bfloat16", "cpu") == torch.bfloat16
     with pytest.raises(ValueError, match="unknown dtype"):
-        fast_dtype("bf17", "cpu")
+        resolve_dtype("bf17", "cpu")
 
 
 def test_the_draft_vocabulary_is_the_smallest_covering_set_plus_stops():

@@ -31,7 +31,7 @@ def add_replies_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"which training prompts, of both kinds (default {d.seed})")
     parser.add_argument("--reply-dtype", dest="dtype", default=d.dtype,
                         help="dtype the target generates the training replies in: auto (what "
-                        "the decoders use: bfloat16 on a GPU, float32 on a CPU), float32, bfloat16 "
+                        "the decoders use: bfloat16 where it is fast, else float32), float32, bfloat16 "
                         f"(default {d.dtype}); held-out replies are always float32")
     parser.add_argument("--write-dtype", dest="write_dtype", default=d.write_dtype,
                         help="dtype the target writes its own prompts in (only their text is "

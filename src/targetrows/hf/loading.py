@@ -40,12 +40,13 @@ def resolve_device(device: str | None) -> str:
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: str) -> torch.dtype:
-    """ "auto" -> bfloat16 on a GPU (or device "auto" with one), float32 on the CPU."""
+    """ "auto" -> bfloat16 wherever its matrix products are fast (`bfloat16_is_fast`: a GPU,
+    or a CPU with AMX or AVX512-BF16 units), else float32. Every decoder is lossless with
+    respect to the model as it runs, in whichever dtype; float32 stays selectable."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
-        on_gpu = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
-        return torch.bfloat16 if on_gpu else torch.float32
+        return torch.bfloat16 if bfloat16_is_fast(device) else torch.float32
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose auto or one of {sorted(DTYPES)}")
     return DTYPES[dtype]
@@ -61,24 +62,15 @@ def bfloat16_is_fast(device: str) -> bool:
     return any(getattr(cpu, name, lambda: False)() for name in checks)
 
 
-def fast_dtype(dtype: str | torch.dtype, device: str) -> torch.dtype:
-    """As `resolve_dtype`, but "auto" -> bfloat16 wherever `bfloat16_is_fast`: for passes whose
-    precision the results do not depend on (writing prompts, a training's matrix products)."""
-    if dtype == "auto":
-        return torch.bfloat16 if bfloat16_is_fast(device) else torch.float32
-    return resolve_dtype(dtype, device)
-
-
 def draft_dtype_for(dtype: str | torch.dtype, draft_dtype: str | torch.dtype | None,
                     device: str | None) -> str | torch.dtype:
-    """The dtype a draft loads in: `draft_dtype` if given, else the target's `dtype`, except that
-    under "auto" a draft runs in bfloat16 wherever that is fast (`fast_dtype`: a GPU, or a CPU
-    with AMX or AVX512-BF16, where the target stays float32). A draft only proposes tokens, so
-    its precision changes speed and acceptance, never the committed tokens."""
+    """The dtype a draft loads in: `draft_dtype` if given, else the target's `dtype` ("auto":
+    bfloat16 wherever that is fast). A draft only proposes tokens, so its precision changes
+    speed and acceptance, never the committed tokens."""
     if draft_dtype is not None:
         return draft_dtype
     if dtype == "auto":
-        return fast_dtype(dtype, resolve_device(device))
+        return resolve_dtype(dtype, resolve_device(device))
     return dtype
 
 

@@ -33,7 +33,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from targetrows.core.atomic import new_folder
 from targetrows.hf.eagle3 import Eagle3Head
-from targetrows.hf.loading import fast_dtype
+from targetrows.hf.loading import resolve_dtype
 from targetrows.hf.packed import packed_product
 
 from .eagle3_init import coverage_of, draft_vocabulary, head_tensors, new_head, target_rows
@@ -272,7 +272,7 @@ def train(head: Eagle3Head, embed, data: TeacherData, config: Eagle3TrainConfig,
     head.lm_head.weight.requires_grad_(config.train_lm_head)
     params = [p for p in head.parameters() if p.requires_grad]
     dev = target_w.device
-    dtype = fast_dtype(config.autocast, str(dev))
+    dtype = resolve_dtype(config.autocast, str(dev))
     noise_gen = torch.Generator(device=dev).manual_seed(config.seed + 1)
     noise_scale = None
     if config.feature_noise:
@@ -423,7 +423,7 @@ def train_eagle3(target_dir: str, out: str | Path, config: Eagle3TrainConfig,
         "steps_done": len(losses), "loss_first": losses[0] if losses else None,
         "loss_last": sum(losses[-10:]) / max(1, len(losses[-10:])),
         "forward_cost": forward_cost(target, head),
-        "train_dtype": str(fast_dtype(config.autocast, config.device)).removeprefix("torch."),
+        "train_dtype": str(resolve_dtype(config.autocast, config.device)).removeprefix("torch."),
         "data_seconds": data_s, "train_seconds": train_s,
         "threads": torch.get_num_threads(), "torch": torch.__version__,
     }

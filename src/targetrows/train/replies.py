@@ -15,7 +15,7 @@ Batched generation makes many more tokens per second on a CPU than batch-1 decod
 variety matters more than reply length: the prompts are template requests (`chat_prompts`) and
 requests the target writes itself (`self_prompts`; only their text is kept, so they are written
 in bfloat16 wherever that is fast, `write_dtype`). The training replies are generated in the
-dtype the decoders run the target in (bfloat16 on a GPU, float32 on a CPU; `dtype`), the
+dtype the decoders run the target in (bfloat16 where that is fast, else float32; `dtype`), the
 held-out replies, which measure agreement, by the target as loaded (float32). The folder holds
 ``train.pt`` and ``heldout.pt`` (plain tensors, loaded weights-only) and ``replies.json``
 (settings, sizes, time).
@@ -274,7 +274,7 @@ def in_dtype(model, dtype: torch.dtype):
 def generate_replies(target, tokenizer, config: RepliesConfig) -> tuple[TeacherData, TeacherData,
                                                                           dict]:
     """(training data, held-out data, summary) for the loaded `target` (a transformers model)."""
-    from targetrows.hf.loading import fast_dtype, resolve_dtype
+    from targetrows.hf.loading import resolve_dtype
     from targetrows.specbench.chat import encode_prompt, stop_ids
 
     if not 1 <= config.heldout <= len(HELDOUT_PROMPTS):
@@ -286,7 +286,7 @@ def generate_replies(target, tokenizer, config: RepliesConfig) -> tuple[TeacherD
     prompts = training_prompts(config.prompts, config.seed)
     written = []
     if config.self_prompts:  # only their text is kept: written in bfloat16 where that is fast
-        writer = in_dtype(target, fast_dtype(config.write_dtype, str(target.device)))
+        writer = in_dtype(target, resolve_dtype(config.write_dtype, str(target.device)))
         written = self_prompts(writer, tokenizer, config.self_prompts, config.seed, stop,
                                exclude={*prompts, *HELDOUT_PROMPTS})
         del writer
