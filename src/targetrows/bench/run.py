@@ -36,6 +36,8 @@ from targetrows.decoding.model import synchronize
 from targetrows.decoding.registry import decoder_names, get_decoder
 from targetrows.hf.baselines import HF_METHODS, assistant_for, hf_generate
 
+from .peer import PREFIX as PEER
+
 if TYPE_CHECKING:
     from targetrows.hf.model import HFModel
 
@@ -152,13 +154,18 @@ class BenchModels:
     target: HFModel
     draft: object | None  # any Model draft, or None
     assistant: object | None  # the assistant model hf_assisted runs with
+    peers: Mapping = field(default_factory=dict)  # "peer:<name>" -> a running `peer.Peer`
 
 
 def run_method(method: str, models: BenchModels, prompt: BenchPrompt, config: DecodeConfig,
                settings: BenchSettings):
     """(new tokens, wall seconds, DecodeResult or None) of one method on one prompt: one of our
-    decoders run with `config`, or a Hugging Face method at its temperature, new tokens and
-    seed."""
+    decoders run with `config`, a Hugging Face method or a peer engine at its temperature, new
+    tokens and seed (a peer's seconds are its own generate call's)."""
+    if method in models.peers:
+        tokens, seconds, _ = models.peers[method].generate(
+            prompt.ids, config.max_new_tokens, config.temperature, config.seed, config.stop_ids)
+        return tokens, seconds, None
     start = time.perf_counter()
     if method in HF_METHODS:
         tokens = hf_generate(
@@ -204,9 +211,12 @@ def run_bench(
     settings: BenchSettings,
     progress=None,
     assistant: HFModel | None = None,
+    peers: Mapping | None = None,
 ) -> tuple[list[dict], dict]:
     """Every method on every prompt and temperature. `assistant`: the model hf_assisted runs
-    with (default: the draft, when it is a standalone model). Returns (tidy rows, context) where
+    with (default: the draft, when it is a standalone model); `peers`: running peer engines by
+    method name ("peer:<name>", `targetrows.bench.peer`), interleaved like every other method.
+    Returns (tidy rows, context) where
     the context holds the part times, the budgets, the auto choices and the methods skipped,
     with why, for the report."""
     if not prompts:
@@ -221,11 +231,12 @@ def run_bench(
         )
     methods = [m for m in HF_METHODS if settings.hf and m not in skipped]
     methods += list(settings.decoders)
+    methods += list(peers or {})
     assistant = None
     if source is not None:  # one shared vocabulary: the smaller of the two
         vocab = min(target.vocab_size, source.vocab_size)
         assistant = assistant_for(target.model, source.model, vocab)
-    models = BenchModels(target, draft, assistant)
+    models = BenchModels(target, draft, assistant, dict(peers or {}))
     parts = measure(target, draft, prompts, settings)
     # what each prompt's first pass costs beyond a round's one-token pass (in every bound)
     prompt_s = [time_prompt_pass(target, p.ids, settings.repeats) for p in prompts]
@@ -233,7 +244,7 @@ def run_bench(
 
     def config_for(method, temp, seed, max_new_tokens=None):
         budget, depth = plans.get((method, temp), (1, settings.pool.depth))
-        name = method if method not in HF_METHODS else "ar"
+        name = method if method in settings.decoders else "ar"  # HF methods, peers
         return settings.run_config(name, temp, budget, depth, seed, max_new_tokens)
 
     for method in methods:  # warm-up: lazy initialisation is nobody's cost
@@ -284,7 +295,7 @@ def run_bench(
 
 
 def _row(method, prompt, temperature, budget, depth, tokens, wall, result) -> dict:
-    tree = method not in HF_METHODS and get_decoder(method).drafts
+    tree = method not in HF_METHODS and not method.startswith(PEER) and get_decoder(method).drafts
     row = {
         "method": method,
         "temperature": temperature,

@@ -1,15 +1,18 @@
 """`targetrows bench --target T --draft D --prompts Q.jsonl`: our decoders against Hugging Face
-generation (plain, assisted by --assistant or a standalone draft, prompt lookup) on one pair and
-machine, interleaved prompt by prompt (`targetrows.bench.run`); a tidy CSV and a Markdown report
-under --out-dir."""
+generation (plain, assisted by --assistant or a standalone draft, prompt lookup) and any peer
+engines (`--peer`, `targetrows.bench.peer`) on one pair and machine, interleaved prompt by prompt
+(`targetrows.bench.run`); a tidy CSV and a Markdown report under --out-dir."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import sys
+import tempfile
 
+from targetrows.bench.peer import Peer, PeerSpec
 from targetrows.bench.run import BenchSettings
 from targetrows.core.checks import check_count
 
@@ -46,6 +49,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="standalone draft model (folder, .gguf, hub id) for Hugging Face "
                         "assisted generation, e.g. a distilled draft beside an EAGLE-3 head "
                         "--draft; default: --draft when it is a standalone model")
+    parser.add_argument("--peer", action="append", default=[], metavar="NAME=COMMAND",
+                        help="another engine, timed as method peer:NAME: a command speaking the "
+                        "JSON-lines protocol of targetrows.bench.peer, e.g. vllm='/opt/vllm/bin/"
+                        "python benchmarks/vllm_peer.py --target T --draft D' (repeatable)")
     parser.add_argument("--prompt-lookup-tokens", type=int,
                         default=BenchSettings.prompt_lookup_tokens, metavar="N",
                         help="candidates per round of Hugging Face prompt lookup decoding")
@@ -147,12 +154,25 @@ def run(args: argparse.Namespace) -> int:
               f"{row['new_tokens']:4d} tokens {row['tokens_per_s']:8.1f} tokens/s",
               file=sys.stderr, flush=True)
 
-    rows, context = run_bench(target, draft, prompts, settings, progress, assistant=assistant)
+    specs = [PeerSpec.parse(text) for text in args.peer]
+    if len({s.name for s in specs}) != len(specs):
+        raise ValueError("--peer: two peers with one name; name each NAME=COMMAND apart")
+    logs = tempfile.mkdtemp(prefix="targetrows-peers-") if specs else None
+    with contextlib.ExitStack() as stack:
+        peers = {}
+        for spec in specs:  # started after our models: each loads while nothing else runs
+            print(f"starting peer {spec.name} (its log: {logs}/{spec.name}.log)", file=sys.stderr)
+            peers[spec.method] = stack.enter_context(
+                Peer(spec, os.path.join(logs, f"{spec.name}.log")))
+        rows, context = run_bench(target, draft, prompts, settings, progress,
+                                  assistant=assistant, peers=peers)
+        context["peers"] = {m: f"{p.engine} {p.config}" for m, p in peers.items()}
+    context["lookup"] = bool(args.draft_lookup)  # which goal over ar applies
     prog = os.path.basename(sys.argv[0])
     prog = "targetrows" if prog in ("cli.py", "__main__.py") else prog  # python -m targetrows.cli
     head = report.header(settings, target, draft, len(prompts),
                          command=" ".join([prog] + sys.argv[1:]), note=args.note,
-                         assistant=assistant)
+                         assistant=assistant, peers=context["peers"])
     paths = report.write(args.out_dir, args.name, rows, context, head, settings)
     print(report.summary_markdown(report.summarize(rows, settings), settings))
     print(f"wrote {paths[0]} and {paths[1]}")
