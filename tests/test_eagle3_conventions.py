@@ -103,6 +103,15 @@ def test_the_heads_we_write_read_the_same_in_every_engine(target_hf, tmp_path, l
                                                 norm_before_residual=False)
 
 
+def test_a_head_reading_the_embedding_is_not_written(target_hf):
+    """Layer 0's input has no name among SGLang's layer outputs, where a missing id would fall
+    back to SGLang's default layers without a word: the writer refuses such a head."""
+    from targetrows.train.eagle3_init import layer_config
+
+    with pytest.raises(ValueError, match="layer 0's input"):
+        head_config_json(layer_config(target_hf.config), 100, target_hf.config, [0, 3, 6])
+
+
 # -- the published heads --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", list(published_heads.HEADS))

@@ -48,9 +48,10 @@ LEVELS = 3
 SEQ = [5, 17, 42, 9, 101, 33, 7, 250, 64, 12, 3]
 N_CONTEXT = 8  # the committed context is SEQ[:8]; SEQ[8:] are the teacher-forced chain
 # float64 throughout, but transformers' RMSNorm (which both libraries' layers use) normalises in
-# float32: the logits agree to float32 rounding; a misread layer, variant or table moves them
-# by orders of magnitude more
-TOLERANCE = dict(rtol=1e-5, atol=1e-5)
+# float32: the logits agree to float32 rounding, accumulated over the layer and up to three
+# levels (2e-5 seen on one CPU); a misread layer, variant or table moves them by orders of
+# magnitude more
+TOLERANCE = dict(rtol=1e-4, atol=1e-4)
 
 
 @pytest.fixture(scope="module")

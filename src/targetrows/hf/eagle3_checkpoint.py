@@ -336,10 +336,14 @@ def head_config_json(layer: dict, draft_vocab_size: int, target_config,
     n_layers = int(target_config.num_hidden_layers)
     inputs = sorted(int(i) for i in feature_layers or conventions.default_inputs(n_layers))
     if tuple(inputs) != conventions.default_inputs(n_layers):
+        if min(inputs) < 1:  # SGLang would fall back to its default layers without a word
+            raise ValueError(f"feature layers {inputs}: layer 0's input (the embedding) has no "
+                             "name in SGLang's and SpecForge's convention (layer outputs); "
+                             "choose layers 1 and above")
         config["eagle_aux_hidden_state_layer_ids"] = inputs  # vLLM, speculators: inputs
-        if min(inputs) >= 1:  # SGLang, SpecForge: the outputs of the layers before
-            config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in inputs],
-                                      "use_aux_hidden_state": True}
+        # SGLang, SpecForge: the outputs of the layers before
+        config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in inputs],
+                                  "use_aux_hidden_state": True}
     rope = getattr(target_config, "rope_parameters", None) or {}
     theta = rope.get("rope_theta", getattr(target_config, "rope_theta", None))
     if rope.get("rope_type", "default") not in ("default", None):
