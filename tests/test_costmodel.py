@@ -171,6 +171,8 @@ def test_auto_depth_follows_the_draft_cost():
     assert deep.depth == 3 and deep.depths == (1, 2, 3)
     shallow = calibration.auto_budget(*args, BudgetSearch(budgets=budgets), dear)
     assert shallow.depth < 3
+    # a budget above the chosen pool's size would cap nothing, and would mislabel the run
+    assert shallow.budget <= PoolShape(4, shallow.depth).size
     # each depth's predictions are those of its own pool (a budget below the depth drafts less)
     for row, depth in enumerate(shallow.depths):
         np.testing.assert_allclose(shallow.tokens_per_s[row], rounds.predicted_tokens_per_s(

@@ -115,6 +115,29 @@ def test_resume_keeps_the_budget_auto_chose(pair, prompts, tmp_path):
     assert [r["token_ids"] for r in out] == [r["token_ids"] for r in records]  # T=0: lossless
 
 
+def test_several_prompts_files_load_the_models_once_and_share_one_auto_pick(pair, prompts,
+                                                                           tmp_path):
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps({"question_id": 7, "category": "qa", "turns": ["Why?"]}) + "\n")
+    target, draft = pair
+    outs = [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]
+    argv = [sys.executable, "-m", "targetrows.cli", "decode", "--target", target, "--draft", draft,
+            "--prompts", str(prompts), str(other), "--max-new-tokens", "8", "--top-k", "4",
+            "--depth", "3", "--no-progress", "--decoder", "draft_rank", "--budgets", "5", "auto"]
+    proc = subprocess.run(argv + ["--out", *map(str, outs)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("budget auto ->") == 1  # one pick for both files
+    a, b = ([json.loads(line) for line in out.read_text().splitlines()] for out in outs)
+    assert {r["question_id"] for r in a} == {"q1", 2} and {r["question_id"] for r in b} == {7}
+    picks = {(r["budget"], r["depth"]) for r in a + b if r["budget_auto"]}
+    runs = {(r["budget"], r["depth"]) for r in a}  # (one, should auto pick budget 5 at depth 3)
+    assert len(picks) == 1 and len(a) == 2 * len(runs) and len(b) == len(runs)
+    proc = subprocess.run(argv + ["--out", str(outs[0])], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode != 0 and "one answers file per prompts file" in proc.stderr
+
+
 @pytest.mark.parametrize(
     "line, message",
     [

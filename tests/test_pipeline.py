@@ -61,11 +61,12 @@ def test_lint_reports_nothing(tmp_path):
     assert "Lints for" not in out
 
 
-def test_paper_config_plans_420_decode_jobs_offline(tmp_path):
+def test_paper_config_plans_one_decode_job_per_target_temperature_and_decoder(tmp_path):
     proc = snakemake("-n", "--configfile", str(REPO / "config" / "paper.yaml"), cwd=tmp_path,
                      check=True)
     counts = job_counts(proc.stdout)
-    assert counts["decode"] == 6 * 7 * 2 * 5
+    paper = yaml.safe_load((REPO / "config" / "paper.yaml").read_text())
+    assert counts["decode"] == 6 * 2 * len(paper["decode"]["decoders"])
     assert counts["record_rows"] == counts["score"] == 6 * 7 * 2
     assert counts["download_model"] == 10  # six targets, three EAGLE-3 heads, one small draft
     assert counts["prepare_prompts"] == 7
@@ -78,7 +79,7 @@ def test_default_config_plans_the_embedded_pair(tmp_path):
     counts = job_counts(proc.stdout)
     assert counts["build_target"] == counts["target_replies"] == counts["train_eagle3"] == 1
     assert "download_model" not in counts and "distill_draft" not in counts
-    assert counts["decode"] == 7 * 2 * 5
+    assert counts["decode"] == 2 * len(default_config()["decode"]["decoders"])
 
 
 def test_the_distilled_draft_is_the_default_configs_other_option(tmp_path):
@@ -89,7 +90,8 @@ def test_the_distilled_draft_is_the_default_configs_other_option(tmp_path):
     counts = job_counts(snakemake("-n", "--configfile", str(config), cwd=tmp_path,
                                   check=True).stdout)
     assert counts["build_target"] == counts["target_replies"] == counts["distill_draft"] == 1
-    assert "train_eagle3" not in counts and counts["decode"] == 7 * 2 * 5
+    assert "train_eagle3" not in counts
+    assert counts["decode"] == 2 * len(cfg["decode"]["decoders"])
 
 
 def test_a_local_eagle3_head_is_planned_as_the_draft(tmp_path):
@@ -105,7 +107,7 @@ def test_a_local_eagle3_head_is_planned_as_the_draft(tmp_path):
     counts = job_counts(proc.stdout)
     assert "distill_draft" not in counts and "train_eagle3" not in counts
     assert "target_replies" not in counts and counts["build_target"] == 1
-    assert counts["decode"] == 7 * 2 * 5
+    assert counts["decode"] == 2 * len(cfg["decode"]["decoders"])
     assert str(head) in proc.stdout  # the decode jobs read the head's folder
 
 
@@ -206,14 +208,32 @@ def test_a_matched_cap_equals_the_baselines_mean_tree_size():
     logs = [toy_log(1.0, top_k=4, depth=4)]
     curve = size_curve(logs, "first_token", 8)
     assert np.all(np.diff(curve) >= 0) and curve[0] <= 1
-    got = resolve("fts", [8, {"matched": 8}], answers, logs)
+    got = resolve("fts", [8, {"matched": 8}], 4, answers, logs)
     assert [c["budget"] for c in got][0] == 8 and got[1]["baseline_budget"] == 8
-    assert got[1]["budget"] == matched_cap(curve, 3.0)
+    assert got[1]["budget"] == matched_cap(curve, 3.0) and got[1]["depth"] == 4
     assert got[1]["baseline_mean_nodes"] == 3.0
     with pytest.raises(ValueError, match="no rounds at budget 16"):
-        resolve("fts", [{"matched": 16}], answers, logs)
+        resolve("fts", [{"matched": 16}], 4, answers, logs)
     with pytest.raises(ValueError, match="has no baseline"):
-        resolve("rerank", [{"matched": 8}], answers, logs)
+        resolve("rerank", [{"matched": 8}], 4, answers, logs)
+
+
+def test_an_auto_condition_is_what_its_answers_ran_at():
+    """An auto condition is compared with the baseline's own auto pick, and its budget and
+    depth are read back from the answers the decode job wrote (one pick for every task)."""
+    from targetrows.pipeline.conditions import fill_auto, resolve
+
+    got = resolve("fts", [8, "auto"], 4)
+    assert got[1]["baseline_budget"] == "auto" and got[1]["budget"] is None
+    answers = [{"budget": 8, "depth": 4, "budget_auto": False},
+               {"budget": 6, "depth": 2, "budget_auto": True},
+               {"budget": 6, "depth": 2, "budget_auto": True}]
+    filled = fill_auto(got, answers)
+    assert filled[0] == got[0] and (filled[1]["budget"], filled[1]["depth"]) == (6, 2)
+    with pytest.raises(ValueError, match="2 auto choices"):
+        fill_auto(got, answers + [{"budget": 9, "depth": 3, "budget_auto": True}])
+    with pytest.raises(ValueError, match="verifies no tree"):
+        resolve("ar", ["auto"], 4)
 
 
 def test_bundled_prompts_are_spec_bench_questions():
@@ -325,16 +345,25 @@ def test_default_dag_end_to_end_on_tiny_models_survives_an_interrupt(tmp_path):
             assert (work / "results" / "figures" / f"{name}.{ext}").stat().st_size > 1000
     assert not [p for p in (work / "results").rglob("*") if p.name.endswith((".tmp", ".partial"))]
 
-    # every decoder ran every prompt at each of its distinct budgets, recorded beside them
+    # every decoder ran every prompt at each of its distinct conditions, recorded in one
+    # conditions file per target x temperature x decoder; auto picked once for every task
     n_prompts = cfg["prompts"]["n"]
     for answers in (work / "results" / "decode").rglob("*.jsonl"):
-        decoder, conds = read_conditions(str(answers.with_suffix(".conditions.json")))
-        budgets = {c["budget"] for c in conds}
+        t = answers.parent.name
+        decoder, conds = read_conditions(
+            str(work / "results" / "conditions" / "tiny-llama" / t / f"{answers.stem}.json"))
+        runs = {(c["budget"], c["depth"]) for c in conds}
         assert decoder == answers.stem and len(conds) == len(decode_conditions(cfg, decoder))
-        assert len(answers.read_text().splitlines()) == n_prompts * len(budgets)
-    log = (work / "results" / "logs" / "decode" / "tiny-llama" / "gsm8k" / "T0" / "fts.log")
+        records = [json.loads(line) for line in answers.read_text().splitlines()]
+        assert len(records) == n_prompts * len(runs)
+        assert {(r["budget"], r["depth"]) for r in records} == runs
+        auto = [c for c in conds if c["spec"] == "auto"]
+        assert {(r["budget"], r["depth"]) for r in records if r["budget_auto"]} == {
+            (c["budget"], c["depth"]) for c in auto}
+    log = (work / "results" / "logs" / "decode" / "tiny-llama" / "T0" / "fts.log")
     assert "fts condition 2: {'matched': 8} -> budget" in log.read_text()
     assert "baseline pearl at 8" in log.read_text()
+    assert "budget auto ->" in log.read_text()
 
     import pandas as pd
 
@@ -344,8 +373,9 @@ def test_default_dag_end_to_end_on_tiny_models_survives_an_interrupt(tmp_path):
     assert set(acc["rule"]) == set(rule_names())
     assert len(acc) == len(rule_names()) * len(cfg["score"]["budgets"]) * len(cfg["temperatures"])
     gain = pd.read_csv(work / "results" / "tables" / "online_gain.csv")
-    fts = gain[(gain["decoder"] == "fts") & (gain["metric"] == "nodes")]
+    fts = gain[(gain["decoder"] == "fts") & (gain["metric"] == "nodes") & ~gain["auto"]]
     assert sorted(fts["baseline_budget"]) == sorted([3, 8, 8] * len(cfg["temperatures"]))
+    assert gain["auto"].sum() > 0  # auto picks compared with the baseline's auto picks
     online = pd.read_csv(work / "results" / "tables" / "online.csv")
     assert set(online["decoder"]) == set(cfg["decode"]["decoders"])
     assert (online.loc[online["decoder"] == "ar", "speedup"] == 1).all()

@@ -104,9 +104,9 @@ def test_a_registered_decoder_runs_everywhere(shallow, tmp_path):
 
     paths = []
     for name in ("ar", "shallow", "mystery"):
-        path = tmp_path / "p" / "t" / "T0" / f"{name}.conditions.json"
-        conds = resolve(name, [4]) if name != "mystery" else [{"condition": 0, "spec": 4,
-                                                                "budget": 4}]
+        path = tmp_path / "conditions" / "p" / "T0" / f"{name}.json"
+        conds = resolve(name, [4], 3) if name != "mystery" else [{"condition": 0, "spec": 4,
+                                                                   "budget": 4, "depth": 3}]
         write_conditions(str(path), name, conds)
         paths.append(str(path))
     with pytest.raises(ValueError, match="unknown decoder 'mystery'"):
@@ -114,7 +114,7 @@ def test_a_registered_decoder_runs_everywhere(shallow, tmp_path):
     plan = conditions(paths[:2])
     summary = pd.DataFrame({
         "pair": "p", "task": "t", "temperature": 0.0, "prompt_id": ["1", "1"],
-        "decoder": ["ar", "shallow"], "budget": [0, 4], "new_tokens": [24, 24],
+        "decoder": ["ar", "shallow"], "budget": [0, 4], "depth": [0, 3], "new_tokens": [24, 24],
         "wall_time": [1.0, 0.5], "rounds": [24, 10], "committed": [24, 24], "accepted": [0, 14],
         "nodes": [0, 40],
     })

@@ -32,7 +32,10 @@ needs_snakemake = pytest.mark.skipif(SNAKEMAKE is None, reason="snakemake is not
 CONFIG = REPO / "tests" / "pipeline_config" / "config.yaml"
 # the DAG on the cluster: the test configuration cut to one task and one temperature (15 jobs,
 # not 24); every rule and decoder still runs as a SLURM job, in each of the two runs
-SMALL_DAG = "temperatures: [0]\ntasks: [gsm8k]\n"
+# fixed budgets only: an auto pick follows this machine's timings, and the two runs (with and
+# without accounting) must write the same answers
+SMALL_DAG = ("temperatures: [0]\ntasks: [gsm8k]\n"
+             "decode: {budgets: [8, 3], decoder_budgets: {fts: [8, 3, {matched: 8}]}}\n")
 PROFILE = REPO / "workflow" / "profiles" / "slurm"
 RESULTS: dict[str, Path] = {}  # accounting or not -> the run's working directory
 
@@ -89,7 +92,7 @@ def test_job_resources_come_from_the_config_and_scale_with_the_models(tmp_path):
     assert {r.count("gpu=2") for r in res["decode"]} == {0, 1}  # 2 for rerank/fts/pearl, else 1
     assert all("gpu=1" in r and "mem_mb=4048" in r and "runtime=480" in r
                for r in res["record_rows"])  # 2000 MB + 2 x 1 GiB of weights
-    assert all("mem_mb=4048" in r and "runtime=240" in r for r in res["decode"])
+    assert all("mem_mb=4048" in r and "runtime=960" in r for r in res["decode"])
     # the replies and the head's training run on the CPU; the replies job holds a batch's cache
     assert all("gpu" not in r and "mem_mb=8048" in r for r in res["target_replies"])
     assert all("gpu" not in r and "mem_mb=4048" in r for r in res["train_eagle3"])
@@ -102,7 +105,7 @@ def test_job_resources_come_from_the_config_and_scale_with_the_models(tmp_path):
     # under the SLURM profile, command-line resources add to the config's instead of replacing
     res = dry_run_resources(work, "{}", "--workflow-profile", str(PROFILE), "--set-resources",
                             "decode:gpu=0", "--default-resources", "slurm_account=lab")
-    assert all("gpu=0" in r and "runtime=240" in r and "mem_mb=4048" in r and
+    assert all("gpu=0" in r and "runtime=960" in r and "mem_mb=4048" in r and
                "slurm_account=lab" in r for r in res["decode"])
     assert all("gpu=1" in r and "runtime=480" in r for r in res["record_rows"])
 
@@ -133,7 +136,8 @@ def workdir(tmp_path: Path) -> Path:
 
 
 def dag_config() -> dict:
-    return {**yaml.safe_load(CONFIG.read_text()), **yaml.safe_load(SMALL_DAG)}
+    cfg, small = yaml.safe_load(CONFIG.read_text()), yaml.safe_load(SMALL_DAG)
+    return {**cfg, **small, "decode": {**cfg["decode"], **small["decode"]}}
 
 
 def snakemake_slurm(work: Path, env: dict, *extra: str) -> subprocess.Popen:
@@ -193,7 +197,7 @@ def cancel_mid_decode(work: Path, env: dict, proc: subprocess.Popen,
     threading.Thread(target=poll_squeue, daemon=True).start()
     decode = work / "results" / "decode" / "tiny-llama"
     watched = {  # answers file -> the comment the SLURM executor gives its job
-        decode / task / f"T{t}" / f"{d}.jsonl": f"rule_decode_wildcards_tiny-llama_{task}_{t}_{d}"
+        decode / task / f"T{t}" / f"{d}.jsonl": f"rule_decode_wildcards_tiny-llama_{t}_{d}"
         for task in cfg["tasks"] for t in cfg["temperatures"] for d in cfg["decode"]["decoders"]
     }
     deadline = time.monotonic() + 900
@@ -243,14 +247,15 @@ def test_tiny_dag_on_slurm(cluster, tmp_path):
     assert len(list((work / "results" / "decode").rglob("*.jsonl"))) == n_decode
 
     # every job ran on the CPU, saying why: the fake GPUs are not devices SLURM can name
-    decode_log = (work / "results" / "logs" / "decode" / "tiny-llama" / "gsm8k" / "T0" /
+    decode_log = (work / "results" / "logs" / "decode" / "tiny-llama" / "T0" /
                   "pearl.log").read_text()
     assert "running on the CPU" in decode_log and "--target-device cpu" in decode_log
 
     if accounting:  # the plugin's default status command (sacct), answered by slurmdbd
         sacct = subprocess.run(["sacct", "-X", "-n", "-o", "JobID,State"], capture_output=True,
                                text=True, env=env, check=True).stdout
-        assert sacct.count("COMPLETED") >= n_decode, sacct
+        assert sacct.count("COMPLETED") >= len(cfg["temperatures"]) * len(
+            cfg["decode"]["decoders"]), sacct  # one decode job per temperature and decoder
     else:
         assert cancelled, "no decode job was caught mid-run"
         assert "SLURM status is: 'CANCELLED'" in (work / "snakemake.log").read_text()

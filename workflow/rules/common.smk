@@ -54,8 +54,8 @@ TEMPERATURES = [fmt_temperature(t) for t in config["temperatures"]]
 
 def decode_budgets(decoder, cfg=config):
     """The budget conditions a decoder runs: its own (decode.decoder_budgets), else
-    decode.budgets; one condition for a decoder without a tree (ar). A condition is a budget
-    or {matched: X} (targetrows.pipeline.conditions)."""
+    decode.budgets; one condition for a decoder without a tree (ar). A condition is a budget,
+    auto or {matched: X} (targetrows.pipeline.conditions)."""
     if not DECODERS[decoder].drafts:
         return [1]
     return cfg["decode"]["decoder_budgets"].get(decoder, cfg["decode"]["budgets"])
@@ -111,6 +111,11 @@ def check_config(cfg):
                 f"config key {key}: a matched cap needs {baseline}'s tree sizes; add {baseline} "
                 f"to decode.decoders or give {decoder} numeric budgets"
             )
+        if matched and DECODERS[decoder].learned:
+            raise WorkflowError(
+                f"config key {key}: a matched cap is found from the row logs' tree sizes of "
+                f"{decoder}'s rule, which takes a trained reranker; give it numeric budgets"
+            )
         missing = [x for x in matched if x not in decode_budgets(baseline, cfg)]
         if missing:
             raise WorkflowError(
@@ -125,7 +130,8 @@ def check_config(cfg):
         )
     pool = cfg["pool"]["top_k"] + (cfg["pool"]["depth"] - 1) * cfg["pool"]["top_k"] ** 2
     for key, budgets in (("decode.budgets", dec["budgets"]), ("score.budgets", cfg["score"]["budgets"])):
-        if max(budgets) > pool:
+        budgets = [b for b in budgets if isinstance(b, int)]  # auto picks within the pool
+        if budgets and max(budgets) > pool:
             raise WorkflowError(
                 f"config key {key}: budget {max(budgets)} exceeds the candidate pool of {pool} "
                 "nodes (pool.top_k + (pool.depth - 1) * pool.top_k^2); lower it or grow the pool"
@@ -243,8 +249,20 @@ def reranker_files(wildcards, rules=None):
                   name=LEARNED_RULES if rules is None else rules)
 
 
+def decode_answers():
+    """One decode job's answers: one file per task (wildcards target, temperature, decoder)."""
+    return expand("results/decode/{{target}}/{task}/T{{temperature}}/{{decoder}}.jsonl",
+                  task=config["tasks"])
+
+
 def decode_inputs(wildcards):
-    inputs = pair_inputs(wildcards)
+    """Target, draft and every task's prompts (in config order, as the answers), the reranker
+    of a learned decoder, and for a matched cap the baseline's runs and the row logs."""
+    inputs = {
+        "target": model_dir(wildcards.target),
+        "draft": model_dir(DRAFT_OF[wildcards.target]),
+        "prompts": [prompts_file(task) for task in config["tasks"]],
+    }
     if DECODERS[wildcards.decoder].learned:
         inputs["reranker"] = reranker_files(wildcards, [DECODERS[wildcards.decoder].rule])
     if any(isinstance(b, dict) for b in decode_budgets(wildcards.decoder)):
@@ -270,11 +288,20 @@ def gpu_lock_dir():
     return config.get("gpu_lock_dir") or ""
 
 
-def decode_outputs(ext="jsonl"):
+def decode_outputs():
     return expand(
-        f"results/decode/{{target}}/{{task}}/T{{temperature}}/{{decoder}}.{ext}",
+        "results/decode/{target}/{task}/T{temperature}/{decoder}.jsonl",
         target=TARGETS,
         task=config["tasks"],
+        temperature=TEMPERATURES,
+        decoder=config["decode"]["decoders"],
+    )
+
+
+def condition_outputs():
+    return expand(
+        "results/conditions/{target}/T{temperature}/{decoder}.json",
+        target=TARGETS,
         temperature=TEMPERATURES,
         decoder=config["decode"]["decoders"],
     )
@@ -310,7 +337,7 @@ def final_outputs():
 
 # Minutes each job may run, unless resources.runtime.<rule> says otherwise.
 RUNTIME = {"build_target": 60, "target_replies": 120, "distill_draft": 120, "train_eagle3": 120,
-           "decode": 240, "record_rows": 480}
+           "decode": 960, "record_rows": 480}  # a decode job runs every task
 # The memory of a job that loads models: a base for Python, torch and activations plus twice
 # the models' weights (loading holds a copy while the model is built; on the CPU they stay).
 BASE_MEM_MB = 2000

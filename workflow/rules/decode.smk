@@ -1,19 +1,20 @@
-# Online decoding: one job per target x task x temperature x decoder. The job resolves the
-# decoder's budget conditions (a matched cap from the baseline's runs and the row logs), writes
-# them beside the answers, runs them one after another (the models load once) and claims its
-# GPUs itself.
+# Online decoding: one job per target x temperature x decoder, over every task's prompts (the
+# models load once, and an `auto` condition is picked once for the pair and temperature). The
+# job resolves the decoder's budget conditions (a matched cap from the baseline's runs and the
+# row logs, `auto` from the cost model on this machine), runs them one after another, writes
+# them to a conditions file and claims its GPUs itself.
 
 
 rule decode:
     input:
         unpack(decode_inputs),
     output:
-        answers="results/decode/{target}/{task}/T{temperature}/{decoder}.jsonl",
-        conditions="results/decode/{target}/{task}/T{temperature}/{decoder}.conditions.json",
+        answers=decode_answers(),
+        conditions="results/conditions/{target}/T{temperature}/{decoder}.json",
     log:
-        "results/logs/decode/{target}/{task}/T{temperature}/{decoder}.log",
+        "results/logs/decode/{target}/T{temperature}/{decoder}.log",
     benchmark:
-        "results/benchmarks/decode/{target}/{task}/T{temperature}/{decoder}.tsv"
+        "results/benchmarks/decode/{target}/T{temperature}/{decoder}.tsv"
     params:
         budgets=lambda w: decode_budgets(w.decoder),
         max_new_tokens=config["decode"]["max_new_tokens"],

@@ -5,7 +5,7 @@
 rule summarise_decoding:
     input:
         answers=decode_outputs(),
-        conditions=decode_outputs("conditions.json"),
+        conditions=condition_outputs(),
     output:
         online="results/summary/online.csv",
         conditions="results/summary/conditions.csv",

@@ -10,6 +10,7 @@ rule train_reranker:
         models=expand("results/rerankers/{{target}}/T{{temperature}}/{name}.json",
                       name=LEARNED_RULES),
         report="results/rerankers/{target}/T{temperature}/report.md",
+        report_csv="results/rerankers/{target}/T{temperature}/report.csv",
     log:
         "results/logs/rerankers/{target}/T{temperature}.log",
     params:

@@ -1,20 +1,30 @@
-"""Snakemake job: one decoder on one target x task x temperature, all its budget conditions.
+"""Snakemake job: one decoder on one target x temperature, every task, all its budget conditions.
 
 Resolves the conditions (a matched cap from the baseline's runs and the row logs:
-`targetrows.pipeline.conditions`) and writes them beside the answers, claims its GPUs and calls
-`targetrows decode`, which resumes an interrupted job from OUT.partial and writes OUT atomically.
+`targetrows.pipeline.conditions`), claims its GPUs and calls `targetrows decode` once for every
+task's prompts (the models load once; an `auto` condition is picked once, on this machine),
+which resumes an interrupted job from OUT.partial and writes each OUT atomically. Then writes
+the conditions, with the `auto` choice read back from the answers.
 """
 
 import json
 import sys
 
 from targetrows.decoding.registry import get_decoder
-from targetrows.pipeline.conditions import resolve, write_conditions
+from targetrows.pipeline.conditions import fill_auto, is_auto, resolve, write_conditions
 from targetrows.pipeline.gpu_lock import run_claimed
 from targetrows.rowlog import format as rowlog
 
 
-def command(smk, budgets: list[int]):
+def read_answers(paths) -> list[dict]:
+    records = []
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            records += [json.loads(line) for line in f]
+    return records
+
+
+def command(smk, budgets: list):
     # ar verifies no tree: it runs once, and its answers say budget 0
     budget_args = ["--budgets", *map(str, budgets)] if get_decoder(smk.wildcards.decoder).drafts else []
     reranker = ["--reranker", *smk.input.reranker] if "reranker" in smk.input.keys() else []
@@ -25,37 +35,44 @@ def command(smk, budgets: list[int]):
             "--target", smk.input.target, "--draft", smk.input.draft,
             "--target-device", target_device, "--draft-device", draft_device,
             "--dtype", smk.params.dtype,
-            "--prompts", smk.input.prompts, "--decoder", smk.wildcards.decoder,
+            "--prompts", *smk.input.prompts, "--decoder", smk.wildcards.decoder,
             *budget_args, "--temperature", smk.wildcards.temperature,
             "--max-new-tokens", str(smk.params.max_new_tokens), "--seed", str(smk.params.seed),
             "--top-k", str(smk.params.top_k), "--depth", str(smk.params.depth),
             "--model-id", smk.wildcards.target, "--no-progress",
-            *reranker, *smk.params.trust, *smk.params.args, "--out", smk.output.answers,
+            *reranker, *smk.params.trust, *smk.params.args, "--out", *smk.output.answers,
         ]
     return argv
 
 
+def describe(decoder: str, c: dict) -> str:
+    if is_auto(c["spec"]):
+        return f"{decoder} condition {c['condition']}: auto (picked by targetrows decode)"
+    line = f"{decoder} condition {c['condition']}: {c['spec']} -> budget {c['budget']}"
+    if "baseline_mean_nodes" in c:
+        line += (f" (baseline {c['baseline']} at {c['baseline_budget']}: "
+                 f"{c['baseline_mean_nodes']:.2f} mean nodes; this rule's trees at the cap: "
+                 f"{c['rule_mean_nodes']:.2f})")
+    return line
+
+
 def main(smk) -> None:
-    decoder, specs = smk.wildcards.decoder, smk.params.budgets
+    decoder = smk.wildcards.decoder
     baseline, logs = [], []
     if "baseline" in smk.input.keys():
-        for path in smk.input.baseline:
-            with open(path, encoding="utf-8") as f:
-                baseline += [json.loads(line) for line in f]
+        baseline = read_answers(smk.input.baseline)
         logs = [rowlog.read(p) for p in smk.input.rows]
-    conditions = resolve(decoder, specs, baseline, logs)
+    conditions = resolve(decoder, smk.params.budgets, smk.params.depth, baseline, logs)
     with open(smk.log[0], "w") as log:
         for c in conditions:
-            print(f"{decoder} condition {c['condition']}: {c['spec']} -> budget {c['budget']}"
-                  + (f" (baseline {c['baseline']} at {c['baseline_budget']}: "
-                     f"{c['baseline_mean_nodes']:.2f} mean nodes; this rule's trees at the cap: "
-                     f"{c['rule_mean_nodes']:.2f})" if "baseline_mean_nodes" in c else ""),
-                  file=log)
-    budgets = list(dict.fromkeys(c["budget"] for c in conditions))
+            print(describe(decoder, c), file=log)
+    budgets = list(dict.fromkeys("auto" if is_auto(c["spec"]) else c["budget"]
+                                 for c in conditions))
     rc = run_claimed(command(smk, budgets), smk.resources.gpu, smk.log[0],
                      smk.params.lock_dir or None)
     if rc:
         sys.exit(f"targetrows decode failed with status {rc}; see {smk.log[0]}")
+    conditions = fill_auto(conditions, read_answers(smk.output.answers))
     write_conditions(smk.output.conditions, decoder, conditions)
 
 

@@ -5,9 +5,9 @@ expected_accepted      expected accepted draft tokens per pass against the budge
 accepted_vs_tree_size  the same against the mean non-root nodes actually verified (pearl's and
                        first_token's trees are smaller than their budget).
 relative_gains         gains with 95% CIs against the budget, one line per comparison.
-online                 tokens/s, speedup over ar, accepted draft tokens and non-root nodes per
-                       round, by decoder and budget condition (each bar labelled "decoder B=b"),
-                       per pair and temperature.
+online                 speedup over ar and accepted draft tokens per round with 95% CIs by
+                       prompt, one bar per run labelled with its condition ("fts B=16",
+                       "draft_rank auto: B=24 d=3"), per pair and temperature.
 """
 
 from __future__ import annotations
@@ -17,20 +17,16 @@ import matplotlib
 matplotlib.use("Agg")  # no display on servers and in CI
 
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from targetrows.decoding.registry import DECODERS, RULES  # noqa: E402
 
 from .frames import in_order  # noqa: E402
+from .online import RUN as RUN_KEYS  # noqa: E402
+from .online import condition_label  # noqa: E402
 from .output import save_figure  # noqa: E402
-
-ONLINE_METRICS = {
-    "tokens_per_s": "tokens/s",
-    "speedup": "speedup over ar",
-    "accepted_per_round": "accepted draft tokens / round",
-    "nodes_per_round": "non-root nodes / round",
-}
 
 
 def _facets(frame: pd.DataFrame, **kwargs):
@@ -87,36 +83,46 @@ def relative_gains(gains: pd.DataFrame):
     return fig
 
 
-def condition_label(run) -> str:
-    """'fts B=42', 'fts B=42 (= pearl 59)' for a matched cap, 'ar' for a decoder without a tree."""
-    if run.decoder in DECODERS and not DECODERS[run.decoder].drafts:
-        return run.decoder
-    label = f"{run.decoder} B={int(run.budget)}"
-    matched = getattr(run, "matched", False)
-    if pd.notna(matched) and bool(matched):
-        label += f" (= {run.baseline} {int(run.baseline_budget)})"
-    return label
+ONLINE_BARS = {  # metric: (its label, the CI columns)
+    "speedup": ("speedup over ar", "speedup_lo", "speedup_hi"),
+    "accepted_per_round": ("accepted draft tokens / round", "accepted_lo", "accepted_hi"),
+}
 
 
 def online(table: pd.DataFrame):
-    """Every decoder at every budget condition, each bar labelled with its budget."""
-    runs = table.drop_duplicates(["pair", "temperature", "decoder", "budget"])
-    runs = runs.sort_values(["decoder", "condition"])
-    runs = runs.assign(run=[condition_label(r) for r in runs.itertuples(index=False)])
-    order = [label for d in in_order(runs["decoder"], DECODERS)
-             for label in dict.fromkeys(runs.loc[runs["decoder"] == d, "run"])]
-    long = runs.melt(id_vars=["pair", "temperature", "run"],
-                     value_vars=list(ONLINE_METRICS), var_name="metric")
-    long["metric"] = long["metric"].map(ONLINE_METRICS)
-    grid = sns.catplot(data=long, x="run", y="value", hue="pair", col="metric",
-                       row="temperature", kind="bar", sharey=False, height=2.8, aspect=1.4,
-                       order=order)
-    grid.set_titles("{col_name}, T={row_name}")
-    grid.set_axis_labels("", "")
-    for ax in grid.axes.flat:
-        for label in ax.get_xticklabels():
-            label.set(rotation=45, ha="right", rotation_mode="anchor")
-    return grid.figure
+    """Speed-up over ar and accepted draft tokens per round of every run, with 95% CIs by
+    prompt: one row of panels per temperature, one panel per pair and metric; each panel has
+    only the runs made at its temperature, each bar labelled with its condition (budget, or
+    the auto pick's budget and depth)."""
+    runs = table.drop_duplicates(RUN_KEYS).copy()
+    runs["order"] = runs["decoder"].map(
+        {d: i for i, d in enumerate(in_order(runs["decoder"], DECODERS))})
+    runs = runs.sort_values(["order", "condition"])
+    pairs, temps = list(dict.fromkeys(runs["pair"])), sorted(runs["temperature"].unique())
+    ncols = len(pairs) * len(ONLINE_BARS)
+    fig, axes = plt.subplots(len(temps), ncols, squeeze=False,
+                             figsize=(3.6 * ncols, 2.9 * len(temps)))
+    names = in_order(runs["decoder"], DECODERS)
+    colors = dict(zip(names, sns.color_palette("deep", len(names)), strict=True))
+    for i, temp in enumerate(temps):
+        for j, (pair, (metric, (label, lo, hi))) in enumerate(
+                (p, m) for p in pairs for m in ONLINE_BARS.items()):
+            ax = axes[i, j]
+            mine = runs[(runs["pair"] == pair) & (runs["temperature"] == temp)]
+            x = np.arange(len(mine))
+            value = mine[metric].to_numpy(float)
+            err = np.abs(np.vstack([value - mine[lo].to_numpy(float),
+                                    mine[hi].to_numpy(float) - value]))
+            ax.bar(x, value, yerr=np.nan_to_num(err), capsize=2,
+                   color=[colors[d] for d in mine["decoder"]])
+            if metric == "speedup":
+                ax.axhline(1.0, color="0.4", linewidth=0.8, linestyle="--")
+            ax.set_xticks(x, [condition_label(r) for r in mine.itertuples(index=False)],
+                          rotation=45, ha="right", rotation_mode="anchor", fontsize=7)
+            ax.set_title(f"{label}, T={temp:g}" + (f"\n{pair}" if len(pairs) > 1 else ""),
+                         fontsize=9)
+    fig.tight_layout()
+    return fig
 
 
 def draw_all(accepted_csv: str, gains_csv: str, online_csv: str, outputs: dict, log) -> None:

@@ -1,10 +1,10 @@
 """The online runs: per-prompt totals read from the decoders' answer files, the budget
 conditions each decoder ran (a `matched` budget resolved in one place), and the online tables.
 
-`summarise` gives one row per pair x task x temperature x decoder x budget x prompt; columns:
-pair, task, temperature, decoder, budget, prompt_id, new_tokens, wall_time (seconds, all turns),
-rounds, committed, accepted (accepted draft tokens), nodes (non-root nodes verified),
-target_passes, draft_passes.
+`summarise` gives one row per pair x task x temperature x decoder x condition x prompt (a
+condition: a budget and pool depth); columns: pair, task, temperature, decoder, budget, depth,
+prompt_id, new_tokens, wall_time (seconds, all turns), rounds, committed, accepted (accepted
+draft tokens), nodes (non-root nodes verified), target_passes, draft_passes.
 """
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ import numpy as np
 import pandas as pd
 
 from targetrows.decoding.registry import DECODERS, get_decoder
-from targetrows.pipeline.conditions import is_matched, read_conditions
+from targetrows.pipeline.conditions import is_auto, is_matched, read_conditions
 
 from . import stats
 
 ROUND_SUMS = ["committed", "accepted", "nodes", "target_passes", "draft_passes"]
+RUN = ["pair", "temperature", "decoder", "budget", "depth"]  # what identifies one online run
 
 
 def answer_rows(path: str) -> list[dict]:
@@ -33,7 +34,8 @@ def answer_rows(path: str) -> list[dict]:
                 row = {
                     "pair": rec["model_id"], "task": rec["category"],
                     "temperature": float(rec["temperature"]), "decoder": rec["decoder"],
-                    "budget": int(rec["budget"]), "prompt_id": str(rec["question_id"]),
+                    "budget": int(rec["budget"]), "depth": int(rec["depth"]),
+                    "prompt_id": str(rec["question_id"]),
                     "new_tokens": int(sum(choice["new_tokens"])),
                     "wall_time": float(sum(choice["wall_time"])),
                     "rounds": len(rounds.get("committed", [])),
@@ -54,33 +56,75 @@ def summarise(paths: list[str]) -> pd.DataFrame:
 
 
 def conditions(paths: list[str]) -> pd.DataFrame:
-    """The decode jobs' condition files (`targetrows.pipeline.conditions`) as one table: pair,
-    temperature, decoder, condition, budget, baseline, baseline_budget, matched (a matched cap;
-    one row per condition: every task of a target and temperature runs the same conditions)."""
+    """The decode jobs' condition files (results/conditions/<target>/T<t>/<decoder>.json,
+    `targetrows.pipeline.conditions`) as one table: pair, temperature, decoder, condition,
+    budget, depth, baseline, baseline_budget, baseline_depth (the baseline run it is compared
+    with), matched (a matched cap), auto (picked by the cost model)."""
     rows = []
     for path in paths:
         parts = path.replace("\\", "/").split("/")
-        pair, temperature = parts[-4], float(parts[-2].removeprefix("T"))
+        pair, temperature = parts[-3], float(parts[-2].removeprefix("T"))
         decoder, conds = read_conditions(path)
         for c in conds:
             rows.append({"pair": pair, "temperature": temperature, "decoder": decoder,
                          "condition": c["condition"], "budget": c["budget"],
-                         "baseline": c.get("baseline"),
+                         "depth": c["depth"], "baseline": c.get("baseline"),
                          "baseline_budget": c.get("baseline_budget"),
-                         "matched": is_matched(c["spec"])})
+                         "matched": is_matched(c["spec"]), "auto": is_auto(c["spec"])})
     frame = pd.DataFrame(rows, columns=["pair", "temperature", "decoder", "condition", "budget",
-                                        "baseline", "baseline_budget", "matched"])
+                                        "depth", "baseline", "baseline_budget", "matched",
+                                        "auto"])
     for name in frame["decoder"].unique():
         get_decoder(name)  # an unknown decoder is an error, never a silent NaN row
-    return frame.drop_duplicates(["pair", "temperature", "decoder", "condition"],
-                                 ignore_index=True)
+    return _baseline_runs(frame)
 
 
-def online(decoding: pd.DataFrame, plan: pd.DataFrame) -> pd.DataFrame:
-    """Per pair x temperature x decoder x budget condition (a run that serves two conditions,
-    e.g. fts's matched cap equal to its other cap, appears under both)."""
-    keys = ["pair", "temperature", "decoder", "budget"]
-    g = decoding.groupby(keys)
+def _baseline_runs(frame: pd.DataFrame) -> pd.DataFrame:
+    """Each condition's baseline run as (baseline_budget, baseline_depth): the baseline's run
+    at that budget and the pool's depth, or for an auto condition the baseline's own auto run
+    (NaN where the baseline has none)."""
+    frame = frame.copy()
+    fixed = frame[~frame["auto"]].groupby(["pair", "temperature", "decoder"])["depth"].max()
+    auto = frame[frame["auto"]].set_index(["pair", "temperature", "decoder"])
+    budgets, depths = [], []
+    for row in frame.itertuples(index=False):
+        key = (row.pair, row.temperature, row.baseline)
+        if row.baseline is None or pd.isna(row.baseline):
+            budgets.append(np.nan)
+            depths.append(np.nan)
+        elif row.auto:
+            found = key in auto.index
+            budgets.append(auto.loc[key, "budget"] if found else np.nan)
+            depths.append(auto.loc[key, "depth"] if found else np.nan)
+        else:
+            budgets.append(row.baseline_budget)
+            depths.append(fixed.get(key, row.depth))
+    frame["baseline_budget"] = pd.array(budgets, dtype="Int64")
+    frame["baseline_depth"] = pd.array(depths, dtype="Int64")
+    return frame
+
+
+def _ratio_ci(num: np.ndarray, den: np.ndarray, n_boot: int, seed: int,
+              base_num: np.ndarray | None = None, base_den: np.ndarray | None = None):
+    """95% bootstrap interval (prompts resampled, `stats.interval`) of sum(num) / sum(den), or
+    with a base, of that over sum(base_num) / sum(base_den) (the arrays aligned by prompt)."""
+    if len(num) < 2:
+        return np.nan, np.nan
+    w = stats.bootstrap_weights(np.random.default_rng(seed), len(num), n_boot)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        boot = (w @ num) / (w @ den)
+        if base_num is not None:
+            boot = boot / ((w @ base_num) / (w @ base_den))
+    return stats.interval(boot, 0.95, len(num))
+
+
+def online(decoding: pd.DataFrame, plan: pd.DataFrame, n_boot: int = 2000,
+           seed: int = 0) -> pd.DataFrame:
+    """Per pair x temperature x decoder x condition (a run that serves two conditions, e.g.
+    fts's matched cap equal to its other cap, appears under both), with 95% CIs by prompt on
+    the speed-up (each prompt's time against ar's on the same prompt) and on accepted draft
+    tokens per round."""
+    g = decoding.groupby(RUN)
     s = g[["new_tokens", "wall_time", "rounds", "committed", "accepted", "nodes"]].sum()
     table = pd.DataFrame({
         "tokens_per_s": s["new_tokens"] / s["wall_time"],
@@ -93,7 +137,40 @@ def online(decoding: pd.DataFrame, plan: pd.DataFrame) -> pd.DataFrame:
     ar = table[table["decoder"] == "ar"].set_index(["pair", "temperature"])["tokens_per_s"]
     at = pd.MultiIndex.from_frame(table[["pair", "temperature"]])
     table["speedup"] = table["tokens_per_s"].to_numpy() / ar.reindex(at).to_numpy()
-    return table.merge(plan, on=keys, how="left")
+    prompts = per_prompt(decoding)
+    ar = prompts[prompts["decoder"] == "ar"]
+    cis = []
+    for (pair, temperature, *_), mine in prompts.groupby(RUN, sort=True):
+        both = mine.merge(ar[(ar["pair"] == pair) & (ar["temperature"] == temperature)],
+                          on="prompt", suffixes=("", "_ar"))
+        # speed-up: this run's tokens/s over ar's on the same prompts
+        speedup = _ratio_ci(*(both[c].to_numpy(float) for c in (
+            "new_tokens", "wall_time")), n_boot, seed, *(both[c].to_numpy(float) for c in (
+                "new_tokens_ar", "wall_time_ar")))
+        accepted = _ratio_ci(mine["accepted"].to_numpy(float), mine["rounds"].to_numpy(float),
+                             n_boot, seed)
+        cis.append((*speedup, *accepted))
+    # groupby(RUN) orders the runs alike in both loops
+    table[["speedup_lo", "speedup_hi", "accepted_lo", "accepted_hi"]] = np.array(cis, float)
+    return table.merge(plan, on=RUN, how="left")
+
+
+def condition_label(run) -> str:
+    """How a run is named in tables and figures: 'ar', 'fts B=16', 'fts B=6 (= pearl 16)' for a
+    matched cap, 'fts auto: B=24 d=3' for the cost model's pick (its budget and pool depth)."""
+    if run.decoder in DECODERS and not DECODERS[run.decoder].drafts:
+        return str(run.decoder)
+    if _flag(run, "auto"):
+        return f"{run.decoder} auto: B={int(run.budget)} d={int(run.depth)}"
+    label = f"{run.decoder} B={int(run.budget)}"
+    if _flag(run, "matched"):
+        label += f" (= {run.baseline} {int(run.baseline_budget)})"
+    return label
+
+
+def _flag(run, name: str) -> bool:
+    value = getattr(run, name, False)
+    return bool(pd.notna(value) and value)
 
 
 METRICS = {"accepted": "accepted draft tokens per round",
@@ -113,18 +190,22 @@ def per_prompt(decoding: pd.DataFrame) -> pd.DataFrame:
 
 def online_gains(decoding: pd.DataFrame, plan: pd.DataFrame, n_boot: int, seed: int):
     """Each decoder over its baseline, condition by condition: a condition is compared with the
-    baseline's run at its `baseline_budget` (the same budget, or the budget a matched cap was
-    matched at). Per metric (`METRICS`), the ratio of per-prompt values summed over prompts
-    minus 1, with a 95% bootstrap interval resampled by prompt; `n_undefined` counts the
-    replicates whose baseline total was zero (dropped from the interval)."""
+    baseline's run at its `baseline_budget` and `baseline_depth` (the same budget, the budget a
+    matched cap was matched at, or the baseline's own auto choice). Per metric (`METRICS`), the
+    ratio of per-prompt values summed over prompts minus 1, with a 95% bootstrap interval
+    resampled by prompt; `n_undefined` counts the replicates whose baseline total was zero
+    (dropped from the interval)."""
     runs = per_prompt(decoding[decoding["rounds"] > 0])
     values = {"accepted": "accepted_pr", "nodes": "nodes_pr", "tokens_per_s": "tokens_per_s"}
     out = []
-    compared = plan[plan["baseline"].notna() & plan["baseline"].isin(runs["decoder"])]
+    compared = plan[plan["baseline"].notna() & plan["baseline"].isin(runs["decoder"])
+                    & plan["baseline_budget"].notna()]
     for row in compared.itertuples(index=False):
         mine = runs[(runs["pair"] == row.pair) & (runs["temperature"] == row.temperature)]
-        a = mine[(mine["decoder"] == row.decoder) & (mine["budget"] == row.budget)]
-        b = mine[(mine["decoder"] == row.baseline) & (mine["budget"] == row.baseline_budget)]
+        a = mine[(mine["decoder"] == row.decoder) & (mine["budget"] == row.budget)
+                 & (mine["depth"] == row.depth)]
+        b = mine[(mine["decoder"] == row.baseline) & (mine["budget"] == row.baseline_budget)
+                 & (mine["depth"] == row.baseline_depth)]
         both = a.merge(b, on="prompt", suffixes=("", "_base"))
         if both.empty:
             continue
@@ -144,8 +225,10 @@ def online_gains(decoding: pd.DataFrame, plan: pd.DataFrame, n_boot: int, seed: 
                                   by=("pair", "temperature"), n_boot=n_boot, seed=seed)
             out.append({
                 "pair": row.pair, "temperature": row.temperature, "decoder": row.decoder,
-                "condition": row.condition, "budget": row.budget, "baseline": row.baseline,
-                "baseline_budget": int(row.baseline_budget), "metric": metric,
+                "condition": row.condition, "budget": row.budget, "depth": row.depth,
+                "auto": row.auto, "matched": row.matched, "baseline": row.baseline,
+                "baseline_budget": int(row.baseline_budget),
+                "baseline_depth": int(row.baseline_depth), "metric": metric,
                 "value": float(both[col].mean()), "baseline_value": float(both[col + "_base"].mean()),
                 "gain": float(g["gain"][0]), "lo": float(g["lo"][0]), "hi": float(g["hi"][0]),
                 "n_undefined": int(g["n_undefined"][0]), "n_prompts": int(g["n_prompts"][0]),

@@ -39,11 +39,11 @@ def paired_gain(table: dict, rule: str, baseline: str, metric: str = "accepted",
         ids, inverse = np.unique(cluster[mine], return_inverse=True)
         sum_a = np.bincount(inverse, a[mine], len(ids))
         sum_b = np.bincount(inverse, b[mine], len(ids))
-        weights = _weights(rng, len(ids), n_boot)
+        weights = bootstrap_weights(rng, len(ids), n_boot)
         with np.errstate(divide="ignore", invalid="ignore"):
             boot = weights @ sum_a / (weights @ sum_b) - 1.0
             gain = sum_a.sum() / sum_b.sum() - 1.0
-        lo, hi = _interval(boot, level, len(ids))
+        lo, hi = interval(boot, level, len(ids))
         rows.append((gain, lo, hi, int((~np.isfinite(boot)).sum()), len(ids), int(mine.sum())))
     out = {k: groups[k] for k in by}
     out.update(rule=np.full(len(rows), rule, dtype=object),
@@ -76,11 +76,11 @@ def equal_size_gain(table: dict, rule: str, baseline: str, by=GROUP[:3], n_boot:
             sums = [np.bincount(flat, w, shape[0] * shape[1]).reshape(shape)
                     for w in (table["accepted"][sel], table["nodes"][sel], None)]
             curves[name] = (budgets, *sums)
-        weights = np.vstack([np.ones(len(ids)), _weights(rng, len(ids), n_boot)])
+        weights = np.vstack([np.ones(len(ids)), bootstrap_weights(rng, len(ids), n_boot)])
         gains = _gains_at_baseline(weights, curves[rule], curves[baseline])  # [1 + n_boot, nb]
         budgets, acc_b, nodes_b, count_b = curves[baseline]
         for j, budget in enumerate(budgets):
-            lo, hi = _interval(gains[1:, j], level, len(ids))
+            lo, hi = interval(gains[1:, j], level, len(ids))
             rows.append(dict({k: keys[k][g] for k in by}, budget=budget,
                              nodes=nodes_b[:, j].sum() / count_b[:, j].sum(),
                              gain=gains[0, j], lo=lo, hi=hi,
@@ -161,12 +161,12 @@ def _codes(table: dict, cols) -> tuple[dict, np.ndarray]:
     return {c: keys[c] for c in cols}, code.reshape(-1)
 
 
-def _weights(rng: np.random.Generator, n: int, n_boot: int) -> np.ndarray:
+def bootstrap_weights(rng: np.random.Generator, n: int, n_boot: int) -> np.ndarray:
     """Bootstrap replicates as counts: how often each of n prompts is drawn, [n_boot, n]."""
     return rng.multinomial(n, np.full(n, 1.0 / n), size=n_boot).astype(np.float64)
 
 
-def _interval(boot: np.ndarray, level: float, n: int) -> tuple[float, float]:
+def interval(boot: np.ndarray, level: float, n: int) -> tuple[float, float]:
     """Expanded percentile interval (Hesterberg 2015): the percentile interval's tails are
     narrowed from alpha/2 to Phi(-sqrt(n / (n - 1)) t_{n-1}), which corrects its small-sample
     under-coverage. NaN for fewer than 2 prompts."""

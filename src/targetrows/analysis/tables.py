@@ -12,8 +12,9 @@ equal_size         the same at the baseline's mean tree size (`stats.equal_size_
 
 From the online runs (results/summary/online.csv, `targetrows.analysis.online`):
 
-online             tokens/s, speedup over ar, accepted draft tokens, non-root nodes and tokens
-                   committed per round, by decoder and budget condition.
+online             tokens/s, speedup over ar and accepted draft tokens per round (95% CIs by
+                   prompt), non-root nodes and tokens committed per round, by decoder and
+                   condition (a budget, a matched cap, or the cost model's auto pick).
 online_gain        each decoder over its baseline (`Decoder.baseline`), condition by condition
                    (a matched cap against the budget it was matched at): accepted draft tokens
                    per round, non-root nodes per round and tokens/s, paired by prompt, with 95%
@@ -36,7 +37,7 @@ from targetrows.decoding.registry import DECODERS, RULES
 
 from . import stats
 from .frames import ordered, tidy, with_ci
-from .online import METRICS, consistency, online, online_gains
+from .online import METRICS, condition_label, consistency, online, online_gains
 from .output import write_table
 
 SCORE_PATH = re.compile(r"(?P<target>[^/]+)/(?P<task>[^/]+)/T(?P<temperature>[^/]+)\.csv$")
@@ -88,6 +89,17 @@ def row_log_tables(paths: list[str], n_boot: int, seed: int):
             pd.concat(equal, ignore_index=True) if equal else pd.DataFrame())
 
 
+def _with_interval(frame: pd.DataFrame, value: str, lo: str, hi: str, fmt: str) -> list[str]:
+    """'1.23 [1.10, 1.35]' per row; the value alone where there is no interval (one prompt)."""
+    out = []
+    for v, a, b in zip(frame[value], frame[lo], frame[hi], strict=True):
+        text = fmt.format(v) if np.isfinite(v) else "n/a"
+        if np.isfinite(a) and np.isfinite(b):
+            text += f" [{fmt.format(a)}, {fmt.format(b)}]"
+        out.append(text)
+    return out
+
+
 def write_all(score_paths: list[str], decoding: pd.DataFrame, plan: pd.DataFrame, folder: str,
               n_boot: int, seed: int) -> None:
     """Every table, from the score tables, the online summary and the runs' conditions (`plan`,
@@ -114,31 +126,44 @@ def write_all(score_paths: list[str], decoding: pd.DataFrame, plan: pd.DataFrame
                 "Each rule over its baseline at the baseline's mean non-root nodes (the "
                 "baseline's budget and mean tree size shown; interpolated; 95% CI).")
 
-    table = online(decoding, plan)
+    table = online(decoding, plan, n_boot, seed)
     shown = ordered(table, "decoder", DECODERS).sort_values(
-        ["pair", "temperature", "decoder", "condition"])[
-        ["pair", "temperature", "decoder", "budget", "tokens_per_s", "speedup",
-         "accepted_per_round", "nodes_per_round", "committed_per_round"]]
+        ["pair", "temperature", "decoder", "condition"])
+    shown = shown.assign(
+        run=[condition_label(r) for r in shown.itertuples(index=False)],
+        speedup=_with_interval(shown, "speedup", "speedup_lo", "speedup_hi", "{:.2f}"),
+        accepted_per_round=_with_interval(shown, "accepted_per_round", "accepted_lo",
+                                          "accepted_hi", "{:.2f}"),
+    )[["pair", "temperature", "run", "tokens_per_s", "speedup", "accepted_per_round",
+       "nodes_per_round", "committed_per_round"]]
     write_table(table, shown, f"{folder}/online",
-                "Online decoding per decoder and budget: tokens/s, speedup over ar, and per "
-                "round accepted draft tokens, non-root nodes and committed tokens.")
+                "Online decoding per decoder and condition (B: budget; auto: the cost model's "
+                "pick of budget B and pool depth d on the machine that ran it): tokens/s, "
+                "speedup over ar and accepted draft tokens per round (95% CI by prompt), "
+                "non-root nodes and committed tokens per round.")
 
     gain = online_gains(decoding, plan, n_boot, seed)
     if len(gain):
         gain = ordered(gain, "decoder", DECODERS).sort_values(
             ["pair", "temperature", "decoder", "condition"])
-        shown = gain.assign(gain_ci=with_ci(gain)).pivot_table(
-            index=["pair", "temperature", "decoder", "budget", "baseline", "baseline_budget"],
+        shown = gain.assign(
+            gain_ci=with_ci(gain), run=[condition_label(r) for r in gain.itertuples(index=False)],
+            against=[f"{r.baseline} B={r.baseline_budget}"
+                     + (f" d={r.baseline_depth}" if r.auto else "")
+                     for r in gain.itertuples(index=False)],
+        ).pivot_table(
+            index=["pair", "temperature", "run", "against"],
             columns="metric", values="gain_ci", aggfunc="first", observed=True, sort=False)
         shown = shown[[m for m in METRICS if m in shown.columns]]
     else:
         shown = gain
     write_table(gain, shown, f"{folder}/online_gain",
-                "Online: each decoder at budget B over its baseline at baseline_budget (a "
-                "matched cap against the budget it was matched at): relative gain in accepted "
+                "Online: each decoder's run over its baseline's run it is compared with (a "
+                "matched cap against the budget it was matched at, an auto pick against the "
+                "baseline's auto pick): relative gain in accepted "
                 "draft tokens per round, non-root nodes per round and tokens/s (95% CI by "
                 "prompt; n_undefined in the CSV counts replicates without a ratio).")
 
-    cons = consistency(acc, table)
+    cons = consistency(acc, table[~table["auto"].fillna(False).astype(bool)])
     write_table(cons, cons, f"{folder}/consistency",
                 "Online decoders vs the scored expectation of their rule (accepted per round).")

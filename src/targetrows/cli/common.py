@@ -4,6 +4,7 @@ values every command validates the same way (each message names its option)."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 from targetrows.core.checks import check_budget, check_temperature
 from targetrows.core.pool import PoolShape
@@ -63,8 +64,10 @@ def add_reranker_argument(parser: argparse.ArgumentParser) -> None:
                         "score with")
 
 
-def rerankers_from(args: argparse.Namespace) -> dict:
-    """{rule: Reranker} from --reranker (a rule named twice is an error)."""
+def rerankers_from(args: argparse.Namespace, temperatures=()) -> dict:
+    """{rule: Reranker} from --reranker (a rule named twice is an error). A model trained on
+    row logs at another temperature than one of `temperatures` still runs (every decoder is
+    lossless), with a warning: what it learned about acceptance may not carry over."""
     from targetrows.core.rules.learned import Reranker
 
     out = {}
@@ -72,6 +75,12 @@ def rerankers_from(args: argparse.Namespace) -> dict:
         model = Reranker.load(path)
         if model.rule in out:
             raise ValueError(f"--reranker: two files for rule {model.rule!r}")
+        trained = model.meta.get("temperature")
+        other = [t for t in temperatures if trained is not None and float(t) != float(trained)]
+        if other:
+            print(f"warning: --reranker {path} was trained on row logs at temperature "
+                  f"{float(trained):g}, and this run decodes at {float(other[0]):g}; train one "
+                  "at that temperature with targetrows train-reranker", file=sys.stderr)
         out[model.rule] = model
     return out
 
@@ -161,7 +170,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, draft: bool = True) -> 
         "--dtype",
         default="auto",
         choices=["auto", *DTYPES],
-        help="weights dtype; auto: bfloat16 on GPU, float32 on CPU",
+        help="weights dtype; auto: bfloat16 wherever it is fast (a GPU, or a CPU with AMX or "
+        "AVX512-BF16), else float32",
     )
     if draft:
         parser.add_argument(
@@ -169,8 +179,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, draft: bool = True) -> 
             default=None,
             choices=["auto", *DTYPES],
             help="the draft's weights dtype (a draft only proposes tokens, so its precision "
-            "changes speed, never the output); default: --dtype, but under --dtype auto "
-            "bfloat16 wherever it is fast (a GPU, or a CPU with AMX or AVX512-BF16)",
+            "changes speed, never the output); default: --dtype's",
         )
     parser.add_argument(
         "--trust-remote-code",

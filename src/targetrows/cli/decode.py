@@ -1,5 +1,5 @@
-"""`targetrows decode --decoder D --prompts Q.jsonl --out A.jsonl`: one decoder over a prompts file,
-at each budget condition, into Spec-Bench answer lines (`targetrows.specbench.answers`)."""
+"""`targetrows decode --decoder D --prompts Q.jsonl... --out A.jsonl...`: one decoder over prompts
+files, at each budget condition, into Spec-Bench answer lines (`targetrows.specbench.answers`)."""
 
 from __future__ import annotations
 
@@ -13,26 +13,34 @@ from . import common
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     common.add_model_arguments(parser)
-    parser.add_argument("--prompts", required=True, help="prompts JSONL (Spec-Bench question format)")
+    parser.add_argument("--prompts", required=True, nargs="+",
+                        help="prompts JSONL files (Spec-Bench question format)")
     parser.add_argument("--decoder", required=True, choices=decoder_names())
     parser.add_argument("--budgets", type=common.budget_arg, nargs="+",
                         default=[common.DECODE.budget],
                         help="non-root nodes per tree, one condition each (ignored by ar); "
                              "auto: the budget and pool depth (at most --depth) of the best "
-                             "predicted tokens/s on this machine")
+                             "predicted tokens/s on this machine, one for all --prompts files")
     parser.add_argument("--temperature", type=float, default=0.0)
     common.add_decoding_arguments(parser, decoders=False)
     common.add_reranker_argument(parser)
     parser.add_argument("--model-id", default=None, help="model_id in the answers (default: target name)")
-    parser.add_argument("--out", required=True, help="answers JSONL to write")
+    parser.add_argument("--out", required=True, nargs="+",
+                        help="answers JSONL to write, one per --prompts file, in their order")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
 
 
 def run(args: argparse.Namespace) -> int:
-    from targetrows.specbench.answers import AnswerSettings, answer_file
+    from targetrows.specbench.answers import AnswerSettings, answer_files
     from targetrows.specbench.questions import read_questions
 
-    read_questions(args.prompts)  # a bad file fails before any model loads
+    if len(args.out) != len(args.prompts):
+        raise SystemExit(f"--out names {len(args.out)} files for {len(args.prompts)} --prompts "
+                         "files; give one answers file per prompts file")
+    if len(set(map(os.path.abspath, args.out))) != len(args.out):
+        raise SystemExit("--out names one answers file twice; give each prompts file its own")
+    for path in args.prompts:  # a bad file fails before any model loads
+        read_questions(path)
     common.check_budgets(args.budgets, "--budgets")
     common.check_temperatures([args.temperature])
     common.check_draft([args.decoder], args.draft)
@@ -45,5 +53,5 @@ def run(args: argparse.Namespace) -> int:
         draft_name=common.draft_label(args), dtype=args.dtype, progress=args.progress,
     )
     target, draft, tokenizer = common.load_from_args(args)
-    answer_file(target, draft, tokenizer, args.prompts, args.out, settings)
+    answer_files(target, draft, tokenizer, list(zip(args.prompts, args.out, strict=True)), settings)
     return 0

@@ -250,7 +250,11 @@ def auto_budget(
                                replace(pool, depth=d), budgets)
         for d, c, n in zip(depths, committed, nodes, strict=True)
     ])
-    best_depth, best = best_depth_budget(depths, budgets, tps)
+    # a budget above a shallow pool's size caps nothing: it is that pool at a smaller budget
+    sizes = np.array([replace(pool, depth=d).size for d in depths])
+    fits = np.asarray(budgets)[None, :] <= sizes[:, None]
+    fits[:, 0] = True  # (the smallest budget stays, in case none fits)
+    best_depth, best = best_depth_budget(depths, budgets, np.where(fits, tps, -np.inf))
     return BudgetChoice(best, best_depth, tuple(budgets), tuple(depths), _nested(tps),
                         _nested(committed), _nested(nodes), parts)
 

@@ -1,7 +1,10 @@
 """Budget conditions of the online runs, and the matched cap: one place for both.
 
 A decoder runs a list of budget conditions (config `decode.budgets`, or its own
-`decode.decoder_budgets`). Each condition is a budget (non-root nodes per tree) or
+`decode.decoder_budgets`). Each condition is a budget (non-root nodes per tree, at the pool's
+depth); ``"auto"``: the budget and pool depth the cost model predicts fastest on the machine
+that runs the job (`targetrows.cost.calibration.auto_budget`, picked once per pair,
+temperature and decoder, compared with the baseline's own `auto` condition); or
 ``{"matched": X}``: the cap at which the decoder's mean non-root nodes per round equals its
 baseline's (`Decoder.baseline`) measured online at budget X, found from the row logs' curve of
 the decoder's rule's mean tree size against budget (`matched_cap`). The paper's speed
@@ -22,13 +25,22 @@ import numpy as np
 from targetrows.core.atomic import atomic_write_text
 from targetrows.decoding.registry import get_decoder
 
+AUTO = "auto"
+
 
 def is_matched(spec) -> bool:
     return isinstance(spec, dict)
 
 
-def baseline_budget(spec) -> int:
-    """The baseline's budget a condition is compared with: its own, or the matched one's X."""
+def is_auto(spec) -> bool:
+    return spec == AUTO
+
+
+def baseline_budget(spec) -> int | str:
+    """The baseline's condition a condition is compared with: its own budget, the matched
+    one's X, or the baseline's own "auto"."""
+    if is_auto(spec):
+        return AUTO
     return int(spec["matched"]) if is_matched(spec) else int(spec)
 
 
@@ -61,18 +73,26 @@ def matched_cap(curve: np.ndarray, target_nodes: float) -> int:
     return int(np.argmin(np.abs(np.asarray(curve) - target_nodes)) + 1)
 
 
-def resolve(decoder: str, specs: Sequence, baseline_answers: Sequence[dict] = (),
+def resolve(decoder: str, specs: Sequence, depth: int, baseline_answers: Sequence[dict] = (),
             logs=()) -> list[dict]:
-    """Each condition of `decoder` as {condition, spec, budget, baseline, baseline_budget} plus,
-    for a matched one, the baseline's mean nodes and the rule's mean nodes at the chosen cap."""
+    """Each condition of `decoder` as {condition, spec, budget, depth, baseline,
+    baseline_budget} (pool `depth` for a fixed or matched budget) plus, for a matched one, the
+    baseline's mean nodes and the rule's mean nodes at the chosen cap. An "auto" condition's
+    budget and depth are None until the decode job has picked them (`fill_auto`)."""
     entry = get_decoder(decoder)
     out = []
     curve = None
     for i, spec in enumerate(specs):
-        row = {"condition": i, "spec": spec, "baseline": entry.baseline}
+        row = {"condition": i, "spec": spec, "baseline": entry.baseline,
+               "depth": depth if entry.drafts else 0}  # ar's answers: budget 0, depth 0
         if entry.drafts and entry.baseline is not None:
             row["baseline_budget"] = baseline_budget(spec)
-        if is_matched(spec):
+        if is_auto(spec):
+            if not entry.drafts:
+                raise ValueError(f"decoder {decoder!r} verifies no tree: it has no budget to "
+                                 "pick; drop its auto condition")
+            row.update(budget=None, depth=None)
+        elif is_matched(spec):
             if entry.baseline is None:
                 raise ValueError(f"decoder {decoder!r} has no baseline to match its cap to; "
                                  "give it numeric budgets")
@@ -85,6 +105,21 @@ def resolve(decoder: str, specs: Sequence, baseline_answers: Sequence[dict] = ()
         else:
             row["budget"] = int(spec) if entry.drafts else 0  # ar's answers say budget 0
         out.append(row)
+    return out
+
+
+def fill_auto(conditions: list[dict], answers: Sequence[dict]) -> list[dict]:
+    """The conditions with "auto" resolved to the (budget, depth) its answers ran at."""
+    picked = {(int(a["budget"]), int(a["depth"])) for a in answers if a.get("budget_auto")}
+    out = []
+    for c in conditions:
+        if is_auto(c["spec"]):
+            if len(picked) != 1:
+                raise ValueError(f"the answers hold {len(picked)} auto choices, not one: "
+                                 f"{sorted(picked)}")
+            (budget, depth), = picked
+            c = {**c, "budget": budget, "depth": depth}
+        out.append(c)
     return out
 
 

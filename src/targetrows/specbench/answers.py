@@ -1,14 +1,16 @@
-"""Spec-Bench answers out: decoding a prompts file with one decoder, at each budget, into answer
-JSONL (`targetrows decode`).
+"""Spec-Bench answers out: decoding prompts files with one decoder, at each budget condition,
+into answer JSONL (`targetrows decode`).
 
 An answer line carries Spec-Bench's fields (``question_id``, ``category``, ``model_id``,
 ``choices: [{index, turns, new_tokens, wall_time, decoding_steps, accept_lengths}]``) plus
 targetrows' own: the decoder, its condition and per-round statistics.
 
-The models load once; every budget condition runs over every prompt (MT-bench's second turn is
+The models load once for every prompts file, and `--budgets auto` picks one budget and depth
+for all of them; every budget condition runs over every prompt (MT-bench's second turn is
 asked after the decoder's own first answer, as in Spec-Bench). Each finished (prompt, budget)
 answer is appended to ``OUT.partial`` at once, so an interrupted job resumes where it stopped;
-the complete file appears under its final name only at the end (temp file, then rename).
+a complete answers file appears under its final name only when its prompts are done (temp
+file, then rename).
 Seeds are derived per prompt, turn and budget, so a resumed run writes the same tokens as an
 uninterrupted one.
 """
@@ -21,7 +23,7 @@ import json
 import os
 import sys
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from targetrows.core.atomic import atomic_write_text, remove_stale_temps
 from targetrows.cost.calibration import auto_budget
@@ -152,69 +154,108 @@ class AnswerSettings:
                 f"{prompts_digest}{reranker}")
 
 
-def answer_file(target, draft, tokenizer, prompts_path: str, out: str,
-                s: AnswerSettings) -> None:
-    """Decode every question of `prompts_path` at every budget condition into the answers file
-    `out` (one line per question and budget), resuming from ``out.partial``. A condition is a
-    (budget, pool depth): an integer budget runs at the pool's depth, "auto" at the depth it
-    picks."""
-    from .chat import encode_conversation, stop_ids
+@dataclasses.dataclass
+class _Job:
+    """One prompts file and the answers file it becomes, with what an interrupted run left."""
 
-    base, depth = s.decode, s.decode.pool.depth
-    decoder = base.decoder
-    questions = read_questions(prompts_path)
-    drafts = get_decoder(decoder).drafts
-    budgets = list(dict.fromkeys(s.budgets)) if drafts else [0]  # ar: one condition, budget 0
-    if not drafts:
-        draft = None
-    for q in questions:  # first turns too long for the models fail before anything is written
-        ids = encode_conversation(tokenizer, [("user", q.turns[0])])
-        check_question(target, draft, q, 0, ids, base)
-    model_id = s.model_id
+    prompts: str
+    out: str
+    questions: list
+    fingerprint: str
+    interrupted: list
+
+    @property
+    def partial(self) -> str:
+        return self.out + ".partial"
+
+
+def _open_job(prompts_path: str, out: str, s: AnswerSettings) -> _Job:
     # answers in OUT.partial are reused only under the same settings and the same prompts file
     with open(prompts_path, "rb") as f:
         fingerprint = s.fingerprint(hashlib.sha256(f.read()).hexdigest()[:16])
-    partial = out + ".partial"
-    for path in (out, partial):  # a job killed mid-write (SIGKILL) left its temp file behind
+    for path in (out, out + ".partial"):  # a job killed mid-write (SIGKILL) left its temp file
         remove_stale_temps(path)
-    interrupted = list(_partial_records(partial))
-    auto = None  # the (budget, depth) that --budgets auto chose
-    if "auto" in budgets:
-        # timings differ from run to run: a resumed run keeps the interrupted run's choice
-        auto = _auto_choice_of(interrupted, fingerprint, depth)
+    return _Job(prompts_path, out, read_questions(prompts_path), fingerprint,
+                list(_partial_records(out + ".partial")))
+
+
+def _auto_choice(target, draft, tokenizer, jobs: list[_Job], s: AnswerSettings):
+    """The (budget, depth) of the "auto" condition, one for every prompts file: an interrupted
+    run's choice (timings differ from run to run, so a resumed run keeps it), else the cost
+    model's pick (`auto_budget`), timed and calibrated on each file's first question."""
+    from .chat import encode_conversation
+
+    depth = s.decode.pool.depth
+    for job in jobs:
+        auto = _auto_choice_of(job.interrupted, job.fingerprint, depth)
         if auto is not None:
-            print(f"{decoder}: budget auto -> {auto[0]} at depth {auto[1]}, as chosen by the "
-                  f"interrupted run ({partial})", file=sys.stderr)
-        else:  # timed and calibrated on the first question's first turn
-            first = encode_conversation(tokenizer, [("user", questions[0].turns[0])])
-            choice = auto_budget(target, draft, base, [first])
-            print(f"{decoder}: {choice.describe()}", file=sys.stderr)
-            auto = (choice.budget, choice.depth)
-    conditions = sorted({auto if b == "auto" else (b, depth) for b in budgets}, reverse=True)
+            print(f"{s.decode.decoder}: budget auto -> {auto[0]} at depth {auto[1]}, as chosen "
+                  f"by the interrupted run ({job.partial})", file=sys.stderr)
+            return auto
+    firsts = [encode_conversation(tokenizer, [("user", job.questions[0].turns[0])])
+              for job in jobs]
+    choice = auto_budget(target, draft, s.decode, firsts)
+    print(f"{s.decode.decoder}: {choice.describe()}", file=sys.stderr)
+    return choice.budget, choice.depth
+
+
+def answer_files(target, draft, tokenizer, files: Sequence[tuple[str, str]],
+                 s: AnswerSettings) -> None:
+    """Decode every question of each (prompts file, answers file) pair at every budget condition
+    into its answers file (one line per question and condition), resuming from ``OUT.partial``.
+    A condition is a (budget, pool depth): an integer budget runs at the pool's depth, "auto" at
+    the budget and depth the cost model picks once for all the files. Each answers file appears
+    complete under its name (temp file, then rename) as soon as its prompts are done."""
+    from .chat import encode_conversation
+
+    base, depth = s.decode, s.decode.pool.depth
+    drafts = get_decoder(base.decoder).drafts
+    budgets = list(dict.fromkeys(s.budgets)) if drafts else [0]  # ar: one condition, budget 0
+    if not drafts:
+        draft = None
+    jobs = [_open_job(prompts, out, s) for prompts, out in files]
+    for job in jobs:  # first turns too long for the models fail before anything is written
+        for q in job.questions:
+            ids = encode_conversation(tokenizer, [("user", q.turns[0])])
+            check_question(target, draft, q, 0, ids, base)
+    auto = _auto_choice(target, draft, tokenizer, jobs, s) if "auto" in budgets else None
+    conditions = sorted({auto if b == "auto" else (b, depth if drafts else 0) for b in budgets},
+                        reverse=True)  # ar's one condition: budget 0, no pool
+    for job in jobs:
+        _answer_job(target, draft, tokenizer, job, conditions, auto, s)
+
+
+def _answer_job(target, draft, tokenizer, job: _Job, conditions, auto, s: AnswerSettings):
+    from .chat import stop_ids
+
+    base, depth, questions, fingerprint = s.decode, s.decode.pool.depth, job.questions, \
+        job.fingerprint
     stops = frozenset(stop_ids(tokenizer, target))
     keys = {(str(q.question_id), b, d, fingerprint) for q in questions for b, d in conditions}
-    done = _finished(interrupted, keys, depth)
+    done = _finished(job.interrupted, keys, depth)
     # keep what survived (atomically: a kill now must not lose it), then append; a run that
     # fails before its first answer leaves no file behind
     if done:
-        write_jsonl_atomic(partial, done.values())
-    elif os.path.exists(partial):
-        os.unlink(partial)
+        write_jsonl_atomic(job.partial, done.values())
+    elif os.path.exists(job.partial):
+        os.unlink(job.partial)
     todo = [(b, d, q) for b, d in conditions for q in questions
             if (str(q.question_id), b, d, fingerprint) not in done]
-    bar = _progress(len(todo), s.progress, f"{decoder} {model_id}")
+    bar = _progress(len(todo), s.progress, f"{base.decoder} {s.model_id}")
     for budget, at_depth, question in todo:
-        config = dataclasses.replace(base, budget=max(budget, 1), stop_ids=stops,
-                                     pool=dataclasses.replace(base.pool, depth=at_depth))
+        config = dataclasses.replace(base, budget=max(budget, 1), stop_ids=stops)
+        if at_depth:  # (ar's condition has no pool: depth 0)
+            config = dataclasses.replace(config, pool=dataclasses.replace(base.pool,
+                                                                          depth=at_depth))
         if base.reranker is not None:  # cross-fitted: a model that never saw this question
             config = dataclasses.replace(config, reranker=base.reranker.for_prompt(
                 prompt_key(question)))
         texts, results = decode_question(target, draft, tokenizer, question, config)
-        condition = {"decoder": decoder, "budget": budget, "depth": at_depth,
+        condition = {"decoder": base.decoder, "budget": budget, "depth": at_depth,
                      "budget_auto": (budget, at_depth) == auto, "temperature": base.temperature,
                      "seed": base.seed, "fingerprint": fingerprint}
-        record = answer_record(question, model_id, condition, texts, results)
-        with open(partial, "a", encoding="utf-8") as f:
+        record = answer_record(question, s.model_id, condition, texts, results)
+        with open(job.partial, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
             f.flush()
             os.fsync(f.fileno())
@@ -223,9 +264,9 @@ def answer_file(target, draft, tokenizer, prompts_path: str, out: str,
     bar.close()
     ordered = [done[(str(q.question_id), b, d, fingerprint)] for b, d in conditions
                for q in questions]
-    write_jsonl_atomic(out, ordered)
-    if os.path.exists(partial):
-        os.unlink(partial)
+    write_jsonl_atomic(job.out, ordered)
+    if os.path.exists(job.partial):
+        os.unlink(job.partial)
 
 
 def answer_record(
