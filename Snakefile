@@ -15,6 +15,7 @@ report: "workflow/report/workflow.rst"
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/models.smk"
+include: "workflow/rules/agreement.smk"
 include: "workflow/rules/prompts.smk"
 include: "workflow/rules/decode.smk"
 include: "workflow/rules/rows.smk"

@@ -176,6 +176,12 @@ def trained_from():
                    + models_from("train_eagle3")})
 
 
+def trained_drafts():
+    """Drafts a pair uses that the pipeline trains (their agreement is measured)."""
+    trained = set(models_from("distill") + models_from("train_eagle3"))
+    return sorted(set(DRAFT_OF.values()) & trained)
+
+
 def replies_dir(model):
     """The replies folder a trained model reads: its target's, shared by both trainings."""
     return f"resources/replies/{config['models'][model]['target']}"
@@ -328,8 +334,10 @@ FIGURES = ["expected_accepted", "accepted_vs_tree_size", "relative_gains", "onli
 
 
 def final_outputs():
-    return expand("results/tables/{name}.{ext}", name=TABLES, ext=["csv", "md", "tex"]) + expand(
-        "results/figures/{name}.{ext}", name=FIGURES, ext=["png", "pdf"]
+    return (
+        expand("results/tables/{name}.{ext}", name=TABLES, ext=["csv", "md", "tex"])
+        + expand("results/figures/{name}.{ext}", name=FIGURES, ext=["png", "pdf"])
+        + expand("results/tables/draft_agreement_{model}.md", model=trained_drafts())
     )
 
 

@@ -28,6 +28,8 @@ COMMANDS = {
                        "on row logs"),
     "inspect-head": ("targetrows.cli.inspect_head", "show how an EAGLE-3 head is read, and "
                      "whether it fits a target"),
+    "agreement": ("targetrows.cli.agreement", "how often a draft agrees with its target, per "
+                  "task, on prompts its training never read"),
     "bench": ("targetrows.cli.bench", "time the decoders against Hugging Face generation"),
 }
 

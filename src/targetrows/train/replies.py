@@ -232,12 +232,15 @@ def shared_prefix(prompts: list[list[int]]) -> int:
 
 
 def teacher_data(model, prompts: list[list[int]], config: RepliesConfig, stop: set[int],
-                 desc: str, deadline: float | None = None,
-                 learn_prompts: bool = False) -> TeacherData:
+                 desc: str, deadline: float | None = None, learn_prompts: bool = False,
+                 layers: Sequence[int] | None = None) -> TeacherData:
     """The target's greedy replies to `prompts`, in batches of similar length (sorted), in the
     prompts' order; prompts not reached before `deadline` (perf_counter) are left out. With
-    `learn_prompts`, labelled from the end of the prompts' shared header on."""
-    layers = default_feature_layers(model.config.num_hidden_layers) if config.features else ()
+    `learn_prompts`, labelled from the end of the prompts' shared header on. `layers`: the
+    feature layers kept (default: EAGLE-3's, when `config.features`)."""
+    if layers is None:
+        layers = default_feature_layers(model.config.num_hidden_layers) if config.features else ()
+    layers = tuple(sorted(layers))
     shared = shared_prefix(prompts) if learn_prompts and prompts else None
     label_from = [len(p) - 1 if shared is None else max(min(shared, len(p)) - 1, 0)
                   for p in prompts]
