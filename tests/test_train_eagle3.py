@@ -123,6 +123,36 @@ def test_reply_rows_line_up_with_the_positions_they_predict():
                                                for t in want[b]]
 
 
+def test_the_out_of_vocabulary_mask_drops_the_positions_whose_argmax_the_head_cannot_draft():
+    """With mask_outside_vocab (EAGLE's and SpecForge's loss mask), a position counts only when
+    the target's argmax there is a draft token; each step's loss is the soft cross-entropy over
+    the positions kept, computed here from plain formulas."""
+    target_hf = tiny_model(n_layers=N_LAYERS)
+    gen = torch.Generator().manual_seed(4)
+    seqs = [torch.randint(0, 200, (n,), generator=gen).tolist() for n in (10, 13)]
+    data = exact_data(target_hf, seqs, [3, 5])
+    best = data.top[:, 0].long().unique()
+    draft_ids = torch.tensor(sorted(set(range(0, 260, 2)) | set(best[::2].tolist())))
+    head, _ = ei.new_head(target_hf, draft_ids, LAYERS, init_from_target=True, seed=0)
+    embed = target_hf.get_input_embeddings()
+    target_w = target_hf.lm_head.weight[draft_ids].detach()
+    f_off, h_off = et.offsets(data)
+    batch = et.make_batch(data, [0, 1], 2, f_off, h_off)
+    config = et.Eagle3TrainConfig(ttt_steps=2, mask_outside_vocab=True)
+    with torch.no_grad():
+        got = et.batch_loss(head, embed, batch, config, target_w)
+        want, kept, dropped = 0.0, 0, 0
+        for k, g in et.unrolled(head, embed, batch, 2):
+            mask, rows = et.step_rows(batch, k)
+            keep = torch.isin(batch.best[rows], draft_ids)
+            kept, dropped = kept + int(keep.sum()), dropped + int((~keep).sum())
+            z = head.lm_head(head.norm(g[mask][keep]))
+            p = torch.softmax(batch.hidden[rows[keep]] @ target_w.T, -1)
+            want += 0.8 ** k * (z.logsumexp(-1) - (p * z).sum(-1)).mean()
+    assert kept and dropped
+    torch.testing.assert_close(got, torch.as_tensor(want, dtype=got.dtype), rtol=1e-5, atol=1e-5)
+
+
 def test_batched_replies_keep_the_features_of_every_position_fed():
     target = tiny_model(n_layers=N_LAYERS)
     prompts = [[5, 17, 42, 7], [200, 3, 9, 9, 31, 8, 2], [64, 1]]

@@ -34,6 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-init-layer", dest="init_layer", action="store_false",
                         help="start the head's layer at random, not as a copy of the target "
                         "layer that reads the last feature layer")
+    parser.add_argument("--mask-outside-vocab", action="store_true",
+                        help="leave out of the loss the positions whose target argmax is outside "
+                        "the draft vocabulary (as EAGLE and SpecForge train)")
     parser.add_argument("--freeze-lm-head", dest="train_lm_head", action="store_false",
                         help="keep lm_head at the target's rows (with its initialisation)")
     parser.add_argument("--device", default=d.device,

@@ -62,6 +62,9 @@ class Eagle3TrainConfig:
     init_from_target: bool = True  # lm_head and norm from the target's output rows and norm
     # the layer from the target layer that reads the last feature layer (eagle3_init.py)
     init_layer: bool = True
+    # drop the positions whose target argmax lies outside the draft vocabulary from the loss
+    # (EAGLE's and SpecForge's `loss_mask`); off: every position teaches the renormalised row
+    mask_outside_vocab: bool = False
     eval_depth: int = 4  # chain depths reported on held-out replies
     device: str = "cpu"  # where the target (for replies generated now) and the head run
     autocast: str = "auto"  # dtype of the matrix products (auto: bfloat16 where it is fast)
@@ -81,6 +84,7 @@ class Batch:
     rows: torch.Tensor  # [B, L + K]
     hidden: torch.Tensor  # [R, d] the target's final hidden states of the local rows
     greedy: torch.Tensor  # [R] the reply token each local row predicts
+    best: torch.Tensor  # [R] the target's argmax at each local row (any vocabulary id)
     roots: torch.Tensor  # [B] prompt length - 2: from this index on, an entry can be a root
 
     @property
@@ -104,7 +108,7 @@ def make_batch(data: TeacherData, idx: list[int], k_steps: int, f_off, h_off,
     features = torch.zeros((len(idx), width, n_feat))
     tokens = torch.zeros((len(idx), width + k_steps), dtype=torch.long)
     rows = torch.full((len(idx), width + k_steps), -1, dtype=torch.long)
-    hidden, greedy, roots, local = [], [], [], 0
+    hidden, greedy, best, roots, local = [], [], [], [], 0
     for b, (i, seq) in enumerate(zip(idx, seqs, strict=True)):
         n, p = len(seq), data.prompt_lens[i]
         features[b, : n - 1] = data.features[f_off[i] : f_off[i] + n - 1].float()
@@ -114,11 +118,12 @@ def make_batch(data: TeacherData, idx: list[int], k_steps: int, f_off, h_off,
         rows[b, first : n - 2] = torch.arange(local + first - (p - 2), local + m)
         hidden.append(data.hidden[h_off[i] : h_off[i] + m])
         greedy.append(torch.tensor(seq[p:]))
+        best.append(data.top[h_off[i] : h_off[i] + m, 0].long())
         roots.append(first)
         local += m
     return Batch(features.to(device), tokens.to(device), rows.to(device),
                  torch.cat(hidden).float().to(device), torch.cat(greedy).to(device),
-                 torch.tensor(roots, device=device))
+                 torch.cat(best).to(device), torch.tensor(roots, device=device))
 
 
 # -- the unrolled head -------------------------------------------------------------------------
@@ -246,8 +251,17 @@ def batch_loss(head, embed, batch: Batch, config: Eagle3TrainConfig, target_w: t
     with torch.no_grad(), torch.autocast(batch.hidden.device.type, enabled=False):
         target_p = packed_product(batch.hidden, target_w).softmax(-1)
     total = batch.hidden.new_zeros(())
+    in_vocab = None
+    if config.mask_outside_vocab:  # the rows whose target argmax the head can draft
+        drafted = torch.arange(len(head.d2t), device=head.d2t.device) + head.d2t
+        in_vocab = torch.isin(batch.best, drafted.to(batch.best.device))
     for k, g in unrolled(head, embed, batch, config.ttt_steps):
         mask, rows = step_rows(batch, k)
+        if in_vocab is not None:
+            keep = in_vocab[rows]
+            mask = mask.clone()
+            mask[mask.clone()] = keep
+            rows = rows[keep]
         if not len(rows):
             continue
         # the logits in float32 as well: bfloat16 rounds a logit of 15 by 0.06, as much as the
