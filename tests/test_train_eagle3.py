@@ -201,6 +201,31 @@ def test_the_head_logits_are_exact_and_their_gradients_close_in_bfloat16():
     assert dx.shape == x.shape
 
 
+def test_sampled_replies_follow_the_targets_distribution_and_keep_its_rows():
+    """A sampled reply is seeded (the same seed, the same reply), and at every position its
+    kept top-k ids and hidden state are the target's own at that context, whatever token was
+    drawn: the labels stay the target's distributions."""
+    target = tiny_model(n_layers=N_LAYERS)
+    prompts = [[5, 17, 42, 7], [200, 3, 9, 9, 31, 8, 2]]
+
+    def sampled(seed):
+        return generate_batch(target, prompts, 8, stop=set(), top_k=4, feature_layers=LAYERS,
+                              sampler=torch.Generator().manual_seed(seed))
+
+    first, again, other = sampled(0), sampled(0), sampled(1)
+    greedy = generate_batch(target, prompts, 8, stop=set(), top_k=4)
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(first, again, strict=True))
+    assert any(not torch.equal(a[0], b[0]) for a, b in zip(first, other, strict=True))
+    assert any(not torch.equal(a[0], b[0]) for a, b in zip(first, greedy, strict=True))
+    for prompt, (reply, hidden, top, _) in zip(prompts, first, strict=True):
+        seq = prompt + reply.tolist()
+        with torch.no_grad():
+            logits = target(input_ids=torch.tensor([seq])).logits[0, len(prompt) - 1 : -1]
+        assert torch.equal(top[:, 0].long(), logits.argmax(-1))
+        torch.testing.assert_close(hidden.float() @ target.lm_head.weight.T, logits,
+                                   rtol=0, atol=2e-2 * logits.abs().max().item())
+
+
 def test_feature_noise_scales_with_each_features_spread():
     gen = torch.Generator().manual_seed(0)
     spread = torch.tensor([0.1, 1.0, 30.0])

@@ -57,6 +57,10 @@ class RepliesConfig:
     dtype: str = "auto"  # of the training replies (auto: the decoders'); held-out: float32
     write_dtype: str = "auto"  # of writing the self prompts (auto: bfloat16 where it is fast)
     data_minutes: float | None = None  # stop starting new batches after this (machine-dependent)
+    # a second reply, sampled at temperature 1 (seeded), to this many of the training prompts
+    # (spread evenly over them): other paths through the same requests, with the target's own
+    # distributions as labels all the same
+    sampled: int = 0
 
 
 def default_feature_layers(n_layers: int) -> tuple[int, int, int]:
@@ -92,6 +96,15 @@ class TeacherData:
             : sum(len(s) - 1 for s in self.sequences[:n])]
         return TeacherData(self.sequences[:n], self.prompt_lens[:n], self.hidden[:rows],
                            self.top[:rows], feats, self.feature_layers)
+
+    def __add__(self, other: TeacherData) -> TeacherData:
+        """Both datasets' sequences, this one's first (same feature layers)."""
+        if self.feature_layers != other.feature_layers:
+            raise ValueError("replies with other feature layers cannot be joined")
+        feats = None if self.features is None else torch.cat([self.features, other.features])
+        return TeacherData(self.sequences + other.sequences, self.prompt_lens + other.prompt_lens,
+                           torch.cat([self.hidden, other.hidden]), torch.cat([self.top, other.top]),
+                           feats, self.feature_layers)
 
     def to_file(self, path: Path) -> None:
         lens = torch.tensor([len(s) for s in self.sequences])
@@ -142,8 +155,10 @@ def layer_inputs(model, layer_ids: Sequence[int]):
 
 @torch.inference_mode()
 def generate_batch(model, prompts: list[list[int]], max_new: int, stop: set[int], top_k: int,
-                   feature_layers: Sequence[int] = (), label_from: Sequence[int] | None = None):
-    """Greedy replies to `prompts` (left-padded, one KV cache); finished rows leave the batch.
+                   feature_layers: Sequence[int] = (), label_from: Sequence[int] | None = None,
+                   sampler: torch.Generator | None = None):
+    """Greedy replies to `prompts` (left-padded, one KV cache), or with `sampler` replies
+    sampled at temperature 1 from it; finished rows leave the batch.
     Returns per prompt (reply ids, hidden [len, d] fp16, top [len, k], features or None), the
     features [prompt + reply - 1, len(feature_layers) * d] for every position fed. hidden and
     top start at position `label_from[i]` of prompt i (default: its last position, whose next
@@ -182,7 +197,10 @@ def generate_batch(model, prompts: list[list[int]], max_new: int, stop: set[int]
         rows, hs, tops, toks, feats = [], [], [], [], []
         for step in range(max_new):
             logits = head(hidden).float()
-            nxt = logits.argmax(-1)  # the greedy token is also the label at this position
+            if sampler is None:  # the greedy token is also the label at this position
+                nxt = logits.argmax(-1)
+            else:
+                nxt = torch.multinomial(logits.softmax(-1), 1, generator=sampler)[:, 0]
             rows.append(alive)
             hs.append(hidden.half())
             tops.append(logits.topk(top_k).indices.int())
@@ -233,11 +251,13 @@ def shared_prefix(prompts: list[list[int]]) -> int:
 
 def teacher_data(model, prompts: list[list[int]], config: RepliesConfig, stop: set[int],
                  desc: str, deadline: float | None = None, learn_prompts: bool = False,
-                 layers: Sequence[int] | None = None) -> TeacherData:
+                 layers: Sequence[int] | None = None,
+                 sampler: torch.Generator | None = None) -> TeacherData:
     """The target's greedy replies to `prompts`, in batches of similar length (sorted), in the
     prompts' order; prompts not reached before `deadline` (perf_counter) are left out. With
     `learn_prompts`, labelled from the end of the prompts' shared header on. `layers`: the
-    feature layers kept (default: EAGLE-3's, when `config.features`)."""
+    feature layers kept (default: EAGLE-3's, when `config.features`); `sampler`: sample the
+    replies at temperature 1 from it (`generate_batch`)."""
     if layers is None:
         layers = default_feature_layers(model.config.num_hidden_layers) if config.features else ()
     layers = tuple(sorted(layers))
@@ -252,7 +272,7 @@ def teacher_data(model, prompts: list[list[int]], config: RepliesConfig, stop: s
             break
         chunk = order[start:start + config.gen_batch]
         out = generate_batch(model, [prompts[i] for i in chunk], config.max_new_tokens, stop,
-                             config.top_k, layers, [label_from[i] for i in chunk])
+                             config.top_k, layers, [label_from[i] for i in chunk], sampler)
         done.update(zip(chunk, out, strict=True))
         bar.update(len(chunk))
         bar.set_postfix(tokens=sum(len(v[0]) for v in done.values()))
@@ -299,6 +319,12 @@ def generate_replies(target, tokenizer, config: RepliesConfig) -> tuple[TeacherD
     cap = None if config.data_minutes is None else start + 60 * config.data_minutes
     train = teacher_data(generator, train_ids, config, stop, "target replies", cap,
                          config.learn_prompts)
+    if config.sampled:  # a second reply to prompts spread over the list, sampled (seeded)
+        every = max(len(train_ids) // config.sampled, 1)
+        again = train_ids[::every][: config.sampled]
+        sampler = torch.Generator(device=target.device).manual_seed(config.seed + 1)
+        train = train + teacher_data(generator, again, config, stop, "sampled replies", cap,
+                                     config.learn_prompts, sampler=sampler)
     del generator
     held_config = replace(config, max_new_tokens=config.heldout_max_new_tokens)
     held = teacher_data(target, held_ids, held_config, stop, "held-out replies")
