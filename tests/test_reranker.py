@@ -59,6 +59,29 @@ def test_the_fit_never_falls_below_its_start_on_its_own_prompts(logs):
     assert data.objective(fitted, budgets) >= data.objective(start, budgets)
 
 
+def test_a_search_that_does_not_hold_out_of_sample_leaves_the_baseline(logs, monkeypatch):
+    """fit_checked keeps the search's weights only when they beat the rule's baseline on
+    training prompts they were not fitted on: a search that returns the baseline's opposite
+    (worse on every prompt) leaves the model at the baseline; the real search on these logs
+    is kept only if it raised the inner held-out objective."""
+    from targetrows.core.rules.learned import ALL_FEATURES
+
+    keys = sorted({k for log in logs for k in rr._Pools(log).key})
+    budgets = np.asarray((1, 2, 4))
+    config = rr.RerankerConfig(budgets=(1, 2, 4))
+    start = np.zeros(len(ALL_FEATURES))
+    start[ALL_FEATURES.index("root_logp")] = 1.0
+    real = rr.fit
+    monkeypatch.setattr(rr, "fit", lambda data, names, start, budgets, sweeps: -start)
+    weights, fitted = rr.fit_checked(logs, keys, "learned_rerank", ALL_FEATURES, budgets, config)
+    assert not fitted and np.array_equal(weights, start)
+    monkeypatch.setattr(rr, "fit", real)
+    weights, fitted = rr.fit_checked(logs, keys, "learned_rerank", ALL_FEATURES, budgets, config)
+    data = rr._data(logs, set(keys), ALL_FEATURES, budgets)
+    assert fitted or np.array_equal(weights, start)
+    assert data.objective(weights, budgets) >= data.objective(start, budgets)
+
+
 def test_model_files_are_json_and_a_bad_one_is_refused_by_name(tmp_path):
     model = Reranker("learned_stale_rerank", ("draft_logp", "stale_logp"), (1.0, 0.5),
                      folds=((1.0, 0.0), (0.5, 0.5)), fold_of={"t/q0": 0, "t/q1": 1})

@@ -15,7 +15,9 @@ target_rerank itself, and what a branch is worth also depends on how far the dra
 it is right. The objective is a step function of the weights (a top-B selection), so it is
 maximised by a seeded coordinate search over the weights from the rule's baseline (the root
 row's log-prob for learned_rerank, the better of the stale row's and the draft's for
-learned_stale_rerank): a step is kept only when it raises the objective on the training prompts.
+learned_stale_rerank): a step is kept only when it raises the objective on the training prompts,
+and the search's result only when it beats that baseline on training prompts it was not fitted
+on (`fit_checked`); otherwise the model is the baseline.
 
 Cross-fitting: prompts ("task/question_id") are dealt into `folds` by a seeded shuffle; fold k's
 model is trained on the other folds' prompts and scores fold k's; the model trained on every
@@ -131,6 +133,30 @@ def _start(rule: str, names: tuple[str, ...], data: _Data, budgets) -> np.ndarra
     return max(starts, key=lambda s: (s[0], -options.index(s[1])))[2]
 
 
+def fit_checked(logs, keys: Sequence[str], rule: str, names: tuple[str, ...], budgets,
+                config: RerankerConfig) -> tuple[np.ndarray, bool]:
+    """(weights, fitted) for the prompts `keys`: the search's weights when they beat the rule's
+    baseline on prompts they were not fitted on (the keys dealt into two inner folds, each
+    fitted on the other and scored), else the baseline itself (fitted False). With a few
+    dozen prompts a search can fit their noise; this keeps the learned rule at its baseline
+    unless what it learned holds out of sample."""
+    data = _data(logs, set(keys), names, budgets)
+    start = _start(rule, names, data, budgets)
+    if len(keys) >= 4:  # an inner fold of two prompts or more
+        inner = prompt_folds(keys, 2, config.seed + 1)
+        gain = 0.0
+        for j in range(2):
+            train = _data(logs, {k for k, f in inner.items() if f != j}, names, budgets)
+            test = _data(logs, {k for k, f in inner.items() if f == j}, names, budgets)
+            weights = fit(train, names, _start(rule, names, train, budgets), budgets,
+                          config.sweeps)
+            gain += test.objective(weights, budgets) - test.objective(
+                _start(rule, names, train, budgets), budgets)
+        if gain <= 1e-9:
+            return start, False
+    return fit(data, names, start, budgets, config.sweeps), True
+
+
 def prompt_folds(keys: Sequence[str], folds: int, seed: int) -> dict[str, int]:
     """Each prompt key's fold: a seeded shuffle dealt round-robin (folds as even as can be)."""
     order = sorted(set(keys))
@@ -156,20 +182,21 @@ def train_reranker(logs: Sequence[rowlog.RowLog], rule: str,
     folds = min(config.folds, len(keys))  # with few prompts, fewer folds
     fold_of = prompt_folds(keys, folds, config.seed)
     start = time.perf_counter()
-    fold_weights = []
+    fold_weights, fitted = [], []
     for k in range(folds):
-        data = _data(logs, {key for key, f in fold_of.items() if f != k}, names, budgets)
-        fold_weights.append(fit(data, names, _start(rule, names, data, budgets), budgets,
-                                config.sweeps))
+        w, kept = fit_checked(logs, sorted(key for key, f in fold_of.items() if f != k), rule,
+                              names, budgets, config)
+        fold_weights.append(w)
+        fitted.append(kept)
+    weights, kept = fit_checked(logs, keys, rule, names, budgets, config)
     everything = _data(logs, set(keys), names, budgets)
-    weights = fit(everything, names, _start(rule, names, everything, budgets), budgets,
-                  config.sweeps)
     meta = dict(temperature=temps.pop(), budgets=list(config.budgets), folds=folds,
                 seed=config.seed, prompts=len(keys),
                 positions=int(len(everything.batch.size)),
                 pair=sorted({f"{log.header.get('target')}+{log.header.get('draft')}"
                              for log in logs}),
                 objective="mean over budgets of expected accepted / draft_rank's",
+                fitted=kept, folds_fitted=fitted,
                 train_seconds=round(time.perf_counter() - start, 2))
     model = Reranker(rule, names, tuple(map(float, weights)),
                      tuple(tuple(map(float, w)) for w in fold_weights), fold_of, meta)
@@ -199,6 +226,14 @@ def describe_weights(model: Reranker) -> list[tuple[str, float]]:
     return sorted(pairs, key=lambda p: -abs(p[1]))
 
 
+def _fitted_line(meta: dict) -> str:
+    folds = meta.get("folds_fitted", [])
+    model = ("the search's weights" if meta.get("fitted") else
+             "its baseline (the search's weights did not beat it on held-out training prompts)")
+    return (f"The search beat the baseline out of sample in {sum(folds)} of {len(folds)} "
+            f"folds; the model for new prompts is {model}.")
+
+
 def write_report(folder: str, models: dict[str, Reranker], report: dict, logs: Sequence[str],
                  microseconds: dict[str, float] | None = None) -> None:
     """report.md (what each model uses; held-out expected accepted and gains) and report.csv
@@ -223,6 +258,7 @@ def write_report(folder: str, models: dict[str, Reranker], report: dict, logs: S
                   f"{meta['temperature']:g}, fitted in {meta['train_seconds']} s"
                   + (f"; scoring a round's pool costs {microseconds[name]:.0f} us"
                      if microseconds and name in microseconds else "") + ".", "",
+                  _fitted_line(meta), "",
                   "| feature | weight |", "|---|---|"]
         lines += [f"| {f} | {w:+.3f} |" for f, w in describe_weights(model)]
         lines.append("")
