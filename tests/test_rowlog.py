@@ -108,7 +108,7 @@ def test_damaged_logs_raise_naming_the_file(tmp_path):
             rowlog.read(bad)
     other = tmp_path / "other.npz"
     np.savez(other, x=np.arange(3))
-    with pytest.raises(ValueError, match="not a targetrows row log"):
+    with pytest.raises(ValueError, match="not a targetrows-rowlog file"):
         rowlog.read(other)
     with pytest.raises(FileNotFoundError, match="missing.npz"):
         rowlog.read(tmp_path / "missing.npz")

@@ -33,3 +33,15 @@ def _integral(value) -> bool:
         return int(value) == value
     except (TypeError, ValueError, OverflowError):
         return False
+
+
+def check_format(doc, fmt: str, version: int, what: str, remedy: str) -> None:
+    """A file's decoded header `doc` is `fmt` at `version`, else an error naming `what` (the
+    file) and `remedy` (how to get one this version reads)."""
+    found = doc.get("format") if isinstance(doc, dict) else None
+    if found != fmt:
+        raise ValueError(f"{what} is not a {fmt} file (format {found!r})")
+    if doc.get("version") != version:
+        raise ValueError(f"{what} has format version {doc.get('version')}; this targetrows "
+                         f"reads version {version}: {remedy}")
+

@@ -56,6 +56,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from targetrows.core.atomic import atomic_file
+from targetrows.core.checks import check_format
 
 FORMAT = "targetrows-rowlog"
 VERSION = 1
@@ -251,16 +252,12 @@ def read(path: str | os.PathLike, require_complete: bool = True) -> RowLog:
             f"row log {path!r} is truncated or corrupted ({err}); record it again"
         ) from err
     if "header" not in data:
-        raise ValueError(f"{path!r} is not a targetrows row log (no header array)")
+        raise ValueError(f"row log {path!r} is not a {FORMAT} file (no header array)")
     try:
         header = json.loads(data.pop("header").tobytes().decode())
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ValueError(f"row log {path!r} has a corrupted header ({err})") from err
-    if not isinstance(header, dict) or header.get("format") != FORMAT:
-        raise ValueError(f"{path!r} is not a targetrows row log (format {header.get('format')!r})")
-    if header.get("version") != VERSION:
-        raise ValueError(f"row log {path!r} has format version {header.get('version')}; this "
-                         f"targetrows reads version {VERSION}: record it again")
+    check_format(header, FORMAT, VERSION, f"row log {path!r}", "record it again")
     if require_complete and header.get("complete") is not True:
         raise ValueError(f"row log {path!r} is not complete (no completion marker): its "
                          "recording was interrupted; rerun `targetrows record` to finish it")

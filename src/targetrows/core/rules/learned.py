@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..atomic import atomic_write_text
+from ..checks import check_format
 from .batch import PoolBatch
 from .rule import Rule
 
@@ -116,11 +117,8 @@ class Reranker:
                 doc = json.load(f)
         except (OSError, ValueError) as err:
             raise ValueError(f"reranker file {path}: not JSON ({err})") from None
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-            raise ValueError(f"reranker file {path}: not a {FORMAT} file")
-        if doc.get("version") != VERSION:
-            raise ValueError(f"reranker file {path}: version {doc.get('version')}, this "
-                             f"targetrows reads version {VERSION}")
+        check_format(doc, FORMAT, VERSION, f"reranker file {path}",
+                     "train it again with targetrows train-reranker")
         try:
             return cls(str(doc["rule"]), tuple(doc["features"]),
                        tuple(float(w) for w in doc["weights"]),
