@@ -67,7 +67,7 @@ def test_paper_config_plans_one_decode_job_per_target_temperature_and_decoder(tm
     counts = job_counts(proc.stdout)
     paper = yaml.safe_load((REPO / "config" / "paper.yaml").read_text())
     assert counts["decode"] == 6 * 2 * len(paper["decode"]["decoders"])
-    assert counts["record_rows"] == counts["score"] == 6 * 7 * 2
+    assert counts["record_rows"] == 6 * 2 and counts["score"] == 6 * 7 * 2
     assert counts["download_model"] == 10  # six targets, three EAGLE-3 heads, one small draft
     assert counts["prepare_prompts"] == 7
     assert counts["tables"] == counts["figures"] == 1

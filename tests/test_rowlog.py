@@ -184,6 +184,23 @@ def test_record_cli_toy_pair_and_bad_input(tmp_path, capsys):
     assert "empty.jsonl:1" in capsys.readouterr().err
 
 
+def test_several_prompts_files_give_one_row_log_each_as_if_recorded_alone(tmp_path, capsys):
+    """One `record` over two prompts files (the pipeline's one job per target x temperature)
+    writes the same two row logs, to the byte, as two runs of one file each."""
+    a = write_prompts(tmp_path / "a.jsonl", PROMPTS[:1])
+    b = write_prompts(tmp_path / "b.jsonl", PROMPTS[1:])
+    common = ["record", "--target", "toy:16:1", "--draft", "toy:0.9", "--temperature", "1",
+              "--top-k", "3", "--depth", "2", "--max-new-tokens", "4", "--quiet"]
+    both = [tmp_path / "a.npz", tmp_path / "b.npz"]
+    assert main([*common, "--prompts", a, b, "--out", *map(str, both)]) == 0
+    for prompts, out in ((a, both[0]), (b, both[1])):
+        alone = tmp_path / f"alone_{out.name}"
+        assert main([*common, "--prompts", prompts, "--out", str(alone)]) == 0
+        assert alone.read_bytes() == out.read_bytes()
+    assert main([*common, "--prompts", a, b, "--out", str(tmp_path / "c.npz")]) == 2
+    assert "one row log per prompts file" in capsys.readouterr().err
+
+
 def test_record_from_tiny_hf_models_round_trips(tmp_path):
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")

@@ -30,8 +30,8 @@ IN_CI = os.environ.get("CI") == "true"  # there the cluster must run: a skip wou
 needs_snakemake = pytest.mark.skipif(SNAKEMAKE is None, reason="snakemake is not installed")
 
 CONFIG = REPO / "tests" / "pipeline_config" / "config.yaml"
-# the DAG on the cluster: the test configuration cut to one task and one temperature (15 jobs,
-# not 24); every rule and decoder still runs as a SLURM job, in each of the two runs
+# the DAG on the cluster: the test configuration cut to one task and one temperature (about
+# half the jobs); every rule and decoder still runs as a SLURM job, in each of the two runs
 # fixed budgets only: an auto pick follows this machine's timings, and the two runs (with and
 # without accounting) must write the same answers
 SMALL_DAG = ("temperatures: [0]\ntasks: [gsm8k]\n"
@@ -90,7 +90,7 @@ def test_job_resources_come_from_the_config_and_scale_with_the_models(tmp_path):
         f.truncate(1024 * 2**20)  # a sparse 1 GiB of "weights"
     res = dry_run_resources(work, "{}")
     assert {r.count("gpu=2") for r in res["decode"]} == {0, 1}  # 2 for rerank/fts/pearl, else 1
-    assert all("gpu=1" in r and "mem_mb=4048" in r and "runtime=480" in r
+    assert all("gpu=1" in r and "mem_mb=4048" in r and "runtime=1920" in r
                for r in res["record_rows"])  # 2000 MB + 2 x 1 GiB of weights
     assert all("mem_mb=4048" in r and "runtime=960" in r for r in res["decode"])
     # the replies and the head's training run on the CPU; the replies job holds a batch's cache
@@ -107,7 +107,7 @@ def test_job_resources_come_from_the_config_and_scale_with_the_models(tmp_path):
                             "decode:gpu=0", "--default-resources", "slurm_account=lab")
     assert all("gpu=0" in r and "runtime=960" in r and "mem_mb=4048" in r and
                "slurm_account=lab" in r for r in res["decode"])
-    assert all("gpu=1" in r and "runtime=480" in r for r in res["record_rows"])
+    assert all("gpu=1" in r and "runtime=1920" in r for r in res["record_rows"])
 
 
 # -- on a SLURM cluster -------------------------------------------------------------------------

@@ -220,15 +220,6 @@ def prompts_file(task):
     return f"resources/prompts/{task}.jsonl"
 
 
-def pair_inputs(wildcards):
-    """Target, draft and prompts of one target x task job."""
-    return {
-        "target": model_dir(wildcards.target),
-        "draft": model_dir(DRAFT_OF[wildcards.target]),
-        "prompts": prompts_file(wildcards.task),
-    }
-
-
 def trust_args(target):
     """`--trust-remote-code` for the models of `target`'s pair whose config allows their own
     code to run (`trust_remote_code: true`); nothing otherwise."""
@@ -345,7 +336,7 @@ def final_outputs():
 
 # Minutes each job may run, unless resources.runtime.<rule> says otherwise.
 RUNTIME = {"build_target": 60, "target_replies": 120, "distill_draft": 120, "train_eagle3": 120,
-           "decode": 960, "record_rows": 480}  # a decode job runs every task
+           "decode": 960, "record_rows": 1920}  # decode and record_rows jobs run every task
 # The memory of a job that loads models: a base for Python, torch and activations plus twice
 # the models' weights (loading holds a copy while the model is built; on the CPU they stay).
 BASE_MEM_MB = 2000

@@ -1,17 +1,20 @@
 # Row logs: the target decodes each prompt alone and its rows on the draft's candidate pools are
-# recorded once per target x task x temperature, so every rule and budget is scored on the same
-# rows (rules/score.smk).
+# recorded, one row log per target x task x temperature, so every rule and budget is scored on
+# the same rows (rules/score.smk). One job per target x temperature records every task (the
+# models load once).
 
 
 rule record_rows:
     input:
-        unpack(pair_inputs),
+        target=lambda w: model_dir(w.target),
+        draft=lambda w: model_dir(DRAFT_OF[w.target]),
+        prompts=[prompts_file(task) for task in config["tasks"]],
     output:
-        "results/rows/{target}/{task}/T{temperature}.npz",
+        expand("results/rows/{{target}}/{task}/T{{temperature}}.npz", task=config["tasks"]),
     log:
-        "results/logs/rows/{target}/{task}/T{temperature}.log",
+        "results/logs/rows/{target}/T{temperature}.log",
     benchmark:
-        "results/benchmarks/rows/{target}/{task}/T{temperature}.tsv"
+        "results/benchmarks/rows/{target}/T{temperature}.tsv"
     params:
         top_k=config["pool"]["top_k"],
         depth=config["pool"]["depth"],

@@ -1,7 +1,7 @@
-"""Snakemake job: record the target's rows on one target x task x temperature.
+"""Snakemake job: record the target's rows on one target x temperature, one row log per task.
 
-Claims a GPU (gpu_lock.py) and calls `targetrows record`, which keeps finished prompts in
-OUT.parts/ so an interrupted job resumes, and writes the log OUT atomically at the end.
+Claims a GPU (gpu_lock.py) and calls `targetrows record` once for every task, which keeps finished
+prompts in OUT.parts/ so an interrupted job resumes, and writes the log OUT atomically at the end.
 """
 
 import sys
@@ -15,11 +15,11 @@ def command(smk):
             sys.executable, "-m", "targetrows.cli", "record",
             "--target", smk.input.target, "--draft", smk.input.draft,
             "--target-device", target_device, "--draft-device", draft_device,
-            "--dtype", smk.params.dtype, "--prompts", smk.input.prompts,
+            "--dtype", smk.params.dtype, "--prompts", *smk.input.prompts,
             "--temperature", smk.wildcards.temperature,
             "--top-k", str(smk.params.top_k), "--depth", str(smk.params.depth),
             "--stride", str(smk.params.stride), "--max-new-tokens", str(smk.params.max_new_tokens),
-            "--seed", str(smk.params.seed), *smk.params.trust, *smk.params.args, "--out", smk.output[0],
+            "--seed", str(smk.params.seed), *smk.params.trust, *smk.params.args, "--out", *smk.output,
         ]
     return argv
 

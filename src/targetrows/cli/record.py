@@ -1,6 +1,6 @@
-"""`targetrows record --target T --draft D --prompts Q.jsonl --out rows.npz`: the target decodes
-each prompt alone and its rows on the draft's candidate pools are logged
-(`targetrows.rowlog.record`). ``--target toy[:VOCAB[:SEED]] --draft toy[:CLOSENESS]`` records the
+"""`targetrows record --target T --draft D --prompts Q.jsonl... --out rows.npz...`: the target
+decodes each prompt alone and its rows on the draft's candidate pools are logged, one row log per
+prompts file, the models loaded once (`targetrows.rowlog.record`). ``--target toy[:VOCAB[:SEED]] --draft toy[:CLOSENESS]`` records the
 NumPy toy pair, which needs no torch."""
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     except ImportError:  # no torch: only the toy pair can record
         parser.add_argument("--target", required=True, help="toy[:VOCAB[:SEED]] (torch missing)")
         parser.add_argument("--draft", default=None, help="toy[:CLOSENESS]")
-    parser.add_argument("--prompts", required=True, help="Spec-Bench question JSONL file")
+    parser.add_argument("--prompts", required=True, nargs="+",
+                        help="Spec-Bench question JSONL files (one row log each)")
     parser.add_argument("--temperature", type=float, default=0.0)
     add_pool_arguments(parser, auto=False)
     parser.add_argument("--stride", type=int, default=1, help="log every S-th position")
@@ -43,7 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="positions per turn (the trajectory runs --depth tokens further)")
     parser.add_argument("--root-top", type=int, default=32, help="root-row entries kept")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", required=True, help="row log to write (.npz)")
+    parser.add_argument("--out", required=True, nargs="+",
+                        help="row logs to write (.npz), one per --prompts file, in their order")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
 
@@ -51,13 +53,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from targetrows.rowlog.record import ChatEncoder, RecordConfig, read_prompts, record_file
 
-    if os.path.exists(args.out) and not args.overwrite:
-        raise UsageError(f"row log {args.out} exists; pass --overwrite or choose another --out")
+    if len(args.out) != len(args.prompts):
+        raise UsageError(f"--out names {len(args.out)} row logs for {len(args.prompts)} "
+                         "--prompts files; give one row log per prompts file")
+    if len(set(map(os.path.abspath, args.out))) != len(args.out):
+        raise UsageError("--out names one row log twice; give each prompts file its own")
+    for out in args.out:
+        if os.path.exists(out) and not args.overwrite:
+            raise UsageError(f"row log {out} exists; pass --overwrite or choose another --out")
     if args.draft is None and not args.target.startswith("toy"):
         raise UsageError("record needs --draft (the model whose pools are logged)")
     check_temperatures([args.temperature])
     pool = pool_from(args)
-    read_prompts(args.prompts)  # a bad prompts file fails before any model loads
+    for path in args.prompts:  # a bad prompts file fails before any model loads
+        read_prompts(path)
     if args.target.startswith("toy"):
         target, draft, encoder, stops = toy_pair(args.target, args.draft)
     else:
@@ -75,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens, root_top=args.root_top, seed=args.seed,
         stop_ids=stops,
     )
-    record_file(target, draft, encoder, args.prompts, args.out, config,
-                names=(args.target, draft_label(args) or "toy"), quiet=args.quiet)
+    for prompts, out in zip(args.prompts, args.out, strict=True):  # the models load once
+        record_file(target, draft, encoder, prompts, out, config,
+                    names=(args.target, draft_label(args) or "toy"), quiet=args.quiet)
     return 0
