@@ -1,7 +1,8 @@
 """`targetrows record --target T --draft D --prompts Q.jsonl... --out rows.npz...`: the target
 decodes each prompt alone and its rows on the draft's candidate pools are logged, one row log per
-prompts file, the models loaded once (`targetrows.rowlog.record`). ``--target toy[:VOCAB[:SEED]] --draft toy[:CLOSENESS]`` records the
-NumPy toy pair, which needs no torch."""
+prompts file, the models loaded once (`targetrows.rowlog.record`).
+``--target toy[:VOCAB[:SEED]] --draft toy[:CLOSENESS]`` records the NumPy toy pair, which needs
+no torch."""
 
 from __future__ import annotations
 
