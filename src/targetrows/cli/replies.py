@@ -18,8 +18,8 @@ def add_replies_arguments(parser: argparse.ArgumentParser) -> None:
         ("prompts", "distinct template training prompts, one greedy reply each"),
         ("self-prompts", "training prompts the target writes itself (user turns sampled from "
                          "its chat template), one greedy reply each"),
-        ("sampled", "training prompts (spread over them) that also get a second reply, "
-                    "sampled at temperature 1"),
+        ("sampled", "replies sampled at temperature 1 besides the greedy ones, to training "
+                    "prompts spread over the list (more than the prompts: several each)"),
         ("heldout", "held-out prompts to evaluate on"),
         ("max-new-tokens", "training reply length cap"),
         ("heldout-max-new-tokens", "held-out reply length cap"),

@@ -57,9 +57,9 @@ class RepliesConfig:
     dtype: str = "auto"  # of the training replies (auto: the decoders'); held-out: float32
     write_dtype: str = "auto"  # of writing the self prompts (auto: bfloat16 where it is fast)
     data_minutes: float | None = None  # stop starting new batches after this (machine-dependent)
-    # a second reply, sampled at temperature 1 (seeded), to this many of the training prompts
-    # (spread evenly over them): other paths through the same requests, with the target's own
-    # distributions as labels all the same
+    # replies sampled at temperature 1 (seeded) besides the greedy ones, to this many training
+    # prompts spread evenly over them (more than there are prompts: several each): other paths
+    # through the same requests, with the target's own distributions as labels all the same
     sampled: int = 0
 
 
@@ -319,9 +319,8 @@ def generate_replies(target, tokenizer, config: RepliesConfig) -> tuple[TeacherD
     cap = None if config.data_minutes is None else start + 60 * config.data_minutes
     train = teacher_data(generator, train_ids, config, stop, "target replies", cap,
                          config.learn_prompts)
-    if config.sampled:  # a second reply to prompts spread over the list, sampled (seeded)
-        every = max(len(train_ids) // config.sampled, 1)
-        again = train_ids[::every][: config.sampled]
+    if config.sampled:  # more replies, sampled (seeded), to prompts spread over the list
+        again = [train_ids[i * len(train_ids) // config.sampled] for i in range(config.sampled)]
         sampler = torch.Generator(device=target.device).manual_seed(config.seed + 1)
         train = train + teacher_data(generator, again, config, stop, "sampled replies", cap,
                                      config.learn_prompts, sampler=sampler)
