@@ -1,10 +1,12 @@
-"""How long a target pass over n tokens takes with plain `nn.Linear` and with `PackedLinear`.
+"""How long a target pass over n tokens takes with plain `nn.Linear` and with `PackedLinear`, in
+float32 and in bfloat16.
 
 A pass over a token tree must cost little more than a one-token pass for speculative decoding
 to pay on a CPU. This times, for n = 1..33 new tokens after a cached context, one pass of a
 causal LM with its plain linear layers and with `targetrows.hf.packed.pack_linears`, and the
-largest difference between the two passes' logits; with `--hints`, the packed layers' time for
-several oneDNN batch-size hints.
+largest difference between the two passes' logits; then the packed model in bfloat16 (what
+`--dtype auto` loads where the CPU has fast bfloat16 units); with `--hints`, the packed layers'
+time for several oneDNN batch-size hints.
 
     python benchmarks/linear_kernels.py --model resources/models/smollm2-135m-instruct
 """
@@ -34,7 +36,7 @@ def pass_ms(model, context: int, n: int, repeats: int) -> tuple[float, torch.Ten
     model(input_ids=torch.randint(0, vocab, (1, context), generator=gen), cache=cache)
     ids = torch.randint(0, vocab, (1, n), generator=gen)
     positions = torch.arange(context, context + n)[None]
-    mask = torch.zeros(1, 1, n, context + n)  # a chain here; tree masks cost the same
+    mask = torch.zeros(1, 1, n, context + n, dtype=model.dtype)  # a chain; tree masks cost the same
     times = []
     for _ in range(repeats):
         cache.crop(context - cache.get_seq_length()) if cache.get_seq_length() > context else None
@@ -61,13 +63,16 @@ def main() -> None:
                                                  attn_implementation="sdpa").eval()
     fast = copy.deepcopy(plain)
     count = packed.pack_linears(fast)
+    half = copy.deepcopy(plain).to(torch.bfloat16)
+    packed.pack_linears(half)
     print(f"# Linear layers: plain against packed\n\n- command: `python {' '.join(sys.argv)}`\n"
           f"- machine: {platform.platform()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
           f"{args.threads} thread(s)\n- one pass over n new tokens after {args.context} cached "
           f"ones, median of {args.repeats}; {count} linear layers packed\n")
     hints = [h for h in args.hints if h != packed.BATCH_HINT]
     head = ["new tokens", "plain ms", f"packed ms (hint {packed.BATCH_HINT})",
-            *[f"hint {h} ms" for h in hints], "plain / packed", "max abs logit difference"]
+            *[f"hint {h} ms" for h in hints], "plain / packed", "max abs logit difference",
+            "bfloat16 packed ms", "float32 / bfloat16 (packed)"]
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     default_hint = packed.BATCH_HINT
     for n in args.tokens:
@@ -83,8 +88,10 @@ def main() -> None:
             for module in fast.modules():
                 module.__dict__.pop("_packed", None)
         diff = (plain_logits - fast_logits).abs().max().item()
+        half_ms, _ = pass_ms(half, args.context, n, args.repeats)
         print(f"| {n} | {plain_ms:.1f} | {fast_ms:.1f} | " + "".join(f"{h} | " for h in by_hint)
-              + f"{plain_ms / fast_ms:.2f} | {diff:.1e} |", flush=True)
+              + f"{plain_ms / fast_ms:.2f} | {diff:.1e} | {half_ms:.1f} | "
+              f"{fast_ms / half_ms:.2f} |", flush=True)
 
 
 if __name__ == "__main__":
