@@ -95,7 +95,14 @@ def render(rows: list[dict]) -> str:
     def f(v):
         return "-" if v is None else f"{v:.3f}"
 
-    lines = ["| trial | replies options | training options | data + training minutes | "
+    lines = ["Each trial: `targetrows replies` (its options) and `targetrows train-eagle3` (its "
+             "options) on the embedded target, 2 threads; minutes: the two jobs' wall time. "
+             "Top-1: teacher-forced agreement on the target's greedy replies (dev: 96 tokens of "
+             "questions 4-5 of each task; test: 48 tokens of questions 1-3); online B=1: "
+             "accepted draft tokens per round of `draft_rank` at budget 1 on the test prompts; "
+             "test chain 2: both of a 2-token greedy chain right. Hand-written: the training "
+             "report's figure on its 64 held-out prompts.", "",
+             "| trial | replies options | training options | data + training minutes | "
              "hand-written top-1 | dev top-1 | test top-1 | test online B=1 | test chain 2 |",
              "|" + "---|" * 9]
     for r in rows:

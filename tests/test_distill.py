@@ -24,7 +24,7 @@ from targetrows.train.replies import (
 )
 
 SMALL = dict(steps=12, batch_size=4, warmup=2, n_random=64, compile=False)
-DATA = RepliesConfig(prompts=24, self_prompts=0, heldout=4, max_new_tokens=8,
+DATA = RepliesConfig(prompts=24, self_prompts=0, sampled=0, heldout=4, max_new_tokens=8,
                      heldout_max_new_tokens=8, gen_batch=8, top_k=8, features=False)
 
 
@@ -80,7 +80,8 @@ def test_learning_prompts_labels_their_text_after_the_shared_header():
     assert 0 < header < min(len(p) for p in prompts)
     assert all(p[:header] == prompts[0][:header] for p in prompts)
     weight = target.get_output_embeddings().weight
-    config = RepliesConfig(prompts=3, self_prompts=0, heldout=1, max_new_tokens=5, gen_batch=2,
+    config = RepliesConfig(prompts=3, self_prompts=0, sampled=0, heldout=1, max_new_tokens=5,
+                           gen_batch=2,
                            top_k=4, features=False)
     plain = teacher_data(target, prompts, config, set(), "replies")
     data = teacher_data(target, prompts, config, set(), "replies", learn_prompts=True)
@@ -103,7 +104,8 @@ def test_learning_prompts_labels_their_text_after_the_shared_header():
 def test_bfloat16_training_replies_leave_the_target_and_the_heldout_replies_float32():
     target, tok = tiny_model(n_layers=2), tiny_tokenizer()
     before = {k: v.clone() for k, v in target.state_dict().items()}
-    config = RepliesConfig(prompts=6, self_prompts=0, heldout=3, max_new_tokens=6, gen_batch=6,
+    config = RepliesConfig(prompts=6, self_prompts=0, sampled=0, heldout=3, max_new_tokens=6,
+                           gen_batch=6,
                            top_k=4, features=False, dtype="float32")
     _, held32, s32 = generate_replies(target, tok, config)
     train16, held, s16 = generate_replies(target, tok, RepliesConfig(**{**config.__dict__,
@@ -156,7 +158,8 @@ def test_distill_builds_a_reproducible_draft(tmp_path, capsys):
     argv.append("--no-compile")
     assert cli.main(argv) == 2
     assert "already exists" in capsys.readouterr().err
-    data_args = ["--prompts", "24", "--self-prompts", "0", "--heldout", "4", "--max-new-tokens",
+    data_args = ["--prompts", "24", "--self-prompts", "0", "--sampled", "0", "--heldout", "4",
+                 "--max-new-tokens",
                  "8", "--heldout-max-new-tokens", "8", "--gen-batch", "8", "--top-k", "8"]
     assert cli.main([*argv, *data_args, "--force"]) == 0
     again = load_file(tmp_path / "models" / "draft" / "model.safetensors")

@@ -67,10 +67,17 @@ def test_self_prompts_are_distinct_new_and_seeded():
 
 def test_replies_answer_template_and_self_written_prompts():
     model, tok = tiny_model(n_layers=2), tiny_tokenizer()
-    config = RepliesConfig(prompts=3, self_prompts=2, heldout=2, max_new_tokens=4, gen_batch=8,
-                           top_k=4, features=False)
+    config = RepliesConfig(prompts=3, self_prompts=2, sampled=3, heldout=2, max_new_tokens=4,
+                           gen_batch=8, top_k=4, features=False)
     train, held, summary = generate_replies(model, tok, config)
-    assert len(train.sequences) == 5 and len(held.sequences) == 2
+    # five greedy replies, then three sampled ones to prompts spread over them (0, 1 and 3)
+    assert len(train.sequences) == 8 and len(held.sequences) == 2
+    from targetrows.specbench.chat import encode_prompt
+    from targetrows.train.chat_prompts import training_prompts
+
+    asked = [encode_prompt(tok, p) for p in training_prompts(3, 0) + summary["self_prompt_examples"]]
+    for sampled, i in zip(train.sequences[5:], [0, 1, 3], strict=True):
+        assert sampled[: len(asked[i])] == asked[i] == train.sequences[i][: len(asked[i])]
     written = summary["self_prompt_examples"]
     assert len(written) == 2
     texts = [tok.decode(s) for s in train.sequences]

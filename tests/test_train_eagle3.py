@@ -291,7 +291,8 @@ def test_train_eagle3_builds_a_reproducible_lossless_head(tmp_path, capsys):
     target_dir = save_tiny(tmp_path / "target", n_layers=N_LAYERS)
     replies = tmp_path / "replies"
     assert cli.main(["replies", "--target", target_dir, "--out", str(replies), "--prompts", "14",
-                     "--self-prompts", "2", "--heldout", "3", "--max-new-tokens", "8",
+                     "--self-prompts", "2", "--sampled", "4", "--heldout", "3",
+                     "--max-new-tokens", "8",
                      "--gen-batch", "8"]) == 0
     args = ["--target", target_dir, "--replies", str(replies), "--steps", "6",
             "--batch-size", "4", "--warmup", "2", "--eval-depth", "2", "--threads", "1"]
@@ -319,7 +320,7 @@ def test_train_eagle3_builds_a_reproducible_lossless_head(tmp_path, capsys):
         assert got.tokens == want, name
     # replies without features cannot train a head
     assert cli.main(["replies", "--target", target_dir, "--out", str(tmp_path / "nf"),
-                     "--prompts", "4", "--self-prompts", "0", "--heldout", "2",
+                     "--prompts", "4", "--self-prompts", "0", "--sampled", "0", "--heldout", "2",
                      "--max-new-tokens", "4",
                      "--no-features"]) == 0
     assert cli.main(["train-eagle3", "--target", target_dir, "--replies", str(tmp_path / "nf"),

@@ -191,7 +191,7 @@ def replies_args():
     """`targetrows replies` options from config key `replies`."""
     spec = config.get("replies", {})
     args = ["--prompts", spec.get("prompts", 256), "--self-prompts", spec.get("self_prompts", 1024),
-            "--sampled", spec.get("sampled", 0), "--max-new-tokens", spec.get("max_new_tokens", 80),
+            "--sampled", spec.get("sampled", 1280), "--max-new-tokens", spec.get("max_new_tokens", 80),
             "--data-seed", spec.get("seed", 0)]
     return args + spec.get("args", [])
 

@@ -44,7 +44,7 @@ from .self_prompts import self_prompts
 @dataclass
 class RepliesConfig:
     seed: int = 0  # which training prompts, of both kinds
-    # the prompts' mix and number are sized for a 15-minute head on 2 CPU cores (docs/eagle3.md)
+    # the prompts' mix and number are sized for a head built in about 17 minutes on 2 CPU cores
     prompts: int = 256  # distinct template training prompts, one greedy reply each
     self_prompts: int = 1024  # and training prompts the target writes itself (`self_prompts`)
     heldout: int = len(HELDOUT_PROMPTS)
@@ -60,7 +60,8 @@ class RepliesConfig:
     # replies sampled at temperature 1 (seeded) besides the greedy ones, to this many training
     # prompts spread evenly over them (more than there are prompts: several each): other paths
     # through the same requests, with the target's own distributions as labels all the same
-    sampled: int = 0
+    # (benchmarks/results/head_trials.md: the most agreement per minute of the data tried)
+    sampled: int = 1280
 
 
 def default_feature_layers(n_layers: int) -> tuple[int, int, int]:
