@@ -32,7 +32,8 @@ from targetrows.rowlog.record import RecordConfig, record_prompt
 from targetrows.rowlog.score import score_log
 
 VOCAB, SCALE, CLOSENESS, TOP_K, DEPTH, BUDGET = 64, 3.0, 0.9, 10, 6, 59
-# the embedded pair's part times (benchmarks/results/bench_smollm2-135m_cpu_k2d4_idle_20261129.md)
+# part times of the embedded pair with its distilled draft, measured by `targetrows bench` on plain
+# linear layers (git history: benchmarks/results/bench_smollm2-135m_cpu_k2d4_idle_20261129.md)
 TARGET_MS = {1: 73.3, 2: 78.3, 3: 83.0, 4: 119.6, 5: 124.1, 8: 151.8, 9: 154.4, 12: 177.5,
              13: 196.8, 14: 200.7, 15: 205.9}
 DRAFT_MS = {1: 14.4, 2: 15.2, 4: 26.0}

@@ -1,0 +1,96 @@
+"""Where one decoding step of the target goes: `HFModel`'s one-token step against the model's own
+Hugging Face forward on the same cache, and the share of the step spent in the linear layers'
+products (the rest is the forward's other operations and Python), from cProfile.
+
+    python benchmarks/step_profile.py --model resources/models/smollm2-135m-instruct \
+        --dtype bfloat16 --threads 2 --out benchmarks/results/step_profile.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import platform
+import pstats
+import sys
+import time
+
+import torch
+
+from targetrows.core.tree import Tree
+from targetrows.hf.cache import growing_cache
+from targetrows.hf.loading import load_model
+
+PROMPT = "Explain how a hash map works, with an example in Python, and when to use one."
+
+
+def steps(model, ctx: list[int], n: int) -> list[int]:
+    """`n` greedy one-token steps of the round loop's `ar` (logits, draw, commit)."""
+    for _ in range(n):
+        row = model.logits(ctx, Tree.root_only(ctx[-1]), [0])
+        ctx = ctx + [int(model.draw(row, 0.0)[0])]
+        model.commit(ctx)
+    return ctx
+
+
+@torch.inference_mode()
+def raw_ms(hf, ctx: list[int], n: int) -> float:
+    """ms per one-token step of the Hugging Face forward alone, on a cache of `ctx`."""
+    cache = growing_cache(hf.config)
+    hf(input_ids=torch.tensor([ctx]), cache=cache, use_cache=True)
+    x = torch.tensor([[ctx[-1]]])
+    for _ in range(3):
+        hf(input_ids=x, cache=cache, use_cache=True)
+    start = time.perf_counter()
+    for _ in range(n):
+        hf(input_ids=x, cache=cache, use_cache=True)
+    return 1e3 * (time.perf_counter() - start) / n
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    model, tokenizer = load_model(args.model, "cpu", args.dtype)
+    ctx = tokenizer(PROMPT, add_special_tokens=False)["input_ids"] * 4
+    model.reset(0)
+    model.logits(ctx, Tree.root_only(ctx[-1]), [0])
+    model.commit(ctx)
+    ctx = steps(model, ctx, 5)  # warm-up
+    start = time.perf_counter()
+    ctx = steps(model, ctx, args.steps)
+    step_ms = 1e3 * (time.perf_counter() - start) / args.steps
+    hf_ms = raw_ms(model.model, ctx, args.steps)
+    profile = cProfile.Profile()
+    profile.enable()
+    steps(model, ctx, args.steps)
+    profile.disable()
+    stats = pstats.Stats(profile).stats
+    total = sum(s[2] for s in stats.values())  # tottime over every function
+    linear = sum(s[2] for (_, _, name), s in stats.items()
+                 if "linear" in name or "addmm" in name or name.endswith("mm>"))
+    text = "\n".join([
+        f"- command: `python {' '.join(sys.argv)}`",
+        f"- machine: {platform.platform()}, {args.threads} torch threads, torch "
+        f"{torch.__version__}; target {args.model} in {model.model.dtype}",
+        f"- context: {len(ctx)} tokens; {args.steps} steps each", "",
+        "| measure | ms per step |", "|---|---|",
+        f"| `HFModel` one-token step (`ar`'s: logits, draw, commit) | {step_ms:.1f} |",
+        f"| the Hugging Face forward alone, same cache | {hf_ms:.1f} |",
+        f"| of the step under cProfile: linear layers' products | "
+        f"{1e3 * linear / args.steps:.1f} of {1e3 * total / args.steps:.1f} |", ""])
+    print(text)
+    if args.out:
+        from targetrows.core.atomic import atomic_write_text
+
+        atomic_write_text(args.out, text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
