@@ -115,6 +115,17 @@ def decode_config(args: argparse.Namespace, decoder: str = "ar", budget: int = 1
                         **fields)
 
 
+def check_outputs(prompts, outs, what: str) -> None:
+    """One output (`what`: "answers file", "row log") per prompts file, none named twice."""
+    import os
+
+    if len(outs) != len(prompts):
+        raise UsageError(f"--out names {len(outs)} {what}s for {len(prompts)} --prompts files; "
+                         f"give one {what} per prompts file")
+    if len(set(map(os.path.abspath, outs))) != len(outs):
+        raise UsageError(f"--out names one {what} twice; give each prompts file its own")
+
+
 def check_budgets(budgets, option: str = "--budget") -> None:
     for b in budgets:
         if b != "auto":

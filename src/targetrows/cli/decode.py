@@ -34,11 +34,7 @@ def run(args: argparse.Namespace) -> int:
     from targetrows.specbench.answers import AnswerSettings, answer_files
     from targetrows.specbench.questions import read_questions
 
-    if len(args.out) != len(args.prompts):
-        raise SystemExit(f"--out names {len(args.out)} files for {len(args.prompts)} --prompts "
-                         "files; give one answers file per prompts file")
-    if len(set(map(os.path.abspath, args.out))) != len(args.out):
-        raise SystemExit("--out names one answers file twice; give each prompts file its own")
+    common.check_outputs(args.prompts, args.out, "answers file")
     for path in args.prompts:  # a bad file fails before any model loads
         read_questions(path)
     common.check_budgets(args.budgets, "--budgets")

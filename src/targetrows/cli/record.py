@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from .common import UsageError, add_pool_arguments, check_temperatures, draft_label, pool_from
+from .common import UsageError, add_pool_arguments, check_outputs, check_temperatures, draft_label, pool_from
 
 
 def toy_pair(target: str, draft: str | None):
@@ -54,11 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from targetrows.rowlog.record import ChatEncoder, RecordConfig, read_prompts, record_file
 
-    if len(args.out) != len(args.prompts):
-        raise UsageError(f"--out names {len(args.out)} row logs for {len(args.prompts)} "
-                         "--prompts files; give one row log per prompts file")
-    if len(set(map(os.path.abspath, args.out))) != len(args.out):
-        raise UsageError("--out names one row log twice; give each prompts file its own")
+    check_outputs(args.prompts, args.out, "row log")
     for out in args.out:
         if os.path.exists(out) and not args.overwrite:
             raise UsageError(f"row log {out} exists; pass --overwrite or choose another --out")

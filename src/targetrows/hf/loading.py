@@ -148,8 +148,9 @@ def load_model(
 
     device: "cpu", "cuda", "cuda:1", ..., "auto" (spread over the GPUs with device_map="auto"),
     or None (the first GPU if any, else the CPU). dtype: "auto" (`resolve_dtype`: bfloat16
-    wherever it is fast, else float32) or a name in `DTYPES`. Pass `tokenizer` to skip loading it again. `packed`: a
-    CPU model's linear layers multiply by prepacked weights (`targetrows.hf.packed`).
+    wherever it is fast, else float32) or a name in `DTYPES`. Pass `tokenizer` to skip loading
+    it again. `packed`: a CPU model's linear layers multiply by prepacked weights
+    (`targetrows.hf.packed`).
     """
     from transformers import AutoModelForCausalLM
 
