@@ -133,7 +133,9 @@ class Eagle3Head(nn.Module):
              past_k: torch.Tensor, past_v: torch.Tensor, allowed: torch.Tensor):
         """One layer over q new entries: h [q, H] (projected features or parents' g), embeds
         [q, H] of their tokens, positions [q]; past keys/values [kv_heads, S, head_dim];
-        `allowed` [q, S + q] says which entries each query sees. Returns (g [q, H], k, v)."""
+        `allowed` [q, S + q] says which entries each query sees. Returns (g [q, H], keys,
+        values): the past ones with the new entries appended (one copy, which the caller keeps
+        as its cache)."""
         s, layer, attn = self.shape, self.layer, self.layer.self_attn
         q_len = h.shape[0]
         normed = layer.hidden_norm(h)
@@ -154,7 +156,7 @@ class Eagle3Head(nn.Module):
         mlp = layer.mlp
         x = layer.post_attention_layernorm(h)
         g = h + mlp.down_proj(self.act(mlp.gate_proj(x)) * mlp.up_proj(x))
-        return g, k[0], v[0]
+        return g, keys, values
 
     def draft_logits(self, g: torch.Tensor) -> torch.Tensor:
         """Logits over the draft vocabulary [rows, draft_vocab_size]."""
@@ -273,8 +275,7 @@ class Eagle3Draft(TorchRows):
         """One head pass over new entries appended to the cache; returns their g."""
         pos = torch.from_numpy(positions).to(self.device)
         mask = torch.from_numpy(allowed).to(self.device)[None, None]
-        g, k, v = self.head.step(h, self._embed(tokens), pos, self._k, self._v, mask)
-        self._k, self._v = torch.cat([self._k, k], dim=1), torch.cat([self._v, v], dim=1)
+        g, self._k, self._v = self.head.step(h, self._embed(tokens), pos, self._k, self._v, mask)
         return g
 
     def _feed_committed(self, ctx: np.ndarray) -> None:
