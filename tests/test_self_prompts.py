@@ -12,7 +12,12 @@ from tiny_models import reference_logits, tiny_model, tiny_tokenizer
 
 from targetrows.specbench.chat import encode_prompt
 from targetrows.train.replies import RepliesConfig, generate_replies
-from targetrows.train.self_prompts import sample_turns, self_prompts, user_turn_prefix
+from targetrows.train.self_prompts import (
+    sample_rows,
+    sample_turns,
+    self_prompts,
+    user_turn_prefix,
+)
 
 STOP = set(range(0, 259, 19))  # stop tokens enough for about half the turns to end in 12 tokens
 
@@ -28,6 +33,26 @@ def test_the_prefix_is_what_a_prompt_starts_with():
         user_turn_prefix(tok)
 
 
+def test_sample_rows_draws_each_rows_distribution():
+    """Frequencies over many draws match each row's probabilities (a chi-square bound far in
+    the tail), and a token of probability zero, wherever it sits, is never drawn."""
+    probs = torch.tensor([[0.5, 0.0, 0.3, 0.2, 0.0],
+                          [0.0, 0.1, 0.0, 0.0, 0.9],
+                          [0.0, 0.0, 0.0, 0.0, 1.0],
+                          [0.25, 0.25, 0.25, 0.25, 0.0]])
+    n, gen = 40_000, torch.Generator().manual_seed(0)
+    draws = torch.stack([sample_rows(probs, gen) for _ in range(n)])  # [n, rows]
+    for row in range(len(probs)):
+        counts = torch.bincount(draws[:, row], minlength=probs.shape[1]).double()
+        assert counts[probs[row] == 0].sum() == 0
+        p = probs[row][probs[row] > 0].double()
+        seen = counts[probs[row] > 0]
+        chi2 = ((seen - n * p) ** 2 / (n * p)).sum().item()
+        assert chi2 < 25.0, (row, chi2)  # 3 degrees of freedom at most: p < 1e-4 to fail
+    again = torch.stack([sample_rows(probs, torch.Generator().manual_seed(0)) for _ in range(2)])
+    assert torch.equal(again[0], draws[0]) and torch.equal(again[1], again[0])
+
+
 def test_batched_sampling_draws_what_one_row_at_a_time_draws():
     """The batch (one KV cache, rows leaving as they end) samples each row from its own
     distribution: replaying the same generator over full uncached forwards gives the same
@@ -41,7 +66,7 @@ def test_batched_sampling_draws_what_one_row_at_a_time_draws():
     seqs, alive, ended = [[] for _ in range(n)], list(range(n)), set()
     for _ in range(max_tokens):
         logits = torch.stack([reference_logits(model, prefix + seqs[r])[-1] for r in alive])
-        nxt = torch.multinomial(torch.softmax(logits.float(), -1), 1, generator=gen)[:, 0]
+        nxt = sample_rows(torch.softmax(logits.float(), -1), gen)
         for r, t in zip(alive, nxt.tolist(), strict=True):
             (ended.add(r) if t in STOP else seqs[r].append(t))
         alive = [r for r in alive if r not in ended]

@@ -38,7 +38,7 @@ from tqdm import tqdm
 from targetrows.core.atomic import new_folder
 
 from .chat_prompts import HELDOUT_PROMPTS, training_prompts
-from .self_prompts import self_prompts
+from .self_prompts import sample_rows, self_prompts
 
 
 @dataclass
@@ -201,7 +201,7 @@ def generate_batch(model, prompts: list[list[int]], max_new: int, stop: set[int]
             if sampler is None:  # the greedy token is also the label at this position
                 nxt = logits.argmax(-1)
             else:
-                nxt = torch.multinomial(logits.softmax(-1), 1, generator=sampler)[:, 0]
+                nxt = sample_rows(logits.softmax(-1), sampler)
             rows.append(alive)
             hs.append(hidden.half())
             tops.append(logits.topk(top_k).indices.int())

@@ -35,6 +35,18 @@ def user_turn_prefix(tokenizer) -> list[int]:
     return list(tokenizer(text[: text.index(_MARK)], add_special_tokens=False)["input_ids"])
 
 
+def sample_rows(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One token per row of `probs` [n, vocab], drawn by inverse transform sampling: one
+    uniform per row against the row's cumulative sum (in float64, so a token's share is its
+    probability to rounding). torch.multinomial draws the same distribution but spent ~120 ms
+    per step on a 128 x 49k batch on a CPU, most of a batched generation step."""
+    cdf = probs.double().cumsum(-1)
+    u = torch.rand((probs.shape[0], 1), generator=generator, dtype=torch.float64,
+                   device=probs.device) * cdf[:, -1:]
+    # right=True: the first token whose cdf exceeds u, so a zero-probability token is never drawn
+    return torch.searchsorted(cdf, u, right=True)[:, 0].clamp(max=probs.shape[-1] - 1)
+
+
 @torch.inference_mode()
 def sample_turns(model, prefix: list[int], n: int, max_tokens: int, stop: set[int],
                  generator: torch.Generator) -> list[list[int] | None]:
@@ -53,7 +65,7 @@ def sample_turns(model, prefix: list[int], n: int, max_tokens: int, stop: set[in
     picked = []  # per step: (rows alive, their tokens)
     for _ in range(max_tokens):
         probs = torch.softmax(logits.float(), dim=-1)
-        nxt = torch.multinomial(probs, 1, generator=generator)[:, 0]
+        nxt = sample_rows(probs, generator)
         picked.append((alive, nxt))
         ended = torch.isin(nxt, stop_t)
         for row in alive[ended].tolist():
