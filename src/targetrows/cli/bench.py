@@ -9,6 +9,7 @@ import argparse
 import contextlib
 import dataclasses
 import os
+import shlex
 import sys
 import tempfile
 
@@ -170,8 +171,9 @@ def run(args: argparse.Namespace) -> int:
     context["lookup"] = bool(args.draft_lookup)  # which goal over ar applies
     prog = os.path.basename(sys.argv[0])
     prog = "targetrows" if prog in ("cli.py", "__main__.py") else prog  # python -m targetrows.cli
+    # quoted as a shell would need it: a --peer command or a --note is one argument
     head = report.header(settings, target, draft, len(prompts),
-                         command=" ".join([prog] + sys.argv[1:]), note=args.note,
+                         command=shlex.join([prog, *sys.argv[1:]]), note=args.note,
                          assistant=assistant, peers=context["peers"])
     paths = report.write(args.out_dir, args.name, rows, context, head, settings)
     print(report.summary_markdown(report.summarize(rows, settings), settings))
