@@ -24,6 +24,7 @@ rule draft_agreement:
         ],
     wildcard_constraints:
         model=alternation(trained_drafts()),
+    priority: PRIORITY["draft_agreement"]
     threads: config["threads"]["build"]
     resources:
         mem_mb=lambda w, input: job_mem_mb("draft_agreement", [input.target, input.draft]),

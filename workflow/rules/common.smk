@@ -40,6 +40,11 @@ validate_config(config)
 # pipeline also runs with --directory somewhere else.
 REPO = Path(workflow.basedir)
 ENV = "../envs/targetrows.yaml"
+# Which ready job takes a free core first (higher first; default 0): the row logs and the
+# reranker fitted on them, then the agreement job, which needs both cores of a 2-core machine and
+# would otherwise wait for the last decode jobs to finish; decode jobs longest first (their
+# priority is their number of budget conditions).
+PRIORITY = {"record_rows": 5, "train_reranker": 5, "draft_agreement": 4}
 TARGETS = [pair["target"] for pair in config["pairs"]]
 DRAFT_OF = {pair["target"]: pair["draft"] for pair in config["pairs"]}
 

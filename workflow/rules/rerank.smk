@@ -20,6 +20,7 @@ rule train_reranker:
             "--folds", config["rerank"]["folds"], "--seed", config["rerank"]["seed"],
             "--out", str(Path(output.report).parent),
         ],
+    priority: PRIORITY["train_reranker"]
     localrule: True
     conda:
         ENV

@@ -25,6 +25,7 @@ rule record_rows:
         args=config["record"]["args"],
         trust=lambda w: trust_args(w.target),
         lock_dir=gpu_lock_dir(),
+    priority: PRIORITY["record_rows"]
     threads: config["threads"]["record"]
     resources:
         gpu=gpu_request(1),
