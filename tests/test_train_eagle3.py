@@ -175,10 +175,12 @@ def test_the_chunked_soft_cross_entropy_is_autograds_in_value_and_gradient():
     want = -(target_p[rows] * z.log_softmax(-1)).sum(-1).mean()
     (want_grad,) = torch.autograd.grad((want * 3.0) + (z * weight).sum(), z)
     for chunk in (1, 3, 7, 64):  # chunks that split the rows unevenly, and one that does not
-        got = et.SoftCrossEntropy.apply(z, target_p, rows, chunk)
-        (grad,) = torch.autograd.grad((got * 3.0) + (z * weight).sum(), z)
-        assert torch.allclose(got, want, rtol=1e-12)
-        assert torch.allclose(grad, want_grad, rtol=1e-10, atol=1e-14)
+        for own in (False, True):  # owning: the gradient overwrites an intermediate copy of z
+            logits = z * 1.0 if own else z
+            got = et.SoftCrossEntropy.apply(logits, target_p, rows, chunk, own)
+            (grad,) = torch.autograd.grad((got * 3.0) + (z * weight).sum(), z)
+            assert torch.allclose(got, want, rtol=1e-12)
+            assert torch.allclose(grad, want_grad, rtol=1e-10, atol=1e-14)
 
 
 def test_the_head_logits_are_exact_and_their_gradients_close_in_bfloat16():

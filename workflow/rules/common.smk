@@ -40,11 +40,12 @@ validate_config(config)
 # pipeline also runs with --directory somewhere else.
 REPO = Path(workflow.basedir)
 ENV = "../envs/targetrows.yaml"
-# Which ready job takes a free core first (higher first; default 0): the row logs and the
-# reranker fitted on them, then the agreement job, which needs both cores of a 2-core machine and
-# would otherwise wait for the last decode jobs to finish; decode jobs longest first (their
-# priority is their number of budget conditions).
-PRIORITY = {"record_rows": 5, "train_reranker": 5, "draft_agreement": 4}
+# Which ready jobs take free cores first: Snakemake starts the set of jobs with the highest summed
+# priority that fits (default 0). When the head is trained both cores free up at once: the
+# agreement job takes them (it needs both, and once single-core jobs run there is rarely a moment
+# when both are free again; 20 outweighs any two other jobs), then the row logs and the reranker
+# fitted on them, then the decode jobs (`decode_priority`).
+PRIORITY = {"draft_agreement": 20, "record_rows": 8, "train_reranker": 8}
 TARGETS = [pair["target"] for pair in config["pairs"]]
 DRAFT_OF = {pair["target"]: pair["draft"] for pair in config["pairs"]}
 
@@ -279,6 +280,15 @@ def decode_inputs(wildcards):
         )
         inputs["rows"] = expand("results/rows/{target}/{task}/T{temperature}.npz", **tasks)
     return inputs
+
+
+def decode_priority(decoder, cfg=config):
+    """A decode job's scheduling priority: the longest jobs first (its number of budget
+    conditions), and a decoder whose runs another's matched cap waits for (pearl, for fts) before
+    that one."""
+    waiting = [d for d in cfg["decode"]["decoders"] if DECODERS[d].baseline == decoder
+               and any(isinstance(b, dict) for b in decode_budgets(d, cfg))]
+    return len(decode_budgets(decoder, cfg)) + sum(len(decode_budgets(d, cfg)) for d in waiting)
 
 
 def gpus_for(decoder):

@@ -25,7 +25,7 @@ rule decode:
         args=config["decode"]["args"],
         trust=lambda w: trust_args(w.target),
         lock_dir=gpu_lock_dir(),
-    priority: lambda w: len(decode_budgets(w.decoder))  # the longest jobs first
+    priority: lambda w: decode_priority(w.decoder)
     threads: config["threads"]["decode"]
     resources:
         gpu=lambda w: gpu_request(gpus_for(w.decoder)),
