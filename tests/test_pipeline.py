@@ -46,6 +46,21 @@ def job_counts(output: str) -> dict[str, int]:
     return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", block, re.M)}
 
 
+def job_priorities(output: str) -> dict[str, int]:
+    """Each planned job's priority in a dry run's listing ("rule" or "decode <decoder>"; the
+    highest where one name has several jobs)."""
+    found: dict[str, int] = {}
+    for block in re.split(r"^\[", output, flags=re.M):  # each job's listing starts "[date]"
+        rule = re.search(r"^(?:local)?rule (\w+):", block, re.M)
+        if rule is None:
+            continue
+        decoder = re.search(r"decoder=(\w+)", block)
+        name = rule[1] + (f" {decoder[1]}" if decoder else "")
+        level = re.search(r"^\s+priority: (\d+)", block, re.M)
+        found[name] = max(found.get(name, 0), int(level[1]) if level else 0)
+    return found
+
+
 def default_config() -> dict:
     return yaml.safe_load((REPO / "config" / "config.yaml").read_text())
 
@@ -80,6 +95,14 @@ def test_default_config_plans_the_embedded_pair(tmp_path):
     assert counts["build_target"] == counts["target_replies"] == counts["train_eagle3"] == 1
     assert "download_model" not in counts and "distill_draft" not in counts
     assert counts["decode"] == 2 * len(default_config()["decode"]["decoders"])
+    # scheduling on 2 cores: the two-thread agreement job outweighs any two others, so it starts
+    # when the head is trained and both cores are free; pearl before the fts runs that wait for
+    # it; the longest decode jobs first
+    priority = job_priorities(proc.stdout)
+    assert priority["draft_agreement"] > 2 * max(p for job, p in priority.items()
+                                                 if job != "draft_agreement")
+    assert (priority["decode pearl"] > priority["decode fts"] > priority["decode draft_rank"]
+            > priority["decode ar"])
 
 
 def test_the_distilled_draft_is_the_default_configs_other_option(tmp_path):
