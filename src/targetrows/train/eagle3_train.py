@@ -185,6 +185,9 @@ def step_rows(batch: Batch, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return mask, rows[mask]
 
 
+LOSS_CHUNK = 512  # rows of the soft cross-entropy at a time (`SoftCrossEntropy`)
+
+
 class SoftCrossEntropy(torch.autograd.Function):
     """mean over i of -Σ_v p_i · log_softmax(z_i), p_i = `target_p[rows[i]]`, computed as
     logsumexp(z_i) - p_i·z_i (Σ p_i = 1), with the gradient softmax(z_i) - p_i.
@@ -199,7 +202,7 @@ class SoftCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, z: torch.Tensor, target_p: torch.Tensor, rows: torch.Tensor,
-                chunk: int = 512, own_logits: bool = False) -> torch.Tensor:
+                chunk: int = LOSS_CHUNK, own_logits: bool = False) -> torch.Tensor:
         ctx.save_for_backward(z, target_p, rows)
         ctx.chunk, ctx.own_logits = chunk, own_logits
         total = target_p.new_zeros(())  # in the labels' precision, whatever z's
@@ -272,7 +275,7 @@ def batch_loss(head, embed, batch: Batch, config: Eagle3TrainConfig, target_w: t
         # margins the top-1 is decided by (480 iterations: 0.386 held-out agreement, not 0.381)
         with torch.autocast(g.device.type, enabled=False):  # head.draft_logits, but faster
             z = HeadLogits.apply(head.norm(g[mask].float()), head.lm_head.weight, grad_dtype)
-        loss = SoftCrossEntropy.apply(z, target_p, rows, 512, True)  # z: this loss's alone
+        loss = SoftCrossEntropy.apply(z, target_p, rows, LOSS_CHUNK, True)  # z: this loss's alone
         total = total + config.ttt_decay ** k * loss
     return total
 
