@@ -29,6 +29,7 @@ from targetrows.core.tree import Tree
 from targetrows.hf.cache import growing_cache
 from targetrows.hf.gqa_attention import NAME as GQA_ATTENTION
 from targetrows.hf.gqa_attention import use_gqa_kernel
+from targetrows.hf.lean_forward import lean_forward
 
 
 class TorchRows:
@@ -125,10 +126,12 @@ class HFModel(TorchRows):
 
     `vocab_size` (default: the model's logit width) is the tokenizer's vocabulary: rows are cut
     to it, so a target and a draft whose logit widths differ only by padding compare equal.
+    `lean`: run the passes through `targetrows.hf.lean_forward` where it reproduces the model
+    (Llama-family models on the CPU), else through the model's own forward.
     """
 
     def __init__(self, model, vocab_size: int | None = None, name: str = "model",
-                 feature_layers: Sequence[int] | None = None):
+                 feature_layers: Sequence[int] | None = None, lean: bool = True):
         config = model.config
         width = int(model.get_output_embeddings().weight.shape[0])
         self.vocab_size = width if vocab_size is None else int(vocab_size)
@@ -151,6 +154,7 @@ class HFModel(TorchRows):
                 "that tree attention needs); use a model with full attention in every layer"
             )
         self.model = model.eval()
+        self._lean = lean_forward(model) if lean else None
         self.name = name
         # prompts are checked against these before decoding (`specbench.check_prompt`): an id
         # past the embedding table is an IndexError on the CPU and a device assert on a GPU
@@ -338,15 +342,16 @@ class HFModel(TorchRows):
         keep = row_of[nodes]
         if self.feature_layers:
             self._capture = {}
+        ids_t = torch.from_numpy(ids).to(self.input_device)[None]
+        positions_t = torch.from_numpy(positions).to(self.input_device)[None]
+        keep_t = torch.from_numpy(keep).to(self.device)  # the rows the last layer computes
         try:
-            out = self.model(
-                input_ids=torch.from_numpy(ids).to(self.input_device)[None],
-                position_ids=torch.from_numpy(positions).to(self.input_device)[None],
-                attention_mask=mask,
-                cache=self._cache,
-                use_cache=True,
-                logits_to_keep=torch.from_numpy(keep).to(self.device),  # the last layer's
-            )
+            if self._lean is not None:
+                logits = self._lean(ids_t, positions_t, mask, self._cache, keep_t, self._capture)
+            else:
+                logits = self.model(input_ids=ids_t, position_ids=positions_t,
+                                    attention_mask=mask, cache=self._cache, use_cache=True,
+                                    logits_to_keep=keep_t).logits
         except Exception:
             self._clear_cache()  # a pass that failed midway leaves layers of uneven length
             raise
@@ -356,7 +361,7 @@ class HFModel(TorchRows):
             self._append_features(captured, base)
         if m:
             self._prefix = ctx[: start + m].copy()
-        rows = out.logits[0, :, : self.vocab_size]
+        rows = logits[0, :, : self.vocab_size]
         self._check_finite(rows, positions[keep])
         return rows
 
