@@ -212,6 +212,8 @@ class HFModel(TorchRows):
             self._generator.manual_seed(int(seed))
 
     def _clear_cache(self) -> None:
+        if self._lean is not None:  # weights changed since the last reset reach the products
+            self._lean.refresh()
         self._cache = growing_cache(self.model.config)
         self._prefix = np.zeros(0, dtype=np.int64)  # committed tokens whose KV is cached
         self._tree: Tree | None = None  # the tree whose nodes follow the prefix in the cache
