@@ -78,11 +78,16 @@ def main() -> None:
                         help="share of the machine's memory vLLM's CPU backend reserves (its "
                         "--gpu-memory-utilization; its default 0.92 leaves none for a second "
                         "engine or for the bench itself)")
+    parser.add_argument("--kv-cache-gib", type=int, default=1,
+                        help="GiB for vLLM's KV cache on the CPU (VLLM_CPU_KVCACHE_SPACE)")
     args = parser.parse_args()
     argv = preload_argv()
     if argv is not None:
         os.execv(sys.executable, argv)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # one process, idle between
+    # the KV cache's size in GiB, set outright: vLLM's CPU backend otherwise takes --memory's
+    # share of one NUMA node less what the model holds, which is nothing on a small node
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(args.kv_cache_gib))
     out = sys.stdout
     sys.stdout = sys.stderr  # the engine's own prints must not corrupt the protocol
     llm = engine(args)
