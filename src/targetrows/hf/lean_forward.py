@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from .packed import BATCH_HINT, PackedLinear
 
@@ -62,12 +63,6 @@ def _rms_norm(x: torch.Tensor, norm) -> torch.Tensor:
     xf = x.to(torch.float32)
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
     return norm.weight * xf.to(x.dtype)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Hugging Face's `apply_rotary_pos_emb` for one tensor (rotate_half: -x2 | x1)."""
-    half = x.shape[-1] // 2
-    return (x * cos) + (torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin)
 
 
 class _Linear:
@@ -123,7 +118,6 @@ class LeanForward:
     weights and a `targetrows.hf.cache` cache (see the module docstring)."""
 
     def __init__(self, model):
-        self.model = model
         decoder = model.get_decoder()
         self.embed = decoder.embed_tokens
         self.rotary = decoder.rotary_emb
@@ -145,8 +139,9 @@ class LeanForward:
         """Rebuild the products whose weights changed since the last refresh (or construction)."""
         self.head.refresh()
         for layer in self.layers:
-            for name in ("qkv", "o", "gate_up", "down"):
-                layer[name].refresh()
+            for product in layer.values():
+                if isinstance(product, _Linear):
+                    product.refresh()
 
     @torch.inference_mode()
     def __call__(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
@@ -160,7 +155,6 @@ class LeanForward:
         past = cache.get_seq_length()
         x = self.embed(ids)
         cos, sin = self.rotary(x, positions)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         causal = False
         if mask is None and q_len > 1:
             if past:  # Hugging Face's sdpa mask: a boolean one (True = attend)
@@ -187,8 +181,7 @@ class LeanForward:
         q, k, v = (t.view(1, q_len, -1, dim) for t in (q, k, v))
         if layer["q_norm"] is not None:  # Qwen3: RMSNorm over each head, before rotary
             q, k = _rms_norm(q, layer["q_norm"]), _rms_norm(k, layer["k_norm"])
-        q = _rotate(q.transpose(1, 2), cos, sin)
-        k = _rotate(k.transpose(1, 2), cos, sin)
+        q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
         keys, values = cache.layers[i].update(k, v.transpose(1, 2))
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=causal,
                                              scale=layer["scaling"], enable_gqa=True)
