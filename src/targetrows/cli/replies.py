@@ -20,6 +20,9 @@ def add_replies_arguments(parser: argparse.ArgumentParser) -> None:
                          "its chat template), one greedy reply each"),
         ("sampled", "replies sampled at temperature 1 besides the greedy ones, to training "
                     "prompts spread over the list (more than the prompts: several each)"),
+        ("library-passages", "functions and classes from Python's standard library source, "
+                             "each given as a user's message and labelled at every position"),
+        ("library-reply-tokens", "greedy reply length after each library passage"),
         ("heldout", "held-out prompts to evaluate on"),
         ("max-new-tokens", "training reply length cap"),
         ("heldout-max-new-tokens", "held-out reply length cap"),

@@ -14,7 +14,8 @@ the batch) keeps, at no extra cost:
 Batched generation makes many more tokens per second on a CPU than batch-1 decoding, and prompt
 variety matters more than reply length: the prompts are template requests (`chat_prompts`) and
 requests the target writes itself (`self_prompts`; only their text is kept, so they are written
-in bfloat16 wherever that is fast, `write_dtype`). The training replies are generated in the
+in bfloat16 wherever that is fast, `write_dtype`), and optionally passages of Python's standard
+library (`library_text`), labelled with their short replies. The training replies are generated in the
 dtype the decoders run the target in (bfloat16 where that is fast, else float32; `dtype`), the
 held-out replies, which measure agreement, by the target as loaded (float32). The folder holds
 ``train.pt`` and ``heldout.pt`` (plain tensors, loaded weights-only) and ``replies.json``
@@ -38,6 +39,7 @@ from tqdm import tqdm
 from targetrows.core.atomic import new_folder
 
 from .chat_prompts import HELDOUT_PROMPTS, training_prompts
+from .library_text import library_passages
 from .self_prompts import sample_rows, self_prompts
 
 
@@ -62,6 +64,11 @@ class RepliesConfig:
     # through the same requests, with the target's own distributions as labels all the same
     # (benchmarks/results/head_trials.md: the most agreement per minute of the data tried)
     sampled: int = 1280
+    # passages of Python's standard library source (`library_text`) given as user messages and
+    # labelled at every position of the prefill, each with a short greedy reply: text no
+    # template and not the target wrote, at a fraction of a reply's cost per labelled position
+    library_passages: int = 0
+    library_reply_tokens: int = 16
 
 
 def default_feature_layers(n_layers: int) -> tuple[int, int, int]:
@@ -325,6 +332,13 @@ def generate_replies(target, tokenizer, config: RepliesConfig) -> tuple[TeacherD
         sampler = torch.Generator(device=target.device).manual_seed(config.seed + 1)
         train = train + teacher_data(generator, again, config, stop, "sampled replies", cap,
                                      config.learn_prompts, sampler=sampler)
+    library = []
+    if config.library_passages:  # their text is the point: labelled whatever learn_prompts says
+        passages = library_passages(config.library_passages, config.seed)
+        library = [encode_prompt(tokenizer, p) for p in passages]
+        short = replace(config, max_new_tokens=config.library_reply_tokens)
+        train = train + teacher_data(generator, library, short, stop, "library passages", cap,
+                                     learn_prompts=True)
     del generator
     held_config = replace(config, max_new_tokens=config.heldout_max_new_tokens)
     held = teacher_data(target, held_ids, held_config, stop, "held-out replies")
@@ -333,7 +347,8 @@ def generate_replies(target, tokenizer, config: RepliesConfig) -> tuple[TeacherD
         "feature_layers": list(train.feature_layers),
         "train_prompts": len(train.sequences), "train_positions": len(train.hidden),
         "heldout_prompts": len(held.sequences), "heldout_positions": len(held.hidden),
-        "self_prompts_seconds": written_s, "self_prompt_examples": written[:8],
+        "library_prompts": len(library), "self_prompts_seconds": written_s,
+        "self_prompt_examples": written[:8],
         "stop_ids": sorted(stop), "seconds": time.perf_counter() - start,
         "threads": torch.get_num_threads(), "torch": torch.__version__,
     }
