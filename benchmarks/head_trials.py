@@ -91,9 +91,27 @@ def run_trial(args, name: str, work: Path, splits: dict) -> dict:
     }
 
 
-def render(rows: list[dict]) -> str:
-    def f(v):
-        return "-" if v is None else f"{v:.3f}"
+def f(v) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
+def by_task(rows: list[dict], work: Path) -> list[str]:
+    """Online B=1 on the test prompts per task, from each trial's agreement report kept in
+    WORK (three prompts a task: a coarse figure, which shows where a change lands)."""
+    reports = {r["trial"]: work / "trials" / r["trial"] / "agreement_test.json" for r in rows}
+    reports = {k: json.loads(p.read_text()) for k, p in reports.items() if p.exists()}
+    if not reports:
+        return []
+    tasks = sorted({t for rep in reports.values() for t in rep["tasks"]})
+    lines = ["", "Test online B=1 by task (three prompts each):", "",
+             "| trial | " + " | ".join(tasks) + " |", "|" + "---|" * (len(tasks) + 1)]
+    for name, rep in reports.items():
+        cells = [f(rep["tasks"].get(t, {}).get("online_b1")) for t in tasks]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def render(rows: list[dict], work: Path | None = None) -> str:
 
     lines = ["Each trial: `targetrows replies` (its options) and `targetrows train-eagle3` (its "
              "options) on the embedded target, 2 threads; minutes: the two jobs' wall time. "
@@ -113,6 +131,8 @@ def render(rows: list[dict]) -> str:
                      f"{f(r['handwritten_top1'])} | {f(r['dev_teacher_forced_top1'])} | "
                      f"{f(r['test_teacher_forced_top1'])} | "
                      f"{f(r['test_online_b1'])} | {f(chain[1])} |")
+    if work is not None:
+        lines += by_task(rows, work)
     return "\n".join(lines) + "\n"
 
 
@@ -135,7 +155,7 @@ def main(argv=None) -> int:
         with open(log, "a") as f:
             f.write(json.dumps(row) + "\n")
     rows = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-    table = render(rows)
+    table = render(rows, work)
     print(table)
     if args.report:
         from targetrows.core.atomic import atomic_write_text
