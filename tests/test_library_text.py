@@ -79,3 +79,10 @@ def test_replies_label_library_passages_from_the_chat_header():
     assert shared_prefix(asked) < min(map(len, asked))
     assert len(train.hidden) == sum(len(s) - p for s, p in zip(train.sequences,
                                                                 train.prompt_lens, strict=True))
+
+
+def test_passages_follow_the_parser_across_form_feeds(tmp_path):
+    """A form feed is no line end to the parser: the passage is still the whole function."""
+    (tmp_path / "paged.py").write_text("X = 1\n\x0c\n" + _function("paged", 8))
+    passage, = library_passages(1, root=tmp_path)
+    assert passage == _function("paged", 8).strip("\n")

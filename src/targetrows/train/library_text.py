@@ -17,6 +17,7 @@ the library instead of crowding into its largest modules.
 from __future__ import annotations
 
 import ast
+import io
 import random
 import sysconfig
 from pathlib import Path
@@ -46,7 +47,9 @@ def file_passages(path: Path, min_chars: int, max_chars: int) -> list[str]:
         tree = ast.parse(source)
     except (SyntaxError, UnicodeDecodeError, ValueError):
         return []
-    lines = source.splitlines(keepends=True)  # once: ast.get_source_segment splits per node
+    # split once (ast.get_source_segment splits per node), at line ends only, as ast counts
+    # lines: str.splitlines would also split at the form feeds some modules hold
+    lines = io.StringIO(source, newline="").readlines()
     out = []
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
