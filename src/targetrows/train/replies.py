@@ -15,11 +15,11 @@ Batched generation makes many more tokens per second on a CPU than batch-1 decod
 variety matters more than reply length: the prompts are template requests (`chat_prompts`) and
 requests the target writes itself (`self_prompts`; only their text is kept, so they are written
 in bfloat16 wherever that is fast, `write_dtype`), and optionally passages of Python's standard
-library (`library_text`), labelled with their short replies. The training replies are generated in the
-dtype the decoders run the target in (bfloat16 where that is fast, else float32; `dtype`), the
-held-out replies, which measure agreement, by the target as loaded (float32). The folder holds
-``train.pt`` and ``heldout.pt`` (plain tensors, loaded weights-only) and ``replies.json``
-(settings, sizes, time).
+library (`library_text`), labelled with their short replies. The training replies are generated
+in the dtype the decoders run the target in (bfloat16 where that is fast, else float32;
+`dtype`), the held-out replies, which measure agreement, by the target as loaded (float32). The
+folder holds ``train.pt`` and ``heldout.pt`` (plain tensors, loaded weights-only) and
+``replies.json`` (settings, sizes, time).
 """
 
 from __future__ import annotations
@@ -65,8 +65,8 @@ class RepliesConfig:
     # (benchmarks/results/head_trials.md: the most agreement per minute of the data tried)
     sampled: int = 1280
     # passages of Python's standard library source (`library_text`) given as user messages and
-    # labelled at every position of the prefill, each with a short greedy reply: text no
-    # template and not the target wrote, at a fraction of a reply's cost per labelled position
+    # labelled at every position of the prefill, each with a short greedy reply: text neither a
+    # template nor the target wrote (benchmarks/results/head_trials_library.md: off by default)
     library_passages: int = 0
     library_reply_tokens: int = 16
 
