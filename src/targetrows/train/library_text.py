@@ -5,9 +5,9 @@ A passage given as a user's message is labelled at every position of one batched
 (`replies.teacher_data` with ``learn_prompts``), then gets a short greedy reply. The passages are
 text written by people, not by templates or by the target, so a head trained on them meets
 wordings, identifiers and code that no training prompt holds. (On 2 CPU cores a batched prefill
-costs about what batched generation does per labelled position: both keep the cores busy.)
-Every machine that runs this package has them; they depend on the Python version (its standard
-library), so a head trained with them is reproducible on the same version.
+is only about 1.3x cheaper per labelled position than batched generation: both keep the cores
+busy.) Every machine that runs this package has them; they depend on the Python version (its
+standard library), so a head trained with them is reproducible on the same version.
 
 The test suite, IDLE, lib2to3, codec tables and installed packages are left out. Files are
 visited in a seeded order, at most `per_file` passages from each, so the passages spread over
