@@ -112,7 +112,6 @@ def by_task(rows: list[dict], work: Path) -> list[str]:
 
 
 def render(rows: list[dict], work: Path | None = None) -> str:
-
     lines = ["Each trial: `targetrows replies` (its options) and `targetrows train-eagle3` (its "
              "options) on the embedded target, 2 threads; minutes: the two jobs' wall time. "
              "Top-1: teacher-forced agreement on the target's greedy replies (dev: 96 tokens of "
