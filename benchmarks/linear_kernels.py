@@ -24,7 +24,7 @@ import time
 import torch
 
 from targetrows.hf import packed
-from targetrows.hf.cache import growing_cache
+from targetrows.hf.cache import cache_kwargs, growing_cache
 
 
 @torch.inference_mode()
@@ -33,7 +33,8 @@ def pass_ms(model, context: int, n: int, repeats: int) -> tuple[float, torch.Ten
     gen = torch.Generator().manual_seed(n)
     vocab = model.config.vocab_size
     cache = growing_cache(model.config)
-    model(input_ids=torch.randint(0, vocab, (1, context), generator=gen), cache=cache)
+    model(input_ids=torch.randint(0, vocab, (1, context), generator=gen),
+          **cache_kwargs(model, cache))
     ids = torch.randint(0, vocab, (1, n), generator=gen)
     positions = torch.arange(context, context + n)[None]
     mask = torch.zeros(1, 1, n, context + n, dtype=model.dtype)  # a chain; tree masks cost the same
@@ -41,7 +42,8 @@ def pass_ms(model, context: int, n: int, repeats: int) -> tuple[float, torch.Ten
     for _ in range(repeats):
         cache.crop(context - cache.get_seq_length()) if cache.get_seq_length() > context else None
         start = time.perf_counter()
-        out = model(input_ids=ids, position_ids=positions, attention_mask=mask, cache=cache)
+        out = model(input_ids=ids, position_ids=positions, attention_mask=mask,
+                    **cache_kwargs(model, cache))
         times.append(time.perf_counter() - start)
     return 1e3 * statistics.median(times), out.logits
 

@@ -13,6 +13,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from targetrows.hf import batched_attention as module
 from targetrows.hf.batched_attention import NAME, batched_attention, grouped_matmul_forward
+from targetrows.hf.cache import cache_kwargs
 
 
 class Layer(torch.nn.Module):
@@ -80,7 +81,7 @@ def test_a_model_decodes_the_same_rows_inside_the_switch_and_is_restored(monkeyp
 
     def last_logits():
         out = model(input_ids=ids[:, :-1], use_cache=True)
-        return model(input_ids=ids[:, -1:], cache=out.past_key_values,
+        return model(input_ids=ids[:, -1:], **cache_kwargs(model, out.past_key_values),
                      use_cache=True).logits[:, -1]
 
     calls = []  # query shapes of the passes that took the grouped products

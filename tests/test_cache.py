@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 from tiny_models import ARCHS, tiny_model
 from transformers import DynamicCache
 
-from targetrows.hf.cache import growing_cache
+from targetrows.hf.cache import cache_kwargs, growing_cache
 
 
 def run(model, cache, steps):
@@ -19,7 +19,7 @@ def run(model, cache, steps):
     with torch.inference_mode():
         for kind, arg in steps:
             if kind == "feed":
-                out.append(model(input_ids=arg, cache=cache, use_cache=True).logits)
+                out.append(model(input_ids=arg, use_cache=True, **cache_kwargs(model, cache)).logits)
             elif kind == "crop":
                 cache.crop(-arg)
             else:
@@ -52,3 +52,21 @@ def test_growing_cache_refuses_sliding_windows():
                        max_window_layers=0, layer_types=["sliding_attention"] * 2)
     with pytest.raises(ValueError, match="sliding-window"):
         growing_cache(model.config)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_cache_reaches_the_model_under_this_transformers_name(arch):
+    """transformers 5.24 renamed `past_key_values` to `cache`; a cache under the name a release
+    does not know is dropped in `**kwargs` without a word. The pass must fill the cache given,
+    and the next pass must read it (its logits equal a pass over the whole sequence)."""
+    model = tiny_model(arch, n_layers=2)
+    ids = torch.randint(0, 200, (1, 7), generator=torch.Generator().manual_seed(1))
+    cache = growing_cache(model.config)
+    with torch.inference_mode():
+        model(input_ids=ids[:, :6], use_cache=True, **cache_kwargs(model, cache))
+        assert cache.get_seq_length() == 6
+        step = model(input_ids=ids[:, 6:], position_ids=torch.tensor([[6]]), use_cache=True,
+                     **cache_kwargs(model, cache)).logits[0, -1]
+        whole = model(input_ids=ids, use_cache=False).logits[0, -1]
+    assert cache.get_seq_length() == 7
+    torch.testing.assert_close(step, whole)

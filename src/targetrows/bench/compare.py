@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import sys
 
-import numpy as np
-
-from targetrows.core.tree import Tree
+from targetrows.bench.drift import parting, top2_gap
 from targetrows.decoding.config import DecodeConfig
 from targetrows.decoding.loop import generate
 from targetrows.decoding.registry import get_decoder
@@ -74,28 +72,14 @@ def divergence(target, prompt_ids, reference, tokens) -> dict | None:
     """Where `tokens` first part from `reference` (ar's tokens), and the gap between the target's
     two best logits there, from one pass over the whole context, in rounding steps of the rows'
     dtype at that size. None when they are identical."""
-    n = min(len(reference), len(tokens))
-    at = next((i for i in range(n) if reference[i] != tokens[i]), n)
-    if at == n and len(reference) == len(tokens):
+    at = parting(reference, tokens)
+    if at is None:
         return None
     out = {"position": at, "reference": reference[at:at + 1], "tokens": tokens[at:at + 1],
            "gap": None, "steps": None, "dtype": None}
-    if at == n:  # one stopped early: no tie explains that
-        return out
-    context = list(prompt_ids) + list(reference[:at])
-    target.reset()
-    row = target.logits(context, Tree.root_only(context[-1]), [0])
-    dtype = getattr(row, "dtype", None)
-    if hasattr(row, "float"):  # a torch row: compare in float32, read the step of its dtype
-        import torch
-
-        eps = torch.finfo(dtype).eps
-        row = row.float().cpu().numpy()
-    else:
-        eps = np.finfo(np.asarray(row).dtype).eps
-    second, best = np.sort(np.asarray(row, dtype=np.float64)[0])[-2:]
-    step = eps * 2.0 ** np.floor(np.log2(max(abs(best), np.finfo(np.float64).tiny)))
-    out.update(gap=float(best - second), steps=float((best - second) / step), dtype=str(dtype))
+    if at < min(len(reference), len(tokens)):  # else one stopped early: no tie explains that
+        gap, steps, dtype = top2_gap(target, list(prompt_ids) + list(reference[:at]))
+        out.update(gap=gap, steps=steps, dtype=dtype)
     return out
 
 

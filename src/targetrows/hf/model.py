@@ -26,7 +26,7 @@ import torch
 
 from targetrows.core.checks import check_temperature
 from targetrows.core.tree import Tree
-from targetrows.hf.cache import growing_cache
+from targetrows.hf.cache import cache_kwargs, growing_cache
 from targetrows.hf.gqa_attention import NAME as GQA_ATTENTION
 from targetrows.hf.gqa_attention import use_gqa_kernel
 from targetrows.hf.lean_forward import lean_forward
@@ -163,6 +163,10 @@ class HFModel(TorchRows):
         self.dtype = model.dtype
         self.device = model.get_output_embeddings().weight.device  # where rows come out
         self.input_device = model.get_input_embeddings().weight.device
+        # Hugging Face picks the rows to keep from the final norm's output before lm_head, so
+        # the index lives where that output does (another card than lm_head's in a split model)
+        norm = getattr(model.get_decoder(), "norm", None)
+        self._keep_device = norm.weight.device if norm is not None else self.device
         self._generator = torch.Generator(device=self.device)
         self._capture: dict[int, torch.Tensor] | None = None  # layer inputs, running pass
         self.feature_layers: tuple[int, ...] = ()
@@ -346,13 +350,14 @@ class HFModel(TorchRows):
             self._capture = {}
         ids_t = torch.from_numpy(ids).to(self.input_device)[None]
         positions_t = torch.from_numpy(positions).to(self.input_device)[None]
-        keep_t = torch.from_numpy(keep).to(self.device)  # the rows the last layer computes
+        keep_t = torch.from_numpy(keep).to(self._keep_device)  # the rows the last layer computes
         try:
             if self._lean is not None:
                 logits = self._lean(ids_t, positions_t, mask, self._cache, keep_t, self._capture)
             else:
                 logits = self.model(input_ids=ids_t, position_ids=positions_t,
-                                    attention_mask=mask, cache=self._cache, use_cache=True,
+                                    attention_mask=mask, use_cache=True,
+                                    **cache_kwargs(self.model, self._cache),
                                     logits_to_keep=keep_t).logits
         except Exception:
             self._clear_cache()  # a pass that failed midway leaves layers of uneven length

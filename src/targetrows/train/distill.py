@@ -148,16 +148,16 @@ def top1_agreement(draft, data: TeacherData, batch: int = 16) -> tuple[float, in
 @torch.inference_mode()
 def forward_seconds(model, block: int, context: int = 128, reps: int = 15) -> float:
     """Median time of one forward of `block` new tokens after `context` cached ones (batch 1)."""
-    from targetrows.hf.cache import growing_cache  # the decoders' cache
+    from targetrows.hf.cache import cache_kwargs, growing_cache  # the decoders' cache
 
     ids = torch.arange(100, 100 + context + block, device=model.device)[None]
     ids = ids % model.config.vocab_size
     cache = growing_cache(model.config, context + block)
-    model(input_ids=ids[:, :context], cache=cache, use_cache=True)
+    model(input_ids=ids[:, :context], use_cache=True, **cache_kwargs(model, cache))
     times = []
     for _ in range(reps + 3):
         start = time.perf_counter()
-        model(input_ids=ids[:, context:], cache=cache, use_cache=True)
+        model(input_ids=ids[:, context:], use_cache=True, **cache_kwargs(model, cache))
         if model.device.type == "cuda":
             torch.cuda.synchronize(model.device)
         times.append(time.perf_counter() - start)

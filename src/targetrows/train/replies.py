@@ -171,7 +171,7 @@ def generate_batch(model, prompts: list[list[int]], max_new: int, stop: set[int]
     features [prompt + reply - 1, len(feature_layers) * d] for every position fed. hidden and
     top start at position `label_from[i]` of prompt i (default: its last position, whose next
     token is the reply's first)."""
-    from targetrows.hf.cache import growing_cache
+    from targetrows.hf.cache import cache_kwargs, growing_cache
 
     check_head(model)
     base, head = model.base_model, model.get_output_embeddings()  # logits: head(hidden)
@@ -193,8 +193,8 @@ def generate_batch(model, prompts: list[list[int]], max_new: int, stop: set[int]
                 return None
             return torch.cat([store[i] for i in feature_layers], -1).half()
 
-        states = base(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache,
-                      use_cache=True).last_hidden_state
+        states = base(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                      **cache_kwargs(base, cache)).last_hidden_state
         hidden, prefill = states[:, -1], grab()
         # the prompts' own labelled positions (before the last), row by row: logits are wide
         early = [states[i, width - len(p) + label_from[i] : -1] for i, p in enumerate(prompts)]
@@ -222,7 +222,7 @@ def generate_batch(model, prompts: list[list[int]], max_new: int, stop: set[int]
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
             pos = pos + 1
             hidden = base(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos,
-                          cache=cache, use_cache=True).last_hidden_state[:, -1]
+                          use_cache=True, **cache_kwargs(base, cache)).last_hidden_state[:, -1]
             if feature_layers:
                 feats.append(grab()[:, 0])
     # records are step-major; regroup them prompt by prompt (on the CPU)
