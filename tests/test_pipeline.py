@@ -88,6 +88,42 @@ def test_paper_config_plans_one_decode_job_per_target_temperature_and_decoder(tm
     assert counts["tables"] == counts["figures"] == 1
 
 
+def job_gpus(output: str) -> dict[tuple[str, str], set[int]]:
+    """(rule, target) -> the GPU counts its planned jobs ask for, from a dry run's listing."""
+    found: dict[tuple[str, str], set[int]] = {}
+    for block in re.split(r"^\[", output, flags=re.M):
+        rule = re.search(r"^(?:local)?rule (\w+):", block, re.M)
+        gpu = re.search(r"resources: .*\bgpu=(\d+)", block)
+        if rule and gpu:
+            target = re.search(r"target=([\w.-]+)", block)[1]
+            found.setdefault((rule[1], target), set()).add(int(gpu[1]))
+    return found
+
+
+def test_the_paper_plan_spreads_a_target_that_does_not_fit_one_card(tmp_path):
+    """Qwen2.5-32B in bfloat16 (61 GiB) asks for two 48 GB cards, or one 80 GB card; every other
+    pair fits one card, the draft beside its target; a cap below the target's need is refused."""
+    paper = str(REPO / "config" / "paper.yaml")
+    gpus = job_gpus(snakemake("-n", "--configfile", paper, cwd=tmp_path, check=True).stdout)
+    assert gpus[("decode", "Qwen2.5-32B-Instruct")] == {2}
+    assert gpus[("record_rows", "Qwen2.5-32B-Instruct")] == {2}
+    assert {n for (rule, target), ns in gpus.items() if "32B" not in target for n in ns} == {1}
+
+    def with_resources(resources: dict) -> str:
+        extra = tmp_path / "resources.yaml"
+        extra.write_text(yaml.safe_dump({"resources": resources}))
+        return str(extra)
+
+    big = snakemake("-n", "--configfile", paper, with_resources({"gpu_memory_gb": 80}),
+                    cwd=tmp_path, check=True).stdout
+    assert {n for ns in job_gpus(big).values() for n in ns} == {1}
+    capped = snakemake("-n", "--configfile", paper, with_resources({"gpus_per_job": 1}),
+                       cwd=tmp_path)
+    assert capped.returncode != 0
+    assert "config key resources.gpus_per_job: Qwen2.5-32B-Instruct needs 2 GPUs" in (
+        capped.stdout + capped.stderr)
+
+
 def test_default_config_plans_the_embedded_pair(tmp_path):
     proc = snakemake("-n", "--configfile", str(REPO / "config" / "config.yaml"), cwd=tmp_path,
                      check=True)
@@ -199,11 +235,12 @@ def test_gpu_claim_without_gpus_runs_on_cpu(tmp_path):
 
     with claim(2, str(tmp_path), gpus=[]) as ids:
         assert ids == []
-    env, target, draft = device_env([], {})
+    env, target, draft = device_env([], env={})
     assert (target, draft, env["CUDA_VISIBLE_DEVICES"]) == ("cpu", "cpu", "")
-    env, target, draft = device_env(["3", "5"], {})
+    env, target, draft = device_env(["3", "5"], env={})
     assert (target, draft, env["CUDA_VISIBLE_DEVICES"]) == ("cuda:0", "cuda:1", "3,5")
-    assert device_env(["4"], {})[1:] == ("cuda:0", "cuda:0")
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"  # CUDA's numbering is nvidia-smi's
+    assert device_env(["4"], env={})[1:] == ("cuda:0", "cuda:0")
     assert visible_gpus({"CUDA_VISIBLE_DEVICES": "2,3"}) == ["2", "3"]
     assert visible_gpus({"CUDA_VISIBLE_DEVICES": "-1"}) == []
     assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == []

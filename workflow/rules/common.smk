@@ -6,6 +6,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from targetrows.decoding.registry import DECODERS, RULES, decoder_names
+from targetrows.pipeline.placement import Placement, model_weights_gb, place
 
 
 def config_key(path):
@@ -291,10 +292,31 @@ def decode_priority(decoder, cfg=config):
     return len(decode_budgets(decoder, cfg)) + sum(len(decode_budgets(d, cfg)) for d in waiting)
 
 
-def gpus_for(decoder):
-    """GPUs a decoder job asks for (the registry's `Decoder.gpus`: two when its root pass
-    overlaps drafting). Snakemake scales the request down to --resources gpu=."""
-    return DECODERS[decoder].gpus
+def model_gb(name, dtype):
+    """A model's weights in GB in `dtype`: from its folder once it exists, else from config key
+    models.NAME.params_b (hub models are downloaded after the plan is made)."""
+    return model_weights_gb(model_dir(name), config["models"][name].get("params_b"), dtype)
+
+
+def placement_for(target, decoder=None, dtype="auto"):
+    """Where a job's pair goes on GPUs (targetrows.pipeline.placement): the target spread over
+    as many cards of resources.gpu_memory_gb as it needs, the draft beside it, or on a card of
+    its own for a decoder whose root pass runs alongside drafting when resources.draft_own_gpu
+    says so; never more GPUs than resources.gpus_per_job."""
+    res = config["resources"]
+    own = decoder is not None and DECODERS[decoder].gpus > 1 and res["draft_own_gpu"]
+    placed = place(model_gb(target, dtype), model_gb(DRAFT_OF[target], dtype),
+                   res["gpu_memory_gb"], own)
+    cap = res["gpus_per_job"]
+    if cap and placed.target_cards > cap:
+        raise WorkflowError(
+            f"config key resources.gpus_per_job: {target} needs {placed.target_cards} GPUs of "
+            f"{res['gpu_memory_gb']} GB (resources.gpu_memory_gb) for its weights in {dtype}, "
+            f"more than the cap of {cap}; raise the cap, or set gpu_memory_gb to your cards' size"
+        )
+    if cap and placed.gpus > cap:  # no card left for the draft: it shares the target's last
+        placed = Placement(placed.target_cards, False)
+    return placed
 
 
 def gpu_lock_dir():
@@ -350,9 +372,6 @@ def final_outputs():
 
 # -- cluster resources (config key `resources`, config/README.md "On a cluster") ----------------
 
-# Minutes each job may run, unless resources.runtime.<rule> says otherwise.
-RUNTIME = {"build_target": 60, "target_replies": 120, "distill_draft": 120, "train_eagle3": 120,
-           "decode": 960, "record_rows": 1920}  # decode and record_rows jobs run every task
 # The memory of a job that loads models: a base for Python, torch and activations plus twice
 # the models' weights (loading holds a copy while the model is built; on the CPU they stay).
 BASE_MEM_MB = 2000
@@ -382,10 +401,11 @@ def job_mem_mb(rulename, models=()):
 
 
 def job_runtime(rulename):
-    return config.get("resources", {}).get("runtime", {}).get(rulename) or RUNTIME[rulename]
+    """Minutes a job may run: resources.runtime.<rule> (its defaults are the schema's)."""
+    return config["resources"]["runtime"][rulename]
 
 
 def gpu_request(n):
-    """`n` GPUs (the decoder's count, gpus_for) capped by resources.gpus_per_job: 1 on nodes
-    with one GPU, 0 on a CPU-only cluster."""
-    return min(n, config.get("resources", {}).get("gpus_per_job", 2))
+    """`n` GPUs (a placement's count) capped by resources.gpus_per_job: 0 on a CPU-only
+    cluster."""
+    return min(n, config["resources"]["gpus_per_job"])

@@ -25,10 +25,11 @@ rule decode:
         args=config["decode"]["args"],
         trust=lambda w: trust_args(w.target),
         lock_dir=gpu_lock_dir(),
+        placement=lambda w: placement_for(w.target, w.decoder, config["decode"]["dtype"]),
     priority: lambda w: decode_priority(w.decoder)
     threads: config["threads"]["decode"]
     resources:
-        gpu=lambda w: gpu_request(gpus_for(w.decoder)),
+        gpu=lambda w: gpu_request(placement_for(w.target, w.decoder, config["decode"]["dtype"]).gpus),
         mem_mb=lambda w, input: job_mem_mb("decode", [input.target, input.draft]),
         runtime=job_runtime("decode"),
     conda:

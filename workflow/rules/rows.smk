@@ -25,10 +25,11 @@ rule record_rows:
         args=config["record"]["args"],
         trust=lambda w: trust_args(w.target),
         lock_dir=gpu_lock_dir(),
+        placement=lambda w: placement_for(w.target, None, config["record"]["dtype"]),
     priority: PRIORITY["record_rows"]
     threads: config["threads"]["record"]
     resources:
-        gpu=gpu_request(1),
+        gpu=lambda w: gpu_request(placement_for(w.target, None, config["record"]["dtype"]).gpus),
         mem_mb=lambda w, input: job_mem_mb("record_rows", [input.target, input.draft]),
         runtime=job_runtime("record_rows"),
     conda:

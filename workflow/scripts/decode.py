@@ -69,7 +69,7 @@ def main(smk) -> None:
     budgets = list(dict.fromkeys("auto" if is_auto(c["spec"]) else c["budget"]
                                  for c in conditions))
     rc = run_claimed(command(smk, budgets), smk.resources.gpu, smk.log[0],
-                     smk.params.lock_dir or None)
+                     smk.params.lock_dir or None, smk.params.placement)
     if rc:
         sys.exit(f"targetrows decode failed with status {rc}; see {smk.log[0]}")
     conditions = fill_auto(conditions, read_answers(smk.output.answers))

@@ -26,7 +26,8 @@ def command(smk):
 
 def main(smk) -> None:
     open(smk.log[0], "w").close()
-    rc = run_claimed(command(smk), smk.resources.gpu, smk.log[0], smk.params.lock_dir or None)
+    rc = run_claimed(command(smk), smk.resources.gpu, smk.log[0], smk.params.lock_dir or None,
+                     smk.params.placement)
     if rc:
         sys.exit(f"targetrows record failed with status {rc}; see {smk.log[0]}")
 

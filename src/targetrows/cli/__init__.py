@@ -40,8 +40,9 @@ OUT_OF_MEMORY_HINT = (
     "the accelerator ran out of memory: lower the nodes verified per pass (decode: --budgets, "
     "--top-k, --depth; record: --top-k, --depth), use a smaller --dtype (bfloat16), put the "
     "draft on another device (--draft-device), or spread the target over several GPUs with a "
-    "device map (--target-device auto). Finished prompts are kept: rerun the same command to "
-    "resume"
+    "device map (--target-device cuda:0,1 or auto; in the pipeline, set config key "
+    "resources.gpu_memory_gb to your cards' memory). Finished prompts are kept: rerun the same "
+    "command to resume"
 )
 
 

@@ -171,7 +171,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, draft: bool = True) -> 
     parser.add_argument(
         "--target-device",
         default=None,
-        help="cpu, cuda, cuda:N or auto (spread over GPUs); default: cuda if available, else cpu",
+        help="cpu, cuda, cuda:N, cuda:0,1 (spread evenly over those GPUs) or auto (over every "
+        "visible GPU); default: cuda if available, else cpu",
     )
     if draft:
         parser.add_argument(
@@ -181,8 +182,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, draft: bool = True) -> 
         "--dtype",
         default="auto",
         choices=["auto", *DTYPES],
-        help="weights dtype; auto: bfloat16 wherever it is fast (a GPU, or a CPU with AMX or "
-        "AVX512-BF16), else float32",
+        help="weights dtype; auto: bfloat16 wherever it is fast (a GPU of compute capability 8 "
+        "or later, or a CPU with AMX or AVX512-BF16), float16 on an older GPU, else float32",
     )
     if draft:
         parser.add_argument(

@@ -40,26 +40,62 @@ def resolve_device(device: str | None) -> str:
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: str) -> torch.dtype:
-    """ "auto" -> bfloat16 wherever its matrix products are fast (`bfloat16_is_fast`: a GPU,
-    or a CPU with AMX or AVX512-BF16 units), else float32. Every decoder is lossless with
-    respect to the model as it runs, in whichever dtype; float32 stays selectable."""
+    """ "auto" -> bfloat16 wherever its matrix products are fast (`bfloat16_is_fast`: a GPU of
+    compute capability 8.0 or later, a CPU with AMX or AVX512-BF16 units), else float16 on an
+    older GPU (a V100 or T4 emulates bfloat16) and float32 on any other CPU. Every decoder is
+    lossless with respect to the model as it runs, in whichever dtype; float32 stays
+    selectable."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
-        return torch.bfloat16 if bfloat16_is_fast(device) else torch.float32
+        if bfloat16_is_fast(device):
+            return torch.bfloat16
+        return torch.float16 if _cuda_index(device) is not None else torch.float32
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose auto or one of {sorted(DTYPES)}")
     return DTYPES[dtype]
 
 
+def _cuda_index(device: str) -> int | None:
+    """The (first) GPU a device string names ("cuda" and "auto": the current one, when there is
+    a GPU), or None for the CPU."""
+    if device == "auto":
+        return torch.cuda.current_device() if torch.cuda.is_available() else None
+    if not device.startswith("cuda"):
+        return None
+    ids = device.partition(":")[2]
+    return int(ids.split(",")[0]) if ids else torch.cuda.current_device()
+
+
 def bfloat16_is_fast(device: str) -> bool:
-    """Whether bfloat16 matrix products outrun float32 ones on `device`: on a GPU, and on a CPU
-    with AMX or AVX512-BF16 units (elsewhere a CPU emulates them, slower than float32)."""
-    if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
-        return True
+    """Whether bfloat16 matrix products outrun float32 ones on `device`: on a GPU with bfloat16
+    tensor cores (compute capability 8.0, Ampere, or later), and on a CPU with AMX or
+    AVX512-BF16 units (elsewhere they are emulated, slower than float16 or float32)."""
+    index = _cuda_index(device)
+    if index is not None:
+        return torch.cuda.get_device_capability(index)[0] >= 8
     cpu = torch.cpu
     checks = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")  # private, so guarded
     return any(getattr(cpu, name, lambda: False)() for name in checks)
+
+
+def device_map(device: str) -> tuple[str, dict | None]:
+    """`from_pretrained`'s device_map and max_memory for a device string: "auto" spreads the
+    model over every visible GPU, "cuda:0,1" evenly over GPUs 0 and 1 only (what the
+    pipeline's placement asks for a target larger than one card), anything else puts all of
+    it on that one device."""
+    if device == "auto":
+        return "auto", None
+    kind, _, ids = device.partition(":")
+    if kind != "cuda" or "," not in ids:
+        return device, None
+    try:
+        cards = [int(i) for i in ids.split(",")]
+    except ValueError:
+        raise ValueError(f"device {device!r}: name GPUs by number, as cuda:0,1") from None
+    if len(set(cards)) != len(cards):
+        raise ValueError(f"device {device!r} names a GPU twice")
+    return "balanced", {i: torch.cuda.get_device_properties(i).total_memory for i in cards}
 
 
 def draft_dtype_for(dtype: str | torch.dtype, draft_dtype: str | torch.dtype | None,
@@ -146,9 +182,10 @@ def load_model(
 ):
     """(HFModel, tokenizer) for the causal LM at `path` (local folder, hub id or .gguf file).
 
-    device: "cpu", "cuda", "cuda:1", ..., "auto" (spread over the GPUs with device_map="auto"),
-    or None (the first GPU if any, else the CPU). dtype: "auto" (`resolve_dtype`: bfloat16
-    wherever it is fast, else float32) or a name in `DTYPES`. Pass `tokenizer` to skip loading
+    device: "cpu", "cuda", "cuda:1", ..., "cuda:0,1" (spread evenly over those GPUs), "auto"
+    (spread over every visible GPU), or None (the first GPU if any, else the CPU). dtype: "auto"
+    (`resolve_dtype`: bfloat16 wherever it is fast, else float16 on a GPU, float32 on a CPU)
+    or a name in `DTYPES`. Pass `tokenizer` to skip loading
     it again. `packed`: a CPU model's linear layers multiply by prepacked weights
     (`targetrows.hf.packed`).
     """
@@ -159,9 +196,11 @@ def load_model(
     where, gguf = _locate(path, allow_pickle, gguf_file)
     if tokenizer is None:
         tokenizer = load_tokenizer(path, trust_remote_code, gguf_file, allow_pickle)
+    placement, max_memory = device_map(device)
     kwargs = dict(
         dtype=torch_dtype,
-        device_map="auto" if device == "auto" else device,
+        device_map=placement,
+        max_memory=max_memory,
         trust_remote_code=trust_remote_code,
         gguf_file=gguf,
         use_safetensors=None if (allow_pickle or gguf) else True,

@@ -22,6 +22,8 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 
+from .placement import Placement
+
 
 def _ids(value: str) -> list[str]:
     """'0,1' -> ['0', '1']; "-1" (or any negative id) hides every GPU from CUDA, ids after it too."""
@@ -146,23 +148,29 @@ def claim(
             os.close(fd)
 
 
-def device_env(claimed: Sequence[str], env: Mapping[str, str] = os.environ):
-    """(environment, target device, draft device) for a command on the claimed GPUs: the target
-    on the first, the draft on the second when there is one (overlapped root passes need two)."""
+def device_env(claimed: Sequence[str], placement: Placement | None = None,
+               env: Mapping[str, str] = os.environ):
+    """(environment, target device, draft device) for a command on the claimed GPUs, placed as
+    `placement` says (default: the target on the first GPU, the draft on the second when there
+    is one). CUDA numbers the claimed GPUs from 0 in the order given, and in PCI bus order like
+    nvidia-smi (its own default puts the fastest first, which can differ from the ids claimed)."""
     env = dict(env)
     if not claimed:
         env["CUDA_VISIBLE_DEVICES"] = ""  # never let torch pick a GPU another job claimed
         return env, "cpu", "cpu"
     env["CUDA_VISIBLE_DEVICES"] = ",".join(claimed)
-    return env, "cuda:0", "cuda:1" if len(claimed) > 1 else "cuda:0"
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    target, draft = (placement or Placement(1, True)).devices(len(claimed))
+    return env, target, draft
 
 
-def run_claimed(command, n_gpus: int, log_path: str, lock_dir: str | None = None) -> int:
+def run_claimed(command, n_gpus: int, log_path: str, lock_dir: str | None = None,
+                placement: Placement | None = None) -> int:
     """Claim GPUs, then run `command(target_device, draft_device) -> argv` with its output
     appended to `log_path`; returns the exit status."""
     with open(log_path, "a") as log:
         with claim(n_gpus, lock_dir, log=log) as gpus:
-            env, target_device, draft_device = device_env(gpus)
+            env, target_device, draft_device = device_env(gpus, placement)
             argv = command(target_device, draft_device)
             print("$ " + " ".join(argv), file=log, flush=True)
             return subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
