@@ -283,10 +283,11 @@ def load_pair(
     draft_dtype: str | torch.dtype | None = None,
 ) -> tuple[HFModel, HFModel | None, object]:
     """(target, draft, tokenizer). The draft goes on `draft_device` (default: the target's
-    device); ``draft=None`` gives no draft (autoregressive decoding). Rows of both models are
-    cut to one vocabulary size. `trust_remote_code`: see `trusts`. A draft that is an EAGLE-3
-    head (folder or hub id) is checked against the target before its weights load and bound
-    to it (`targetrows.hf.eagle3`). `packed`: as in `load_model`, for both models.
+    device; for a target spread over GPUs, the one its rows come out on); ``draft=None`` gives
+    no draft (autoregressive decoding). Rows of both models are cut to one vocabulary size.
+    `trust_remote_code`: see `trusts`. A draft that is an EAGLE-3 head (folder or hub id) is
+    checked against the target before its weights load and bound to it
+    (`targetrows.hf.eagle3`). `packed`: as in `load_model`, for both models.
     `draft_dtype`: the draft's own dtype (default: `draft_dtype_for`)."""
     draft_dtype = draft_dtype_for(dtype, draft_dtype, draft_device or target_device)
     if draft is not None:
@@ -297,7 +298,6 @@ def load_pair(
                                          trusts(trust_remote_code, "target"), allow_pickle,
                                          packed, draft_dtype)
     target_device = resolve_device(target_device)
-    draft_device = target_device if draft_device is None else draft_device
     trust_target = trusts(trust_remote_code, "target")
     trust_draft = trusts(trust_remote_code, "draft")
     tokenizer = load_tokenizer(target, trust_target, allow_pickle=allow_pickle)
@@ -316,6 +316,9 @@ def load_pair(
                                  **options)
     if draft is None:
         return target_model, None, tokenizer
+    if draft_device is None:  # the target's device; of a target spread over GPUs, its last one
+        spread = device_map(target_device)[0] != target_device
+        draft_device = str(target_model.device) if spread else target_device
     options["dtype"] = draft_dtype
     draft_model, _ = load_model(draft, draft_device, trust_remote_code=trust_draft, **options)
     # the shared vocabulary: padding (logit widths, GGUF placeholders) is cut from both
