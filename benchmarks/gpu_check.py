@@ -46,7 +46,6 @@ import gpu_pipeline
 import gpu_speed as speed
 
 from targetrows.bench import report as bench_report
-from targetrows.bench.drift import near_tie_steps
 from targetrows.core.atomic import atomic_write_text
 
 
@@ -160,7 +159,7 @@ def main(argv=None) -> int:
     stage("identity", 60, lambda: exact.identity(device, args.smoke),
           identity_render("Greedy identity (tiny random models, float64, root pass on a thread)"))
     stage("syncs", 20, lambda: speed.syncs(device, args.smoke), speed.syncs_markdown)
-    costs = stage("pass_costs", 90, lambda: speed.pass_costs(device, args.smoke, keep),
+    stage("pass_costs", 90, lambda: speed.pass_costs(device, args.smoke, keep),
                   speed.pass_costs_markdown)
     stage("bench", 60, lambda: speed.bench_pair(args, device, keep),
           lambda out: bench_section("Bench: Qwen3-8B shape, Qwen3-0.6B-shaped draft, T=0", out,
@@ -174,12 +173,7 @@ def main(argv=None) -> int:
                                     "EAGLE-3 head, T=0", out, report, "eagle3:") or "")
     keep.clear()
     speed._free()
-    spreads = [s for ss in (costs or {}).get("spreads", {}).values() for s in ss]
-    threshold = near_tie_steps(spreads) if spreads else 4.0
-    note = (f"{threshold:.1f} steps from the pass-cost stage's bfloat16 spreads" if spreads
-            else "no spread measured: 4 steps, compare's default")
-    stage("drift", 45, lambda: exact.drift(device, args.smoke),
-          lambda rep: exact.drift_section(rep, threshold, note))
+    stage("drift", 45, lambda: exact.drift(device, args.smoke), exact.drift_section)
     with tempfile.TemporaryDirectory() as work:
         left = args.time_limit - (time.perf_counter() - start)
         stage("pipeline", 60, lambda: gpu_pipeline.run(

@@ -23,8 +23,7 @@ import torch
 from rerankers import decode_config
 from tiny_models import ARCHS, tiny_model
 
-from targetrows.bench.compare import divergence
-from targetrows.bench.drift import drift_markdown, drift_summary, parting
+from targetrows.bench.drift import drift_markdown, drift_summary, explain_parting, parting
 from targetrows.core.pool import PoolShape
 from targetrows.decoding.loop import generate
 from targetrows.decoding.registry import decoder_names
@@ -151,19 +150,17 @@ def drift(device: str, smoke: bool, dtypes=(torch.float32, torch.bfloat16)) -> d
                 cfg = decode_config(decoder, budget=8, max_new_tokens=n_new,
                                     pool=PoolShape(top_k=4, depth=4))
                 tokens = generate(target, draft if decoder != "ar" else None, prompt, cfg).tokens
-                d = divergence(target, prompt, reference, tokens) or {}
-                records.append(dict(dtype=name, decoder=decoder, prompt=len(records),
-                                    position=d.get("position"), steps=d.get("steps")))
+                records.append(dict(dtype=name, decoder=decoder, parting=explain_parting(
+                    target, prompt, reference, tokens)))
         del target, draft, target_hf, draft_hf
     return {"records": records}
 
 
-def drift_section(rep: dict, threshold: float, spread_note: str) -> str:
-    summary = drift_summary(rep["records"], threshold)
+def drift_section(rep: dict) -> str:
     return "\n".join([
         "## Temperature-0 drift against HF greedy (random small Qwen3, B=8)", "",
-        "Prompts whose tokens equal HF `generate(do_sample=False)` in the same dtype; at a "
-        "parting, the gap of the target's two best logits there (one fresh pass over the "
-        "context) in rounding steps of the dtype. The near-tie threshold is twice the largest "
-        f"row spread measured between pass shapes ({spread_note}).", "",
-        drift_markdown(summary, threshold)])
+        "Runs whose tokens equal HF `generate(do_sample=False)` in the same dtype; at a parting, "
+        "the gap of the target's two best logits there (one fresh pass over the context) in "
+        "rounding steps of the dtype, and a near-tie where that gap is at most twice what "
+        "rounding between pass shapes moves the row there (`targetrows.bench.drift`).", "",
+        drift_markdown(drift_summary(rep["records"]))])

@@ -19,7 +19,7 @@ import time
 import torch
 
 from targetrows.core.tree import Tree
-from targetrows.hf.cache import growing_cache
+from targetrows.hf.cache import cache_kwargs, growing_cache
 from targetrows.hf.loading import load_model
 from targetrows.hf.model import HFModel
 
@@ -50,13 +50,13 @@ def steps(model, ctx: list[int], n: int) -> list[int]:
 def raw_ms(hf, ctx: list[int], n: int) -> float:
     """ms per one-token step of the Hugging Face forward alone, on a cache of `ctx`."""
     cache = growing_cache(hf.config)
-    hf(input_ids=torch.tensor([ctx]), cache=cache, use_cache=True)
+    hf(input_ids=torch.tensor([ctx]), use_cache=True, **cache_kwargs(hf, cache))
     x = torch.tensor([[ctx[-1]]])
     for _ in range(3):
-        hf(input_ids=x, cache=cache, use_cache=True)
+        hf(input_ids=x, use_cache=True, **cache_kwargs(hf, cache))
     start = time.perf_counter()
     for _ in range(n):
-        hf(input_ids=x, cache=cache, use_cache=True)
+        hf(input_ids=x, use_cache=True, **cache_kwargs(hf, cache))
     return 1e3 * (time.perf_counter() - start) / n
 
 

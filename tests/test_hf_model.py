@@ -15,6 +15,7 @@ from transformers import DynamicCache
 from targetrows.core.pool import PoolShape
 from targetrows.core.tree import Tree
 from targetrows.hf import gqa_attention
+from targetrows.hf.cache import cache_kwargs
 from targetrows.hf.model import HFModel
 
 V = TOKENIZER_SIZE
@@ -48,7 +49,7 @@ def assert_cache_is_prefill(hf, model, atol=TOL["sdpa"]):
     tokens = hf.cached_tokens
     fresh = DynamicCache(config=model.config)
     with torch.inference_mode():
-        model(input_ids=torch.from_numpy(tokens)[None], cache=fresh, use_cache=True)
+        model(input_ids=torch.from_numpy(tokens)[None], use_cache=True, **cache_kwargs(model, fresh))
     assert hf.kv_cache.get_seq_length() == len(tokens)
     for ours, ref in zip(hf.kv_cache.layers, fresh.layers, strict=True):
         torch.testing.assert_close(ours.keys, ref.keys, atol=atol, rtol=0)

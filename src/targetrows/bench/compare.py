@@ -4,20 +4,19 @@ Per decoder: new tokens, tokens/s, speedup over `ar`, tokens committed per round
 draft tokens per round and mean non-root nodes verified. At temperature 0 every decoder must
 reproduce `ar`'s tokens exactly (lossless); `lossless_report` says so, or fails if not. One
 exception is explained rather than failed: in reduced precision a tree pass can round a row
-differently from `ar`'s one-token step, so where the target's two best logits are within a few
-rounding steps of each other a decoder may take the other one (a near-tie, not a bug).
+differently from `ar`'s one-token step, so where the target's two best logits are closer than
+that rounding can move them (measured there, `targetrows.bench.drift`) a decoder may take the
+other one (a near-tie, not a bug).
 """
 
 from __future__ import annotations
 
 import sys
 
-from targetrows.bench.drift import parting, top2_gap
+from targetrows.bench.drift import explain_parting
 from targetrows.decoding.config import DecodeConfig
 from targetrows.decoding.loop import generate
 from targetrows.decoding.registry import get_decoder
-
-NEAR_TIE_STEPS = 4  # top-2 logit gaps up to this many rounding steps count as a near-tie
 
 
 def compare(target, draft, prompt_ids, decoders, config: DecodeConfig, rerankers=None,
@@ -68,43 +67,31 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def divergence(target, prompt_ids, reference, tokens) -> dict | None:
-    """Where `tokens` first part from `reference` (ar's tokens), and the gap between the target's
-    two best logits there, from one pass over the whole context, in rounding steps of the rows'
-    dtype at that size. None when they are identical."""
-    at = parting(reference, tokens)
-    if at is None:
-        return None
-    out = {"position": at, "reference": reference[at:at + 1], "tokens": tokens[at:at + 1],
-           "gap": None, "steps": None, "dtype": None}
-    if at < min(len(reference), len(tokens)):  # else one stopped early: no tie explains that
-        gap, steps, dtype = top2_gap(target, list(prompt_ids) + list(reference[:at]))
-        out.update(gap=gap, steps=steps, dtype=dtype)
-    return out
-
-
 def lossless_report(target, prompt_ids, results) -> tuple[int, list[str]]:
     """(exit status, lines) of the temperature-0 check against `ar`: 0 when every decoder
-    reproduced ar's tokens or parted from them only at a near-tie; 1 otherwise."""
+    reproduced ar's tokens or parted from them only at a near-tie (`drift.explain_parting`: the
+    target's two best logits closer there than rounding between pass shapes can move them);
+    1 otherwise."""
     status, lines = 0, []
     reference = results["ar"].tokens
     for name, res in results.items():
-        d = divergence(target, prompt_ids, reference, res.tokens)
-        if d is None:
+        p = explain_parting(target, prompt_ids, reference, res.tokens)
+        if p is None:
             continue
-        where = f"{name} parts from ar at new token {d['position']} ({d['tokens']} vs " \
-                f"{d['reference']})"
-        if d["steps"] is not None and d["steps"] <= NEAR_TIE_STEPS:
+        at = p.position
+        where = (f"{name} parts from ar at new token {at} ({res.tokens[at:at + 1]} vs "
+                 f"{reference[at:at + 1]})")
+        if p.near_tie:
             lines.append(f"near-tie: {where}, where the target's two best logits are "
-                         f"{d['gap']:.3g} apart ({d['steps']:.1f} rounding steps of {d['dtype']}): "
-                         "the tree pass and ar's one-token step rounded them differently; "
+                         f"{p.gap:.3g} apart ({p.gap_steps:.1f} rounding steps of {p.dtype}; "
+                         f"passes of other shapes move them by up to {p.threshold_steps / 2:.1f}"
+                         "): the tree pass and ar's one-token step rounded them differently; "
                          "use --dtype float32 for an exact check")
         else:
-            gap = "" if d["gap"] is None else f"; the two best logits are {d['gap']:.3g} apart"
+            gap = "" if p.gap is None else (f"; the two best logits are {p.gap:.3g} apart "
+                                            f"({p.gap_steps:.1f} rounding steps of {p.dtype})")
             lines.append(f"LOSSLESS CHECK FAILED: {where}{gap}")
             status = 1
     if not lines:
         lines.append("temperature 0: every decoder reproduced ar's tokens exactly")
     return status, lines
-
-

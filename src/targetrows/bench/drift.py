@@ -12,9 +12,11 @@ practice; in bfloat16 they can.
 
 - `row_spread` measures how far one row moves between pass shapes, in rounding steps of the
   rows' dtype: what decides whether a parting at a given gap can be rounding at all;
-- `near_tie_steps` turns a measured spread into the threshold `compare` and `bench` use;
-- `drift_summary` is the table: per decoder, the prompts whose tokens equal the reference, and
-  at each parting the gap of the two best logits in rounding steps.
+- `near_tie_steps` turns measured spreads into the widest gap rounding explains;
+- `explain_parting` finds where a run parts from the reference and measures both there (what
+  `compare`, `bench`, `targetrows drift` and the pipeline's drift table report);
+- `drift_summary` is the table: per decoder, the runs whose tokens equal the reference, and at
+  each parting the gap of the two best logits in rounding steps.
 """
 
 from __future__ import annotations
@@ -101,7 +103,7 @@ def row_spread(model, context: Sequence[int], sizes: Sequence[int] = (2, 8, 32, 
     step_row = _numpy(model.logits(ctx, Tree.root_only(ctx[-1]), [0]))[0]
     model.commit(ctx[:-1])
     rows = {"prefill": prefill}
-    for n in sizes:
+    for n in (n for n in sizes if n < model.vocab_size):  # a tree's first level: distinct tokens
         tree = _tree_with(ctx[-1], ctx[-2], int(n), model.vocab_size, rng)
         rows[f"tree {n}"] = _numpy(model.logits(ctx[:-1], tree, [1]))[0]
         model.commit(ctx[:-1])
@@ -128,11 +130,46 @@ def top2_gap(model, context: Sequence[int]) -> tuple[float, float, str]:
     return gap, gap / rounding_step(float(best), eps), dtype
 
 
-def near_tie_steps(spreads: Sequence[Spread], floor: float = 1.0) -> float:
+MIN_TIE_STEPS = 2.0  # two best logits this close are a near-tie even where no spread shows
+
+
+def near_tie_steps(spreads: Sequence[Spread], floor: float = MIN_TIE_STEPS) -> float:
     """The widest top-2 gap, in rounding steps, that pass shapes can flip: each of the two
     logits can move by up to the measured spread, so twice the largest spread (at least
-    `floor`)."""
+    `floor`: the spread at one context misses what the cache entries carry from earlier passes
+    of other shapes)."""
     return max([floor] + [2.0 * s.max_steps for s in spreads])
+
+
+@dataclass(frozen=True)
+class Parting:
+    """Where a run parted from the reference at temperature 0, and whether rounding explains it."""
+
+    position: int  # the first new token that differs
+    gap: float | None  # the target's two best logits apart there (None: a run stopped early)
+    gap_steps: float | None  # the same in rounding steps of the rows' dtype
+    threshold_steps: float  # the widest gap rounding explains there (`near_tie_steps`)
+    dtype: str | None
+
+    @property
+    def near_tie(self) -> bool:
+        return self.gap_steps is not None and self.gap_steps <= self.threshold_steps
+
+
+def explain_parting(model, prompt: Sequence[int], reference: Sequence[int],
+                    tokens: Sequence[int]) -> Parting | None:
+    """None when `tokens` equal `reference`; else the parting: the top-2 gap at the context
+    where they part (one fresh pass) against twice the spread of that row between pass shapes
+    measured there (`row_spread`). A run that only stopped early is never a near-tie."""
+    at = parting(reference, tokens)
+    if at is None:
+        return None
+    if at >= min(len(reference), len(tokens)):
+        return Parting(at, None, None, MIN_TIE_STEPS, None)
+    context = list(prompt) + list(reference[:at])
+    gap, steps, dtype = top2_gap(model, context)
+    spreads = [row_spread(model, context)] if len(context) >= 3 else []
+    return Parting(at, gap, steps, near_tie_steps(spreads), dtype)
 
 
 def parting(reference: Sequence[int], tokens: Sequence[int]) -> int | None:
@@ -143,40 +180,40 @@ def parting(reference: Sequence[int], tokens: Sequence[int]) -> int | None:
     return None if at == n and len(reference) == len(tokens) else at
 
 
-def drift_summary(records: Sequence[dict], threshold: float) -> list[dict]:
-    """One row per (dtype, decoder) from records {dtype, decoder, prompt, position (None when
-    identical), steps (the top-2 gap at the parting, in rounding steps; None if unknown)}:
-    prompts, prompts identical to the reference, partings within `threshold` steps (a near-tie
-    that rounding explains), partings beyond it, and the largest gap at a parting."""
-    groups: dict[tuple, list[dict]] = {}
+def drift_summary(records: Sequence[dict]) -> list[dict]:
+    """One row per (dtype, decoder) from records {dtype, decoder, parting: Parting or None}:
+    runs, runs identical to the reference, partings at a near-tie (rounding explains them),
+    partings beyond one, the largest gap at a parting in rounding steps and the earliest
+    parting."""
+    groups: dict[tuple, list] = {}
     for r in records:
-        groups.setdefault((r["dtype"], r["decoder"]), []).append(r)
+        groups.setdefault((r["dtype"], r["decoder"]), []).append(r["parting"])
     out = []
-    for (dtype, decoder), rs in groups.items():
-        parted = [r for r in rs if r["position"] is not None]
-        gaps = [r["steps"] for r in parted if r["steps"] is not None]
+    for (dtype, decoder), partings in groups.items():
+        parted = [p for p in partings if p is not None]
+        gaps = [p.gap_steps for p in parted if p.gap_steps is not None]
         out.append({
             "dtype": dtype,
             "decoder": decoder,
-            "prompts": len(rs),
-            "identical": len(rs) - len(parted),
-            "near_tie": sum(1 for g in gaps if g <= threshold),
-            "beyond": sum(1 for r in parted if r["steps"] is None or r["steps"] > threshold),
+            "runs": len(partings),
+            "identical": len(partings) - len(parted),
+            "near_tie": sum(p.near_tie for p in parted),
+            "beyond": sum(not p.near_tie for p in parted),
             "max_gap_steps": max(gaps) if gaps else None,
-            "first_parting": min((r["position"] for r in parted), default=None),
+            "first_parting": min((p.position for p in parted), default=None),
         })
     return out
 
 
-def drift_markdown(summary: Sequence[dict], threshold: float) -> str:
+def drift_markdown(summary: Sequence[dict]) -> str:
     lines = [
-        f"| dtype | decoder | prompts | identical | parted at a near-tie (<= {threshold:.1f} "
-        "steps) | parted beyond | largest gap at a parting (steps) | earliest parting |",
+        "| dtype | decoder | runs | identical | parted at a near-tie | parted beyond | largest "
+        "gap at a parting (steps) | earliest parting |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for s in summary:
         gap = "-" if s["max_gap_steps"] is None else f"{s['max_gap_steps']:.1f}"
         first = "-" if s["first_parting"] is None else str(s["first_parting"])
-        lines.append(f"| {s['dtype']} | {s['decoder']} | {s['prompts']} | {s['identical']} | "
+        lines.append(f"| {s['dtype']} | {s['decoder']} | {s['runs']} | {s['identical']} | "
                      f"{s['near_tie']} | {s['beyond']} | {gap} | {first} |")
     return "\n".join(lines)

@@ -129,6 +129,8 @@ def summarize(rows: list[dict], settings) -> list[dict]:
         ties = sum(str(r.get("near_tie", "")) == "True" for r in compared)
         s["same_as_hf"] = f"{same}/{len(compared)}" if compared else ""
         s["identical"], s["near_ties"], s["compared"] = same, ties, len(compared)
+        s["partings"] = [(r["question_id"], r["parting"], r["gap_steps"], r["tie_threshold_steps"])
+                         for r in compared if r.get("parting", "") != ""]
         if ties:
             s["same_as_hf"] += f" (+{ties} near-tie{'s' * (ties > 1)})"
         timed = [r for r in group if r.get("rounds")]
@@ -304,6 +306,18 @@ def markdown(head: dict, summary: list[dict], context: dict, settings) -> str:
         "= HF greedy: at T=0, runs token-identical to hf_generate.",
         "",
     ]
+    partings = [(s["method"], *p) for s in summary for p in s.get("partings", ())]
+    if partings:
+        lines += ["Partings from HF greedy at T=0 (the first new token that differs; the "
+                  "target's top-2 gap there from one pass over the context, and the widest gap "
+                  "that rounding between pass shapes moves there, both in rounding steps of the "
+                  "rows' dtype):", ""]
+        for method, qid, at, gap, threshold in partings:
+            gap_text = "a run that stopped early" if gap in (None, "") else (
+                f"gap {float(gap):.1f} steps, near-tie up to {float(threshold):.1f}: "
+                + ("a near-tie" if float(gap) <= float(threshold) else "NOT a near-tie"))
+            lines.append(f"- {method}, prompt {qid}: new token {at}, {gap_text}")
+        lines.append("")
     if context.get("peers"):
         lines += ["Peers (`peer:*`): other engines in their own processes, given the same "
                   "prompt token ids; their time is their own generate call's.", ""]

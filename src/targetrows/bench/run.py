@@ -36,7 +36,7 @@ from targetrows.decoding.model import synchronize
 from targetrows.decoding.registry import decoder_names, get_decoder
 from targetrows.hf.baselines import HF_METHODS, assistant_for, hf_generate
 
-from .compare import NEAR_TIE_STEPS, divergence
+from .drift import explain_parting
 from .peer import PREFIX as PEER
 
 if TYPE_CHECKING:
@@ -271,8 +271,8 @@ def run_bench(
                 for row in rows[-len(order) :]:
                     row["same_as_hf_generate"] = done[row["method"]] == done["hf_generate"]
                     if not row["same_as_hf_generate"]:  # parted at a near-tie, or a bug?
-                        row["near_tie"] = _near_tie(target, prompt.ids, done["hf_generate"],
-                                                    done[row["method"]])
+                        row.update(_parting(target, prompt.ids, done["hf_generate"],
+                                            done[row["method"]]))
     # part times before and after the runs, averaged: drift of a shared machine shows in both
     parts = mean_parts(parts, measure(target, draft, prompts, settings))
     for row, result, i in zip(rows, results, prompt_of, strict=True):
@@ -298,13 +298,14 @@ def run_bench(
     return rows, context
 
 
-def _near_tie(target, prompt_ids, reference, tokens) -> bool:
-    """Whether `tokens` part from `reference` where the target's two best logits lie within
-    `NEAR_TIE_STEPS` rounding steps of its dtype (`compare.divergence`): in bfloat16 a tree
-    pass and a one-token step may round such a pair either way, and either token is the
-    target's greedy choice as it runs."""
-    d = divergence(target, prompt_ids, reference, tokens)
-    return d is not None and d["steps"] is not None and d["steps"] <= NEAR_TIE_STEPS
+def _parting(target, prompt_ids, reference, tokens) -> dict:
+    """Where `tokens` part from `reference`, the target's top-2 gap there and the widest gap
+    rounding between pass shapes explains there, in rounding steps (`drift.explain_parting`):
+    in bfloat16 a tree pass and a one-token step may round such a pair either way, and either
+    token is the target's greedy choice as it runs."""
+    p = explain_parting(target, prompt_ids, reference, tokens)
+    return {"near_tie": p.near_tie, "parting": p.position, "gap_steps": p.gap_steps,
+            "tie_threshold_steps": p.threshold_steps}
 
 
 def _row(method, prompt, temperature, budget, depth, tokens, wall, result) -> dict:

@@ -1,0 +1,82 @@
+"""Temperature-0 drift (`targetrows.bench.drift`): where a run parts from the reference, the
+target's top-2 gap there and how far rounding between pass shapes moves a row there."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from tiny_models import tiny_model
+
+from targetrows.bench.drift import (
+    MIN_TIE_STEPS,
+    Parting,
+    drift_summary,
+    explain_parting,
+    near_tie_steps,
+    parting,
+    rounding_step,
+    row_spread,
+)
+from targetrows.core.tree import Tree
+from targetrows.hf.model import HFModel
+
+
+def test_parting_is_the_first_difference_or_where_a_run_stops():
+    assert parting([1, 2, 3], [1, 2, 3]) is None
+    assert parting([1, 2, 3], [1, 5, 3]) == 1
+    assert parting([1, 2, 3], [1, 2]) == 2
+    assert parting([], []) is None
+
+
+def test_rounding_steps_are_the_spacing_of_the_dtype_at_that_size():
+    bf16 = float(torch.finfo(torch.bfloat16).eps)
+    assert rounding_step(22.875, bf16) == 0.125  # bfloat16 numbers in [16, 32) are 1/8 apart
+    assert rounding_step(-3.0, bf16) == 2.0**-6
+    a = torch.tensor(22.875, dtype=torch.bfloat16)
+    assert float(torch.nextafter(a, torch.tensor(99.0, dtype=torch.bfloat16)) - a) == 0.125
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_row_spread_compares_the_same_row_across_pass_shapes(dtype):
+    """The row at one context from a prefill and as a node of tree passes, against ar's step:
+    within a few rounding steps of each other (rows at another context are over twenty times
+    farther apart), and agreeing on the best token."""
+    model = HFModel(tiny_model("llama", n_layers=2, dtype=dtype), name="t")
+    ctx = [5, 17, 42, 9, 100, 7]
+    spread = row_spread(model, ctx, sizes=(2, 8, 32))
+    assert set(spread.steps) == {"prefill", "tree 2", "tree 8", "tree 32"}
+    assert spread.same_argmax
+    assert spread.max_steps < (64 if dtype == torch.bfloat16 else 1e3)
+    other = model.logits(ctx[:-1] + [8], Tree.root_only(8), [0]).double()
+    here = model.logits(ctx, Tree.root_only(ctx[-1]), [0]).double()
+    assert float((other - here).abs().max()) / spread.step > 20 * max(spread.max_steps, 1)
+    assert near_tie_steps([spread]) == max(MIN_TIE_STEPS, 2 * spread.max_steps)
+
+
+def test_a_parting_names_its_gap_against_the_spread_measured_there():
+    model = HFModel(tiny_model("qwen3", n_layers=2, dtype=torch.bfloat16), name="t")
+    prompt, reference = [5, 17, 42], [3, 9, 250]
+    assert explain_parting(model, prompt, reference, list(reference)) is None
+    short = explain_parting(model, prompt, reference, reference[:2])
+    assert short.position == 2 and short.gap is None and not short.near_tie
+    p = explain_parting(model, prompt, reference, [3, 11, 250])
+    assert p.position == 1 and p.dtype == "torch.bfloat16"
+    row = model.logits(prompt + [3], Tree.root_only(3), [0]).float()[0]
+    second, best = row.sort().values[-2:].tolist()
+    assert p.gap == pytest.approx(best - second)
+    assert p.gap_steps == pytest.approx((best - second) / rounding_step(best, 2.0**-7))
+    assert p.threshold_steps >= MIN_TIE_STEPS
+    assert p.near_tie == (p.gap_steps <= p.threshold_steps)
+
+
+def test_drift_summary_counts_identical_runs_near_ties_and_real_differences():
+    tie, real = Parting(4, 0.1, 1.0, 2.0, "bf16"), Parting(2, 3.0, 96.0, 2.0, "bf16")
+    records = [dict(dtype="bf16", decoder="fts", parting=p) for p in (None, tie, real, None)]
+    records += [dict(dtype="bf16", decoder="ar", parting=None)]
+    (fts, ar) = drift_summary(records)
+    assert (fts["runs"], fts["identical"], fts["near_tie"], fts["beyond"]) == (4, 2, 1, 1)
+    assert fts["max_gap_steps"] == 96.0 and fts["first_parting"] == 2
+    assert (ar["runs"], ar["identical"], ar["first_parting"]) == (1, 1, None)
+    assert np.isclose(tie.gap_steps, 1.0) and tie.near_tie and not real.near_tie
