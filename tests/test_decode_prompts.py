@@ -169,3 +169,50 @@ def test_prompt_longer_than_the_context_window(pair, tmp_path):
     path.write_text(json.dumps({"question_id": "long", "turns": ["x" * 1100]}) + "\n")
     proc = decode(pair, path, tmp_path / "o.jsonl", "--decoder", "ar")
     assert proc.returncode == 2 and "'long'" in proc.stderr and "context window" in proc.stderr
+
+
+QWEN3_GENERATION_TAIL = (  # the end of Qwen3's chat template, where enable_thinking acts
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
+    "{% endif %}{% endif %}"
+)
+
+
+def test_thinking_off_renders_qwen3s_empty_think_block_and_on_leaves_it_to_the_model(tmp_path):
+    """`set_thinking` reaches every prompt `encode_conversation` builds, through the template's
+    own enable_thinking; None keeps the template's default; the decode command's --thinking
+    sets it (its answers start from the prompt with the block)."""
+    import json
+
+    from tiny_models import save_tiny_pair, tiny_tokenizer
+
+    from targetrows.cli import main
+    from targetrows.specbench.chat import encode_conversation, set_thinking
+
+    tok = tiny_tokenizer()
+    tok.chat_template = QWEN3_GENERATION_TAIL
+    default = tok.decode(encode_conversation(tok, [("user", "hi")]))
+    set_thinking(tok, False)
+    off = tok.decode(encode_conversation(tok, [("user", "hi")]))
+    set_thinking(tok, True)
+    on = tok.decode(encode_conversation(tok, [("user", "hi")]))
+    assert off == default + "<think>\n\n</think>\n\n" and on == default
+    set_thinking(tok, None)
+    assert tok.decode(encode_conversation(tok, [("user", "hi")])) == default
+
+    target, draft = save_tiny_pair(tmp_path, "llama")
+    for folder in (target, draft):
+        t = tiny_tokenizer()
+        t.chat_template = QWEN3_GENERATION_TAIL
+        t.save_pretrained(folder)
+    prompts = tmp_path / "q.jsonl"
+    prompts.write_text(json.dumps({"question_id": 1, "category": "mt_bench", "turns": ["hi"]}))
+    answers = {}
+    for thinking in ("on", "off"):
+        out = tmp_path / f"{thinking}.jsonl"
+        assert main(["decode", "--target", target, "--draft", draft, "--dtype", "float32",
+                     "--prompts", str(prompts), "--decoder", "ar", "--max-new-tokens", "8",
+                     "--thinking", thinking, "--no-progress", "--out", str(out)]) == 0
+        answers[thinking] = json.loads(out.read_text())["token_ids"][0]
+    assert answers["on"] != answers["off"]  # another prompt, another greedy continuation

@@ -80,3 +80,52 @@ def test_drift_summary_counts_identical_runs_near_ties_and_real_differences():
     assert fts["max_gap_steps"] == 96.0 and fts["first_parting"] == 2
     assert (ar["runs"], ar["identical"], ar["first_parting"]) == (1, 1, None)
     assert np.isclose(tie.gap_steps, 1.0) and tie.near_tie and not real.near_tie
+
+
+def test_drift_command_compares_answers_with_ars_turn_by_turn(tmp_path):
+    """`targetrows decode` writes ar's and fts's answers (float32: identical); `targetrows drift`
+    finds none parted, then finds a planted parting in a second turn and calls it no near-tie
+    (the token planted is far from the target's best)."""
+    import json
+
+    from tiny_models import save_tiny_pair
+
+    from targetrows.cli import main
+
+    target, draft = save_tiny_pair(tmp_path, "llama")
+    prompts = tmp_path / "q.jsonl"
+    prompts.write_text("".join(json.dumps(q) + "\n" for q in [
+        {"question_id": 1, "category": "mt_bench", "turns": ["hi there", "and then?"]},
+        {"question_id": 2, "category": "mt_bench", "turns": ["count to ten"]}]))
+    common = ["--target", target, "--draft", draft, "--dtype", "float32", "--prompts",
+              str(prompts), "--max-new-tokens", "6", "--no-progress"]
+    ar, fts = tmp_path / "ar.jsonl", tmp_path / "fts.jsonl"
+    assert main(["decode", *common, "--decoder", "ar", "--out", str(ar)]) == 0
+    assert main(["decode", *common, "--decoder", "fts", "--budgets", "4", "--out", str(fts)]) == 0
+    out = tmp_path / "drift.csv"
+    drift = ["drift", "--target", target, "--dtype", "float32", "--prompts", str(prompts),
+             "--reference", str(ar), "--out", str(out)]
+    assert main([*drift, "--answers", str(fts)]) == 0
+    rows = list(__import__("csv").DictReader(open(out)))
+    assert [(r["decoder"], r["question_id"], r["identical"]) for r in rows] == [
+        ("fts", "1", "True"), ("fts", "2", "True")]
+
+    records = [json.loads(line) for line in fts.read_text().splitlines()]
+    reference = [json.loads(line) for line in ar.read_text().splitlines()]
+    second = reference[0]["token_ids"][1]
+    planted = 0 if second[2] != 0 else 1
+    records[0]["token_ids"][1] = second[:2] + [planted] + second[3:]
+    tampered = tmp_path / "tampered.jsonl"
+    tampered.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert main([*drift, "--answers", str(tampered)]) == 0
+    rows = list(__import__("csv").DictReader(open(out)))
+    first = rows[0]
+    assert (first["identical"], first["turn"], first["position"]) == ("False", "1", "2")
+    assert first["near_tie"] == "False" and float(first["gap_steps"]) > 1e3
+    assert rows[1]["identical"] == "True"
+    # answers without their reference are refused by name
+    assert main(["drift", "--target", target, "--prompts", str(prompts), "--reference",
+                 str(ar), "--answers", str(ar), "--out", str(out)]) == 0  # ar's own: left out
+    del reference[1]
+    ar.write_text("".join(json.dumps(r) + "\n" for r in reference))
+    assert main([*drift, "--answers", str(fts)]) == 2

@@ -28,7 +28,8 @@ from targetrows.decoding.registry import decoder_names
 
 DECODERS = decoder_names()
 from targetrows.hf.eagle3_checkpoint import load_eagle3
-from targetrows.hf.model import HFModel, TorchRows
+from targetrows.hf.model import HFModel
+from targetrows.hf.torch_rows import TorchRows
 
 N_LAYERS = 6  # default feature layers 2, L//2, L-3 = 2, 3, 3
 PROMPTS = [[5, 17, 42], [200, 3, 9, 9, 31], [64]]

@@ -17,6 +17,7 @@ from targetrows.core.tree import Tree
 from targetrows.hf import gqa_attention
 from targetrows.hf.cache import cache_kwargs
 from targetrows.hf.model import HFModel
+from targetrows.hf.torch_rows import topk_sorted
 
 V = TOKENIZER_SIZE
 TOL = {"sdpa": 1e-9, "eager": 1e-5}
@@ -273,6 +274,10 @@ def test_topk_agrees_with_a_stable_sort_with_and_without_ties():
                 tokens, values = hf.topk(logits[rows], k)
                 np.testing.assert_array_equal(tokens, ref[rows])
                 np.testing.assert_array_equal(values, np.take_along_axis(lp[rows], ref[rows], -1))
+                # the GPU's ranking (one stable sort, no host read), run here on the CPU
+                ids, vals = topk_sorted(torch.from_numpy(lp[rows]), k)
+                np.testing.assert_array_equal(ids.numpy(), ref[rows])
+                np.testing.assert_array_equal(vals.numpy(), values)
 
 
 def test_sampling_is_seeded_and_follows_the_softmax():
@@ -292,14 +297,26 @@ def test_non_finite_logits_name_the_position():
     with torch.no_grad():
         model.model.embed_tokens.weight[42] = float("nan")
     hf = wrap(model)
-    with pytest.raises(ValueError, match=r"position\(s\) \[3\]"):
+    with pytest.raises(ValueError, match=r"position\(s\) \[3\]"):  # on a CPU: at once
         hf.logits([1, 2, 42, 5], Tree.root_only(5), [0])
+    # as on a GPU: checked with the next read of the rows, which waits for the device anyway
+    hf._defer_checks = True
+    hf.reset(0)
+    rows = hf.logits([1, 2, 42, 5], Tree.root_only(5), [0])
+    with pytest.raises(ValueError, match=r"position\(s\) \[3\]"):
+        hf.draw(rows, 0)
+    hf.logits([1, 2, 42, 5], Tree.root_only(5), [0])
+    hf.reset(0)  # a new sequence starts with no check pending
+    rows = hf.logits([1, 2, 7, 5], Tree.root_only(5), [0])
+    assert hf.draw(rows, 0).shape == (1,)
     # finite rows whose sums overflow pass (the check sums rows before it looks at entries)
     huge = torch.full((2, 8), 3e38)
     hf._check_finite(huge, np.arange(2))
+    hf._fetch()
     huge[1, 3] = float("inf")
+    hf._check_finite(huge, np.arange(2))
     with pytest.raises(ValueError, match=r"position\(s\) \[1\]"):
-        hf._check_finite(huge, np.arange(2))
+        hf.draw(huge, 0)
 
 
 def test_sliding_window_models_are_refused():

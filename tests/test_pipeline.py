@@ -396,7 +396,7 @@ def test_default_dag_end_to_end_on_tiny_models_survives_an_interrupt(tmp_path):
     snakemake(*args, cwd=work, check=True)
 
     tables = ["expected_accepted", "relative_gains", "equal_size", "online", "online_gain",
-              "consistency"]
+              "consistency", "drift"]
     for name in tables:
         for ext in ("csv", "md", "tex"):
             assert (work / "results" / "tables" / f"{name}.{ext}").stat().st_size > 0
@@ -436,6 +436,11 @@ def test_default_dag_end_to_end_on_tiny_models_survives_an_interrupt(tmp_path):
     fts = gain[(gain["decoder"] == "fts") & (gain["metric"] == "nodes") & ~gain["auto"]]
     assert sorted(fts["baseline_budget"]) == sorted([3, 8, 8] * len(cfg["temperatures"]))
     assert gain["auto"].sum() > 0  # auto picks compared with the baseline's auto picks
+    # every temperature-0 answer of every decoder but ar compared with ar's, on the CPU in
+    # float32 (the test config's dtype auto on a CPU without bfloat16 units) or bfloat16
+    drift = pd.read_csv(work / "results" / "tables" / "drift.csv")
+    assert set(drift["decoder"]) == set(cfg["decode"]["decoders"]) - {"ar"}
+    assert (drift["identical"] + drift["near_tie"] == drift["answers"]).all()
     online = pd.read_csv(work / "results" / "tables" / "online.csv")
     assert set(online["decoder"]) == set(cfg["decode"]["decoders"])
     assert (online.loc[online["decoder"] == "ar", "speedup"] == 1).all()

@@ -21,6 +21,7 @@ rule draft_agreement:
             "agreement", "--target", input.target, "--draft", input.draft,
             "--prompts", *input.prompts, "--threads", threads,
             "--json", output.json, "--table", output.table,
+            *chat_args(config["models"][w.model]["target"]),
         ],
     wildcard_constraints:
         model=alternation(trained_drafts()),

@@ -238,6 +238,13 @@ def trust_args(target):
     return ["--trust-remote-code", "all" if len(trusted) == 2 else trusted[0]]
 
 
+def chat_args(target):
+    """`--thinking on|off` when config key models.TARGET.thinking says so (every prompt of the
+    target's jobs renders its chat template that way); nothing for the template's default."""
+    thinking = config["models"][target].get("thinking")
+    return [] if thinking is None else ["--thinking", "on" if thinking else "off"]
+
+
 # The learned rules scored and decoded: every one, when config key rerank.train is on
 LEARNED_RULES = [n for n, r in RULES.items() if r.learned] if config["rerank"]["train"] else []
 
@@ -358,7 +365,30 @@ TABLES = [
     "online",
     "online_gain",
     "consistency",
+    "drift",
 ]
+
+
+def drift_outputs():
+    """One drift file per target when ar and another decoder run at temperature 0."""
+    decoders = config["decode"]["decoders"]
+    if "0" not in TEMPERATURES or "ar" not in decoders or len(decoders) < 2:
+        return []
+    return expand("results/drift/{target}.csv", target=TARGETS)
+
+
+def drift_inputs(wildcards):
+    """The target, every task's prompts, and every decoder's temperature-0 answers (ar's are
+    the reference)."""
+    answers = dict(target=wildcards.target, task=config["tasks"], temperature="0")
+    others = [d for d in config["decode"]["decoders"] if d != "ar"]
+    return {
+        "target": model_dir(wildcards.target),
+        "prompts": [prompts_file(task) for task in config["tasks"]],
+        "reference": expand("results/decode/{target}/{task}/T{temperature}/ar.jsonl", **answers),
+        "answers": expand("results/decode/{target}/{task}/T{temperature}/{decoder}.jsonl",
+                          decoder=others, **answers),
+    }
 FIGURES = ["expected_accepted", "accepted_vs_tree_size", "relative_gains", "online"]
 
 

@@ -24,6 +24,7 @@ rule decode:
         depth=config["pool"]["depth"],
         args=config["decode"]["args"],
         trust=lambda w: trust_args(w.target),
+        chat=lambda w: chat_args(w.target),
         lock_dir=gpu_lock_dir(),
         placement=lambda w: placement_for(w.target, w.decoder, config["decode"]["dtype"]),
     priority: lambda w: decode_priority(w.decoder)

@@ -59,7 +59,7 @@ rule target_replies:
     params:
         command=lambda w, input, output, threads: [
             "replies", "--target", input.target, "--out", output[0], "--threads", threads,
-            *replies_args(),
+            *replies_args(), *chat_args(w.target),
         ],
     wildcard_constraints:
         target=alternation(trained_from()),

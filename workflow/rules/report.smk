@@ -21,6 +21,7 @@ rule summarise_decoding:
 rule tables:
     input:
         scores=score_outputs(),
+        drift=drift_outputs(),
         online="results/summary/online.csv",
         conditions="results/summary/conditions.csv",
     output:

@@ -24,6 +24,7 @@ rule record_rows:
         dtype=config["record"]["dtype"],
         args=config["record"]["args"],
         trust=lambda w: trust_args(w.target),
+        chat=lambda w: chat_args(w.target),
         lock_dir=gpu_lock_dir(),
         placement=lambda w: placement_for(w.target, None, config["record"]["dtype"]),
     priority: PRIORITY["record_rows"]

@@ -40,7 +40,8 @@ def command(smk, budgets: list):
             "--max-new-tokens", str(smk.params.max_new_tokens), "--seed", str(smk.params.seed),
             "--top-k", str(smk.params.top_k), "--depth", str(smk.params.depth),
             "--model-id", smk.wildcards.target, "--no-progress",
-            *reranker, *smk.params.trust, *smk.params.args, "--out", *smk.output.answers,
+            *reranker, *smk.params.trust, *smk.params.chat, *smk.params.args,
+            "--out", *smk.output.answers,
         ]
     return argv
 

@@ -19,7 +19,8 @@ def command(smk):
             "--temperature", smk.wildcards.temperature,
             "--top-k", str(smk.params.top_k), "--depth", str(smk.params.depth),
             "--stride", str(smk.params.stride), "--max-new-tokens", str(smk.params.max_new_tokens),
-            "--seed", str(smk.params.seed), *smk.params.trust, *smk.params.args, "--out", *smk.output,
+            "--seed", str(smk.params.seed), *smk.params.trust, *smk.params.chat, *smk.params.args,
+            "--out", *smk.output,
         ]
     return argv
 

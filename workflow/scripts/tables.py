@@ -15,7 +15,7 @@ def main(smk) -> None:
         plan = pd.read_csv(smk.input.conditions)
         folder = os.path.dirname(smk.output[0])
         write_all(list(smk.input.scores), decoding, plan, folder, smk.params.bootstrap,
-                  smk.params.seed)
+                  smk.params.seed, list(smk.input.drift))
         print(f"wrote tables to {folder}", file=log)
 
 

@@ -21,6 +21,11 @@ online_gain        each decoder over its baseline (`Decoder.baseline`), conditio
                    CIs and the count of undefined bootstrap replicates.
 consistency        each decoder online against the scored expectation of its rule, same budget.
 
+From the drift rows (results/drift/<target>.csv, `targetrows drift`; `targetrows.analysis.drift`):
+
+drift              at temperature 0, each decoder's answers identical to ar's, parted at a
+                   near-tie of the target's two best logits, or parted beyond one.
+
 Rules and decoders appear in the registry's order; a name the registry does not know still gets
 its own rows and columns (after the known ones), never dropped.
 """
@@ -36,6 +41,8 @@ import pandas as pd
 from targetrows.decoding.registry import DECODERS, RULES
 
 from . import stats
+from .drift import CAPTION as DRIFT_CAPTION
+from .drift import drift_table, read_drift
 from .frames import ordered, tidy, with_ci
 from .online import METRICS, condition_label, consistency, online, online_gains
 from .output import write_table
@@ -101,9 +108,9 @@ def _with_interval(frame: pd.DataFrame, value: str, lo: str, hi: str, fmt: str) 
 
 
 def write_all(score_paths: list[str], decoding: pd.DataFrame, plan: pd.DataFrame, folder: str,
-              n_boot: int, seed: int) -> None:
-    """Every table, from the score tables, the online summary and the runs' conditions (`plan`,
-    `online.conditions`); see the module docstring."""
+              n_boot: int, seed: int, drift_paths: list[str] = ()) -> None:
+    """Every table, from the score tables, the online summary, the runs' conditions (`plan`,
+    `online.conditions`) and the drift rows; see the module docstring."""
     acc, gains, equal = row_log_tables(score_paths, n_boot, seed)
     shown = ordered(acc, "rule", RULES).pivot_table(
         index=["pair", "temperature", "budget"], columns="rule", values="accepted",
@@ -167,3 +174,6 @@ def write_all(score_paths: list[str], decoding: pd.DataFrame, plan: pd.DataFrame
     cons = consistency(acc, table[~table["auto"].fillna(False).astype(bool)])
     write_table(cons, cons, f"{folder}/consistency",
                 "Online decoders vs the scored expectation of their rule (accepted per round).")
+
+    drift = drift_table(read_drift(list(drift_paths)))
+    write_table(drift, drift, f"{folder}/drift", DRIFT_CAPTION, floatfmt=".1f")

@@ -31,6 +31,8 @@ COMMANDS = {
     "agreement": ("targetrows.cli.agreement", "how often a draft agrees with its target, per "
                   "task, on prompts its training never read"),
     "bench": ("targetrows.cli.bench", "time the decoders against Hugging Face generation"),
+    "drift": ("targetrows.cli.drift", "where greedy decoders' answers part from ar's, and "
+              "whether rounding explains it"),
 }
 
 

@@ -28,6 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="teacher-forced figures only (no round loop)")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--thinking", choices=["on", "off"], default=None,
+                        help="the chat template's thinking (enable_thinking); default: its own")
     parser.add_argument("--trust-remote-code", action="store_true",
                         help="run model code shipped with the checkpoints (only if you trust it)")
     parser.add_argument("--json", default=None, help="write the whole report here (JSON)")
@@ -46,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
         if not os.path.isfile(path):
             raise ValueError(f"--prompts {path}: no such file")
     set_threads(args.threads)
-    config = AgreementConfig(args.max_new_tokens, args.depth, args.online)
+    config = AgreementConfig(args.max_new_tokens, args.depth, args.online,
+                             None if args.thinking is None else args.thinking == "on")
     report = agreement_report(args.target, args.draft, args.prompts, config,
                               trust_remote_code=args.trust_remote_code)
     table = markdown(report)

@@ -179,6 +179,11 @@ def add_model_arguments(parser: argparse.ArgumentParser, draft: bool = True) -> 
             "--draft-device", default=None, help="device of the draft; default: the target's"
         )
     parser.add_argument(
+        "--thinking", choices=["on", "off"], default=None,
+        help="render the chat template with thinking on or off (its enable_thinking variable, "
+        "as in Qwen3's); default: the template's own",
+    )
+    parser.add_argument(
         "--dtype",
         default="auto",
         choices=["auto", *DTYPES],
@@ -222,10 +227,17 @@ def draft_label(args: argparse.Namespace) -> str | None:
     return args.draft
 
 
+def thinking_arg(args: argparse.Namespace) -> bool | None:
+    """--thinking on/off as True/False; None when not given (the template's default)."""
+    value = getattr(args, "thinking", None)
+    return None if value is None else value == "on"
+
+
 def load_from_args(args: argparse.Namespace):
     """(target, draft, tokenizer): `load_pair` with the options `add_model_arguments` added;
     under --draft-lookup the draft is a `LookupDraft` around the loaded one."""
     from targetrows.hf.loading import load_pair
+    from targetrows.specbench.chat import set_thinking
 
     target, draft, tokenizer = load_pair(
         args.target,
@@ -238,6 +250,7 @@ def load_from_args(args: argparse.Namespace):
         packed=not args.plain_linears,
         draft_dtype=getattr(args, "draft_dtype", None),
     )
+    set_thinking(tokenizer, thinking_arg(args))
     if getattr(args, "draft_lookup", False):
         if draft is None:
             raise ValueError("--draft-lookup mixes prompt lookup into a draft: give --draft too")

@@ -44,6 +44,9 @@ def add_replies_arguments(parser: argparse.ArgumentParser) -> None:
                         f"float32), float32, bfloat16 (default {d.write_dtype})")
     parser.add_argument("--data-minutes", type=float, default=None,
                         help="time cap on generating replies (makes the data machine-dependent)")
+    parser.add_argument("--thinking", choices=["on", "off"], default=None,
+                        help="render the chat template with thinking on or off (its "
+                        "enable_thinking variable); default: the template's own")
     parser.add_argument("--replies-only", dest="learn_prompts", action="store_false",
                         help="label the replies only, not also the training prompts' own text "
                         "after the chat header they share")
@@ -52,8 +55,10 @@ def add_replies_arguments(parser: argparse.ArgumentParser) -> None:
 def replies_config(args: argparse.Namespace, features: bool):
     from targetrows.train.replies import RepliesConfig
 
-    names = {f.name for f in dataclasses.fields(RepliesConfig)} - {"seed", "features"}
+    names = {f.name for f in dataclasses.fields(RepliesConfig)} - {"seed", "features", "thinking"}
+    thinking = getattr(args, "thinking", None)
     return RepliesConfig(seed=args.data_seed, features=features,
+                         thinking=None if thinking is None else thinking == "on",
                          **{k: v for k, v in vars(args).items() if k in names})
 
 

@@ -36,7 +36,8 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply
 
 from targetrows.core.tree import Tree
 
-from .model import HFModel, TorchRows, _extend_ancestors
+from .model import HFModel, _extend_ancestors
+from .torch_rows import TorchRows, host_to_device
 
 
 @dataclass(frozen=True)
@@ -211,6 +212,7 @@ class Eagle3Draft(TorchRows):
         self._prefix = np.zeros(0, dtype=np.int64)  # the tokens they stand for: ctx[:n + 1]
         self._g_committed = torch.zeros((0, s.hidden_size), dtype=self.dtype, device=self.device)
         self._drop_tree()
+        self._clear_checks()
         if seed is None:
             self._generator.seed()
         else:
@@ -267,14 +269,14 @@ class Eagle3Draft(TorchRows):
     # -- rows ----------------------------------------------------------------------------------
     def _embed(self, tokens: np.ndarray) -> torch.Tensor:
         embed = self.head.embed_tokens if self.head.embed_tokens is not None else self._target_embed
-        ids = torch.from_numpy(tokens).to(embed.weight.device)
+        ids = host_to_device(tokens, embed.weight.device)
         return embed(ids).to(device=self.device, dtype=self.dtype)
 
     def _feed(self, h: torch.Tensor, tokens: np.ndarray, positions: np.ndarray,
               allowed: np.ndarray) -> torch.Tensor:
         """One head pass over new entries appended to the cache; returns their g."""
-        pos = torch.from_numpy(positions).to(self.device)
-        mask = torch.from_numpy(allowed).to(self.device)[None, None]
+        pos = host_to_device(positions, self.device)
+        mask = host_to_device(allowed, self.device)[None, None]
         g, self._k, self._v = self.head.step(h, self._embed(tokens), pos, self._k, self._v, mask)
         return g
 
@@ -329,8 +331,8 @@ class Eagle3Draft(TorchRows):
             if depth == 0:  # a one-token context: no feature exists, the root starts from h = 0
                 h = self._g.new_zeros((1, self._g.shape[1]))
             else:
-                h = self.head.fed_back(self._g[torch.from_numpy(tree.parents[level])
-                                               .to(self.device)])
+                h = self.head.fed_back(self._g[host_to_device(tree.parents[level],
+                                                              self.device)])
             cache_len, k = self._k.shape[1], len(level)
             allowed = np.zeros((k, cache_len + k), dtype=bool)
             allowed[:, : self._n] = True  # every committed entry, the root's among them
@@ -338,16 +340,18 @@ class Eagle3Draft(TorchRows):
             allowed[:, self._slot[in_tree]] = self._anc[level][:, in_tree]
             allowed[np.arange(k), cache_len + np.arange(k)] = True
             self._slot[level] = cache_len + np.arange(k)
-            self._g[torch.from_numpy(level).to(self.device)] = self._feed(
+            self._g[host_to_device(level, self.device)] = self._feed(
                 h, tree.tokens[level], base_pos + tree.depth[level], allowed)
-        return self._g[torch.from_numpy(nodes).to(self.device)]
+        return self._g[host_to_device(nodes, self.device)]
 
     def _draft_logits(self, g: torch.Tensor) -> torch.Tensor:
         """The head's logits over its draft vocabulary [rows, draft_vocab_size]."""
         small = self.head.draft_logits(g)
-        if bool(torch.isnan(small).any()):
-            raise ValueError(f"{self.name}: the head's logits contain NaN; it overflows in "
-                             f"{self.dtype}: try --draft-dtype float32")
+        message = (f"{self.name}: the head's logits contain NaN; it overflows in {self.dtype}: "
+                   "try --draft-dtype float32")
+        # checked with the next read of its rows (no wait for the GPU here)
+        self._check_later(~torch.isnan(small).any(dim=-1),
+                          lambda clean: None if clean.all() else message)
         return small
 
     def _rows(self, g: torch.Tensor) -> torch.Tensor:

@@ -24,101 +24,12 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from targetrows.core.checks import check_temperature
 from targetrows.core.tree import Tree
 from targetrows.hf.cache import cache_kwargs, growing_cache
 from targetrows.hf.gqa_attention import NAME as GQA_ATTENTION
 from targetrows.hf.gqa_attention import use_gqa_kernel
 from targetrows.hf.lean_forward import lean_forward
-
-
-class TorchRows:
-    """Reading rows that are torch logits (draws, top-k, log-probs): shared by every torch
-    backend. Needs `name` and a seeded `_generator` on the rows' device."""
-
-    name: str
-    device: torch.device
-    _generator: torch.Generator
-
-    def _request(self, context, tree: Tree, nodes) -> tuple[np.ndarray, np.ndarray]:
-        """`logits`' arguments as arrays, checked: a non-empty context whose last token is the
-        tree's root, and nodes inside the tree."""
-        ctx = np.asarray(context, dtype=np.int64).reshape(-1)
-        nodes = np.asarray(nodes, dtype=np.int64).reshape(-1)
-        if len(ctx) == 0:
-            raise ValueError(f"{self.name}: the context is empty; the root needs one token")
-        if int(tree.tokens[0]) != int(ctx[-1]):
-            raise ValueError(
-                f"{self.name}: tree root token {int(tree.tokens[0])} is not the last context "
-                f"token {int(ctx[-1])}"
-            )
-        if len(nodes) and (nodes.min() < 0 or nodes.max() >= len(tree)):
-            raise ValueError(f"{self.name}: nodes {nodes.tolist()} outside a {len(tree)}-node tree")
-        return ctx, nodes
-
-    def synchronize(self) -> None:
-        """Wait for the work queued on this model's GPU (timers read after it measure it)."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-    # -- reading rows --------------------------------------------------------------------------
-    @staticmethod
-    def _work(logits: torch.Tensor) -> torch.Tensor:
-        """Rows in at least float32 (bf16 rows lose too much in softmax)."""
-        if logits.dtype in (torch.float16, torch.bfloat16):
-            return logits.float()
-        return logits
-
-    @torch.inference_mode()
-    def draw(self, logits: torch.Tensor, temperature: float) -> np.ndarray:
-        if temperature == 0:
-            return logits.argmax(dim=-1).cpu().numpy()  # first maximum: ties to the lower id
-        check_temperature(temperature, f"{self.name}: temperature")
-        probs = torch.softmax(self._work(logits) / temperature, dim=-1)
-        picks = torch.multinomial(probs, 1, generator=self._generator)
-        return picks[:, 0].cpu().numpy()
-
-    @torch.inference_mode()
-    def topk(self, logits: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """The k best tokens of each row, by log-prob with ties to the lower id (the order
-        `pool.topk_tokens` uses), so a pool never depends on how torch.topk breaks ties."""
-        lp = torch.log_softmax(self._work(logits), dim=-1)
-        k = min(int(k), lp.shape[-1])
-        vals, ids = torch.topk(lp, k, dim=-1)
-        kth = vals[:, -1:]
-        if bool(((lp >= kth).sum(dim=-1) == k).all()):
-            # the usual case, no tie at the k-th value: the set is right, fix the order
-            ids, by_id = ids.sort(dim=-1)
-            vals = vals.gather(-1, by_id)
-        else:
-            # take everything above the k-th value, then the lowest ids among those equal to it
-            above, equal = lp > kth, lp == kth
-            short = k - above.sum(dim=-1, keepdim=True)
-            chosen = above | (equal & (equal.cumsum(dim=-1) <= short))
-            ids = chosen.nonzero()[:, 1].view(lp.shape[0], k)  # row-major: ascending ids
-            vals = lp.gather(-1, ids)
-        vals, order = torch.sort(vals, dim=-1, descending=True, stable=True)
-        return ids.gather(-1, order).cpu().numpy(), vals.double().cpu().numpy()
-
-    def topk_at(self, context, tree: Tree, nodes, k: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.topk(self.logits(context, tree, nodes), k)
-
-    @torch.inference_mode()
-    def logprobs(self, logits: torch.Tensor, tokens: np.ndarray, temperature: float) -> np.ndarray:
-        tokens = np.atleast_2d(np.asarray(tokens, dtype=np.int64))
-        lp = torch.log_softmax(self._work(logits) / (temperature or 1.0), dim=-1)
-        index = torch.from_numpy(tokens).to(lp.device)
-        if index.shape[0] != lp.shape[0]:
-            index = index.expand(lp.shape[0], -1)
-        return lp.gather(-1, index).double().cpu().numpy()
-
-    @torch.inference_mode()
-    def probs(self, logits: torch.Tensor, temperature: float) -> np.ndarray:
-        if temperature == 0:
-            out = np.zeros(tuple(logits.shape), dtype=np.float64)
-            out[np.arange(out.shape[0]), logits.argmax(dim=-1).cpu().numpy()] = 1.0
-            return out
-        return torch.softmax(logits.double() / temperature, dim=-1).cpu().numpy()
+from targetrows.hf.torch_rows import TorchRows, host_to_device
 
 
 class HFModel(TorchRows):
@@ -210,6 +121,7 @@ class HFModel(TorchRows):
     # -- cache state ---------------------------------------------------------------------------
     def reset(self, seed: int | None = None) -> None:
         self._clear_cache()
+        self._clear_checks()
         if seed is None:
             self._generator.seed()
         else:
@@ -338,7 +250,7 @@ class HFModel(TorchRows):
             mask = None
         else:
             mask = torch.zeros((1, 1, q, base + q), dtype=self.dtype, device=self.input_device)
-            blocked = torch.from_numpy(~region).to(self.input_device)
+            blocked = host_to_device(~region, self.input_device)
             mask[0, 0, :, start:].masked_fill_(blocked, torch.finfo(self.dtype).min)
 
         positions = np.concatenate([start + np.arange(m), n_ctx - 1 + tree.depth[query]])
@@ -348,9 +260,9 @@ class HFModel(TorchRows):
         keep = row_of[nodes]
         if self.feature_layers:
             self._capture = {}
-        ids_t = torch.from_numpy(ids).to(self.input_device)[None]
-        positions_t = torch.from_numpy(positions).to(self.input_device)[None]
-        keep_t = torch.from_numpy(keep).to(self._keep_device)  # the rows the last layer computes
+        ids_t = host_to_device(ids, self.input_device)[None]
+        positions_t = host_to_device(positions, self.input_device)[None]
+        keep_t = host_to_device(keep, self._keep_device)  # the rows the last layer computes
         try:
             if self._lean is not None:
                 logits = self._lean(ids_t, positions_t, mask, self._cache, keep_t, self._capture)
@@ -414,20 +326,23 @@ class HFModel(TorchRows):
             return self._features[start:end].clone()
 
     def _check_finite(self, rows: torch.Tensor, positions: np.ndarray) -> None:
-        """One reduction and one sync per pass: a NaN/inf row names its sequence position."""
+        """Queue the check that `rows` are finite: read back with the next draw, top-k or
+        log-probs (no wait here); a NaN/inf row then names its sequence position."""
         # a row's sum is finite only if every entry is, and over vocabulary-wide rows a sum
-        # costs a small fraction of an elementwise isfinite
-        if bool(torch.isfinite(rows.sum(dim=-1)).all()):
-            return
-        finite = torch.isfinite(rows).all(dim=-1)
-        if bool(finite.all()):  # finite entries whose sum overflowed
-            return
-        bad = np.flatnonzero(~finite.cpu().numpy())
-        raise ValueError(
-            f"{self.name}: the logits after sequence position(s) {positions[bad].tolist()} "
-            f"(0-based, prompt included) contain NaN or inf; the model overflows in {self.dtype}: "
-            "try --dtype float32"
-        )
+        # costs a small fraction of an elementwise isfinite, which only a failed sum needs
+        sums_finite = torch.isfinite(rows.sum(dim=-1))
+
+        def verdict(finite_sums: np.ndarray) -> str | None:
+            if finite_sums.all():
+                return None
+            finite = torch.isfinite(rows).all(dim=-1).cpu().numpy()
+            if finite.all():  # finite entries whose sum overflowed
+                return None
+            return (f"{self.name}: the logits after sequence position(s) "
+                    f"{positions[~finite].tolist()} (0-based, prompt included) contain NaN or "
+                    f"inf; the model overflows in {self.dtype}: try --dtype float32")
+
+        self._check_later(sums_finite, verdict)
 
     # -- commit --------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -455,12 +370,19 @@ class HFModel(TorchRows):
             if kept == list(range(start, end)):  # in place already (ar's root): a crop will do
                 self._crop(end)
             else:
-                idx = torch.tensor(kept, dtype=torch.long)
+                kept = np.asarray(kept, dtype=np.int64)
+                on: dict[torch.device, torch.Tensor] = {}  # the index on each layer's device
+
+                def index(device):
+                    if device not in on:
+                        on[device] = host_to_device(kept, device)
+                    return on[device]
+
                 for layer in self._cache.layers:
-                    layer.keep_entries(idx, start)
+                    layer.keep_entries(index(layer.keys.device), start)
                 if self._features is not None:
                     feats = self._features
-                    feats[start:end] = feats.index_select(0, idx.to(feats.device))
+                    feats[start:end] = feats.index_select(0, index(feats.device))
                     self._features = feats[:end]
             self._prefix = ctx[:end].copy()
         self._drop_tree()

@@ -38,14 +38,31 @@ def _messages(turns) -> list[dict]:
     return messages
 
 
+# where `set_thinking` keeps a tokenizer's choice (a tokenizer object has no place for template
+# variables of its own; every prompt this package encodes goes through `encode_conversation`)
+_THINKING = "targetrows_enable_thinking"
+
+
+def set_thinking(tokenizer, thinking: bool | None) -> None:
+    """Render this tokenizer's chat template with thinking on or off from now on: the template's
+    `enable_thinking` variable (Qwen3: off writes an empty `<think></think>` block after the
+    assistant header, so the reply is the answer alone; on lets the model reason first, which
+    can fill a short reply with `<think>` text). None: the template's own default. Templates
+    without the variable ignore it."""
+    setattr(tokenizer, _THINKING, thinking)
+
+
 def encode_conversation(tokenizer, conversation, add_generation_prompt: bool = True) -> list[int]:
     """Token ids of a conversation so far (list of (role, text) or {"role", "content"}), ready
-    for the assistant's next reply: the chat template when the tokenizer has one, otherwise the
-    texts joined by blank lines (with the tokenizer's BOS, if any)."""
+    for the assistant's next reply: the chat template when the tokenizer has one (with thinking
+    as `set_thinking` chose), otherwise the texts joined by blank lines (with the tokenizer's
+    BOS, if any)."""
     messages = _messages(conversation)
     if getattr(tokenizer, "chat_template", None):
+        thinking = getattr(tokenizer, _THINKING, None)
+        options = {} if thinking is None else {"enable_thinking": bool(thinking)}
         text = tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt, **options
         )
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])  # BOS is in the text
     text = "\n\n".join(m["content"] for m in messages)

@@ -36,6 +36,7 @@ class AgreementConfig:
     max_new_tokens: int = 48  # greedy tokens per prompt
     depth: int = 4  # teacher-forced chain depths reported
     online: bool = True  # also run the round loop (the `compare --budget 1` figure)
+    thinking: bool | None = None  # the chat template's enable_thinking (None: its default)
 
 
 def task_prompts(tokenizer, paths: Sequence[str]) -> dict[str, list[list[int]]]:
@@ -99,11 +100,12 @@ def agreement_report(target_dir: str, draft_dir: str, prompt_files: Sequence[str
     at `target_dir`; `load`: more `load_pair` arguments (trust_remote_code, allow_pickle)."""
     from targetrows.hf.eagle3 import Eagle3Draft
     from targetrows.hf.loading import load_pair
-    from targetrows.specbench.chat import stop_ids
+    from targetrows.specbench.chat import set_thinking, stop_ids
 
     start = time.perf_counter()
     target, draft, tokenizer = load_pair(target_dir, draft_dir, "cpu", "cpu", dtype="float32",
                                          draft_dtype="float32", packed=False, **load)
+    set_thinking(tokenizer, config.thinking)
     prompts = task_prompts(tokenizer, prompt_files)
     stop = stop_ids(tokenizer, target.model)
     tasks = {task: {"prompts": len(ids)} for task, ids in prompts.items()}

@@ -69,6 +69,7 @@ class RepliesConfig:
     # template nor the target wrote (benchmarks/results/head_trials_library.md: off by default)
     library_passages: int = 0
     library_reply_tokens: int = 16
+    thinking: bool | None = None  # the chat template's enable_thinking (None: its default)
 
 
 def default_feature_layers(n_layers: int) -> tuple[int, int, int]:
@@ -306,8 +307,9 @@ def generate_replies(target, tokenizer, config: RepliesConfig) -> tuple[TeacherD
                                                                           dict]:
     """(training data, held-out data, summary) for the loaded `target` (a transformers model)."""
     from targetrows.hf.loading import resolve_dtype
-    from targetrows.specbench.chat import encode_prompt, stop_ids
+    from targetrows.specbench.chat import encode_prompt, set_thinking, stop_ids
 
+    set_thinking(tokenizer, config.thinking)
     if not 1 <= config.heldout <= len(HELDOUT_PROMPTS):
         raise ValueError(f"--heldout must be between 1 and {len(HELDOUT_PROMPTS)}")
     start = time.perf_counter()

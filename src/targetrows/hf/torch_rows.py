@@ -1,0 +1,189 @@
+"""Reading rows that are torch logits (draws, top-k, log-probs), shared by every torch backend,
+with as few waits for the GPU as the answers allow.
+
+A CUDA backend queues kernels and returns at once; the host waits only where it needs a value
+back. Each wait drains the queue, so the GPU idles while Python prepares the next launch, and in
+a round of a few small passes the waits can set the pace (`targetrows.bench.syncs` counts them;
+the first GPU check found 30-100 per round). So here:
+
+- numbers go to the GPU through pinned memory without waiting (`host_to_device`);
+- whatever a read needs back comes in one device-to-host copy (`TorchRows._fetch`): the draws,
+  top-k ids and log-probs together;
+- on a GPU the check that a pass's rows are finite (a model that overflows in its dtype gives
+  NaN) is queued with the pass and read back with the next fetch, not waited for in the pass;
+- top-k on a GPU ranks by one stable sort (ties to the lower id with no data-dependent branch);
+  on a CPU, where nothing waits, by `torch.topk` and a tie check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from targetrows.core.checks import check_temperature
+from targetrows.core.tree import Tree
+
+_NUMPY = {torch.int64: np.int64, torch.int32: np.int32, torch.bool: np.bool_,
+          torch.float64: np.float64, torch.float32: np.float32}
+
+
+def host_to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A NumPy array as a tensor on `device`. To a GPU through pinned memory, without waiting:
+    a copy from pageable memory blocks the host until everything queued before it has run
+    (torch's pinned-memory cache keeps the block until the copy is done)."""
+    tensor = torch.from_numpy(np.ascontiguousarray(array))
+    if torch.device(device).type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
+class TorchRows:
+    """Reading rows that are torch logits: shared by every torch backend. Needs `name`,
+    `device` and a seeded `_generator` on the rows' device; call `_clear_checks` on reset."""
+
+    name: str
+    device: torch.device
+    _generator: torch.Generator
+    # checks queued with passes, read back with the next fetch: (flags per row on the device,
+    # a function of the flags on the host -> an error message or None)
+    _pending: list[tuple[torch.Tensor, Callable[[np.ndarray], str | None]]]
+
+    def _request(self, context, tree: Tree, nodes) -> tuple[np.ndarray, np.ndarray]:
+        """`logits`' arguments as arrays, checked: a non-empty context whose last token is the
+        tree's root, and nodes inside the tree."""
+        ctx = np.asarray(context, dtype=np.int64).reshape(-1)
+        nodes = np.asarray(nodes, dtype=np.int64).reshape(-1)
+        if len(ctx) == 0:
+            raise ValueError(f"{self.name}: the context is empty; the root needs one token")
+        if int(tree.tokens[0]) != int(ctx[-1]):
+            raise ValueError(
+                f"{self.name}: tree root token {int(tree.tokens[0])} is not the last context "
+                f"token {int(ctx[-1])}"
+            )
+        if len(nodes) and (nodes.min() < 0 or nodes.max() >= len(tree)):
+            raise ValueError(f"{self.name}: nodes {nodes.tolist()} outside a {len(tree)}-node tree")
+        return ctx, nodes
+
+    def synchronize(self) -> None:
+        """Wait for the work queued on this model's GPU (timers read after it measure it)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    # -- checks and transfers ------------------------------------------------------------------
+    def _clear_checks(self) -> None:
+        self._pending = []
+
+    # queue checks for the next fetch: None queues them on a GPU only (on a CPU a check costs no
+    # wait, and a bad row is named at once, before anything computes on it); tests set True
+    _defer_checks: bool | None = None
+
+    def _check_later(self, flags: torch.Tensor, verdict: Callable[[np.ndarray], str | None]):
+        """A check of a pass's rows: `flags` (one per row, on the device) go to the host with the
+        next fetch, and `verdict(flags)` there names the problem, if any, which is then raised.
+        On a CPU it runs at once (unless `_defer_checks`)."""
+        defer = self._defer_checks
+        if defer is None:
+            defer = flags.device.type != "cpu"
+        self._pending.append((flags, verdict))
+        if not defer:
+            self._fetch()
+
+    def _fetch(self, *tensors: torch.Tensor) -> list[np.ndarray]:
+        """`tensors` as NumPy arrays in one device-to-host copy (one wait, not one per tensor),
+        with the checks queued since the last fetch; raises ValueError if one fails."""
+        pending, self._pending = self._pending, []
+        parts = [t.reshape(-1).to(torch.float64) for t in tensors]  # ids < 2**53: exact
+        parts += [flags.reshape(-1).to(device=parts[0].device if parts else flags.device,
+                                       dtype=torch.float64) for flags, _ in pending]
+        host = torch.cat(parts).cpu().numpy() if parts else np.zeros(0)
+        out, at = [], 0
+        for t in tensors:
+            n = t.numel()
+            out.append(host[at:at + n].reshape(tuple(t.shape)).astype(_NUMPY[t.dtype]))
+            at += n
+        for flags, verdict in pending:
+            n = flags.numel()
+            problem = verdict(host[at:at + n] != 0)
+            at += n
+            if problem:
+                raise ValueError(problem)
+        return out
+
+    # -- reading rows --------------------------------------------------------------------------
+    @staticmethod
+    def _work(logits: torch.Tensor) -> torch.Tensor:
+        """Rows in at least float32 (bf16 rows lose too much in softmax)."""
+        if logits.dtype in (torch.float16, torch.bfloat16):
+            return logits.float()
+        return logits
+
+    @torch.inference_mode()
+    def draw(self, logits: torch.Tensor, temperature: float) -> np.ndarray:
+        if temperature == 0:
+            return self._fetch(logits.argmax(dim=-1))[0]  # first maximum: ties to the lower id
+        check_temperature(temperature, f"{self.name}: temperature")
+        probs = torch.softmax(self._work(logits) / temperature, dim=-1)
+        picks = torch.multinomial(probs, 1, generator=self._generator)
+        return self._fetch(picks[:, 0])[0]
+
+    @torch.inference_mode()
+    def topk(self, logits: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The k best tokens of each row, by log-prob with ties to the lower id (the order
+        `pool.topk_tokens` uses), so a pool never depends on how torch.topk breaks ties."""
+        lp = torch.log_softmax(self._work(logits), dim=-1)
+        k = min(int(k), lp.shape[-1])
+        if lp.device.type == "cuda":
+            ids, vals = topk_sorted(lp, k)
+        else:
+            ids, vals = topk_tie_checked(lp, k)
+        ids, vals = self._fetch(ids, vals)
+        return ids, vals.astype(np.float64)
+
+    def topk_at(self, context, tree: Tree, nodes, k: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.topk(self.logits(context, tree, nodes), k)
+
+    @torch.inference_mode()
+    def logprobs(self, logits: torch.Tensor, tokens: np.ndarray, temperature: float) -> np.ndarray:
+        tokens = np.atleast_2d(np.asarray(tokens, dtype=np.int64))
+        lp = torch.log_softmax(self._work(logits) / (temperature or 1.0), dim=-1)
+        index = host_to_device(tokens, lp.device)
+        if index.shape[0] != lp.shape[0]:
+            index = index.expand(lp.shape[0], -1)
+        return self._fetch(lp.gather(-1, index).double())[0]
+
+    @torch.inference_mode()
+    def probs(self, logits: torch.Tensor, temperature: float) -> np.ndarray:
+        if temperature == 0:
+            out = np.zeros(tuple(logits.shape), dtype=np.float64)
+            out[np.arange(out.shape[0]), self._fetch(logits.argmax(dim=-1))[0]] = 1.0
+            return out
+        return self._fetch(torch.softmax(logits.double() / temperature, dim=-1))[0]
+
+
+def topk_tie_checked(lp: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, log-probs) of each row's k best, best first, ties to the lower id: torch.topk, then
+    a check for a tie at the k-th value (one host read, free on a CPU)."""
+    vals, ids = torch.topk(lp, k, dim=-1)
+    kth = vals[:, -1:]
+    if bool(((lp >= kth).sum(dim=-1) == k).all()):
+        # the usual case, no tie at the k-th value: the set is right, fix the order
+        ids, by_id = ids.sort(dim=-1)
+        vals = vals.gather(-1, by_id)
+    else:
+        # take everything above the k-th value, then the lowest ids among those equal to it
+        above, equal = lp > kth, lp == kth
+        short = k - above.sum(dim=-1, keepdim=True)
+        chosen = above | (equal & (equal.cumsum(dim=-1) <= short))
+        ids = chosen.nonzero()[:, 1].view(lp.shape[0], k)  # row-major: ascending ids
+        vals = lp.gather(-1, ids)
+    vals, order = torch.sort(vals, dim=-1, descending=True, stable=True)
+    return ids.gather(-1, order), vals
+
+
+def topk_sorted(lp: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same ranking from one stable descending sort of each row (equal values keep their
+    id order): no host read, so a GPU never waits; a full sort, which a CPU pays for."""
+    vals, ids = torch.sort(lp, dim=-1, descending=True, stable=True)
+    return ids[:, :k], vals[:, :k]

@@ -1,0 +1,27 @@
+# Temperature-0 drift: where each greedy decoder's answers part from ar's, and whether the
+# target's rounding explains it (its two best logits there against how far its rows move between
+# pass shapes). One job per target after its temperature-0 decode jobs; it loads the target alone.
+
+
+rule drift:
+    input:
+        unpack(drift_inputs),
+    output:
+        "results/drift/{target}.csv",
+    log:
+        "results/logs/drift/{target}.log",
+    params:
+        dtype=config["decode"]["dtype"],
+        trust=lambda w: trust_args(w.target),
+        chat=lambda w: chat_args(w.target),
+        lock_dir=gpu_lock_dir(),
+        placement=lambda w: placement_for(w.target, None, config["decode"]["dtype"]),
+    threads: config["threads"]["decode"]
+    resources:
+        gpu=lambda w: gpu_request(placement_for(w.target, None, config["decode"]["dtype"]).gpus),
+        mem_mb=lambda w, input: job_mem_mb("drift", [input.target]),
+        runtime=job_runtime("drift"),
+    conda:
+        ENV
+    script:
+        "../scripts/drift.py"
