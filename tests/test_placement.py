@@ -85,6 +85,7 @@ def test_auto_dtype_is_bfloat16_only_on_gpus_that_have_it(monkeypatch):
     from targetrows.hf import loading
 
     capability = {"value": (7, 0)}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=None: capability["value"])
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     assert loading.resolve_dtype("auto", "cuda:0") == torch.float16  # a V100: emulated bfloat16

@@ -358,7 +358,7 @@ def test_out_of_memory_suggests_smaller_trees_or_a_device_map(pair, tmp_path, ca
     err = run_failing(args(pair, prompts, out, *extra), capsys, out.parent, status=3)
     assert "ran out of memory" in err and "Tried to allocate 2.00 GiB" in err
     assert "--budgets" in err and "--depth" in err and "device map" in err
-    assert "--target-device auto" in err
+    assert "--target-device cuda:0,1" in err and "resources.gpu_memory_gb" in err
 
 
 def test_damaged_or_unfinished_row_logs_are_not_scored(tmp_path, capsys):

@@ -88,8 +88,10 @@ def test_job_resources_come_from_the_config_and_scale_with_the_models(tmp_path):
     (work / "models" / "tiny-llama").mkdir(parents=True)
     with open(work / "models" / "tiny-llama" / "model.safetensors", "wb") as f:
         f.truncate(1024 * 2**20)  # a sparse 1 GiB of "weights"
-    res = dry_run_resources(work, "{}")
+    res = dry_run_resources(work, "resources: {draft_own_gpu: true}")
     assert {r.count("gpu=2") for r in res["decode"]} == {0, 1}  # 2 for rerank/fts/pearl, else 1
+    res = dry_run_resources(work, "{}")
+    assert all("gpu=1" in r for r in res["decode"])  # the pair shares one card by default
     assert all("gpu=1" in r and "mem_mb=4048" in r and "runtime=1920" in r
                for r in res["record_rows"])  # 2000 MB + 2 x 1 GiB of weights
     assert all("mem_mb=4048" in r and "runtime=960" in r for r in res["decode"])

@@ -64,7 +64,9 @@ def _cuda_index(device: str) -> int | None:
     if not device.startswith("cuda"):
         return None
     ids = device.partition(":")[2]
-    return int(ids.split(",")[0]) if ids else torch.cuda.current_device()
+    if ids:
+        return int(ids.split(",")[0])
+    return torch.cuda.current_device() if torch.cuda.is_available() else 0
 
 
 def bfloat16_is_fast(device: str) -> bool:
@@ -73,6 +75,8 @@ def bfloat16_is_fast(device: str) -> bool:
     AVX512-BF16 units (elsewhere they are emulated, slower than float16 or float32)."""
     index = _cuda_index(device)
     if index is not None:
+        if not torch.cuda.is_available():  # nothing to ask (a plan made away from the GPU)
+            return True
         return torch.cuda.get_device_capability(index)[0] >= 8
     cpu = torch.cpu
     checks = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")  # private, so guarded
