@@ -5,6 +5,7 @@ import numpy as np
 
 from targetrows.core.rules.learned import ALL_FEATURES, STALE_FEATURES, Reranker
 from targetrows.decoding.config import DecodeConfig
+from targetrows.decoding.registry import get_decoder
 
 
 def reranker(rule: str, seed: int = 0) -> Reranker:
@@ -20,4 +21,6 @@ RERANKERS = {rule: reranker(rule) for rule in ("learned_rerank", "learned_stale_
 
 def decode_config(decoder: str, **fields) -> DecodeConfig:
     """A `DecodeConfig` for any decoder, a learned one with its rule's test reranker."""
-    return DecodeConfig("ar", **fields).for_decoder(decoder, RERANKERS)
+    entry = get_decoder(decoder)
+    return DecodeConfig(entry, reranker=RERANKERS.get(entry.rule) if entry.learned else None,
+                        **fields)

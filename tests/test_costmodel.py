@@ -4,7 +4,6 @@ picked from a predicted-throughput curve, and acceptance predictions that match 
 import numpy as np
 import pytest
 
-from targetrows.cli.common import budget_arg
 from targetrows.core.pool import PoolShape
 from targetrows.core.toy import ToyPair
 from targetrows.cost import calibration, parttimes, rounds
@@ -253,13 +252,27 @@ def test_a_slow_spell_does_not_price_one_pass_size(monkeypatch):
     assert curve.seconds == pytest.approx((0.010, 0.020, 0.030))
 
 
-def test_budget_arg():
-    assert budget_arg("auto") == "auto"
-    assert budget_arg("8") == 8
-    assert budget_arg("0") == 0  # the range is the command's check (its option's name)
-    for bad in ("x", "2.5", ""):
+def test_a_budget_is_parsed_once_from_every_place_it_is_written():
+    """The config, the command line and the conditions files write a budget one way
+    (`parse_budget`), and `budget_spec` writes it back the same way."""
+    import argparse
+
+    from targetrows.cli.common import budget_type
+    from targetrows.decoding.budget import Auto, Fixed, Matched, budget_spec, parse_budget
+
+    for written, budget in ((8, Fixed(8)), ("8", Fixed(8)), ("auto", Auto()),
+                            ({"matched": 59}, Matched(59))):
+        assert parse_budget(written) == budget
+        assert parse_budget(budget) is budget
+        assert parse_budget(budget_spec(budget)) == budget
+    assert [str(b) for b in (Fixed(8), Auto(), Matched(59))] == ["8", "auto", "matched 59"]
+    for bad in ("x", "2.5", "", 0, -3, True, 2.5, {"matched": 0}, {"matched": 3, "x": 1}, None):
         with pytest.raises(ValueError):
-            budget_arg(bad)
+            parse_budget(bad)
+    parse = budget_type("--budgets")  # the command line: a number or auto, named by its option
+    assert parse("5") == Fixed(5) and parse("auto") == Auto()
+    with pytest.raises(argparse.ArgumentTypeError, match="--budgets must be a positive integer"):
+        parse("0")
 
 
 def test_mean_parts_averages_two_timings():

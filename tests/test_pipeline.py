@@ -410,8 +410,10 @@ def test_default_dag_end_to_end_on_tiny_models_survives_an_interrupt(tmp_path):
     n_prompts = cfg["prompts"]["n"]
     for answers in (work / "results" / "decode").rglob("*.jsonl"):
         t = answers.parent.name
-        decoder, conds = read_conditions(
+        doc = read_conditions(
             str(work / "results" / "conditions" / "tiny-llama" / t / f"{answers.stem}.json"))
+        decoder, conds = doc["decoder"], doc["conditions"]
+        assert (doc["pair"], doc["temperature"]) == ("tiny-llama", float(t.removeprefix("T")))
         runs = {(c["budget"], c["depth"]) for c in conds}
         assert decoder == answers.stem and len(conds) == len(decode_conditions(cfg, decoder))
         records = [json.loads(line) for line in answers.read_text().splitlines()]

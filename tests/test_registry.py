@@ -107,7 +107,7 @@ def test_a_registered_decoder_runs_everywhere(shallow, tmp_path):
         path = tmp_path / "conditions" / "p" / "T0" / f"{name}.json"
         conds = resolve(name, [4], 3) if name != "mystery" else [{"condition": 0, "spec": 4,
                                                                    "budget": 4, "depth": 3}]
-        write_conditions(str(path), name, conds)
+        write_conditions(str(path), "p", 0.0, name, conds)
         paths.append(str(path))
     with pytest.raises(ValueError, match="unknown decoder 'mystery'"):
         conditions(paths)  # a decoder nobody registered is an error, never a NaN row

@@ -5,6 +5,8 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
+from targetrows.core.pool import PoolShape
+from targetrows.decoding.budget import Fixed, Matched, parse_budget
 from targetrows.decoding.registry import DECODERS, RULES, decoder_names
 from targetrows.pipeline.placement import Placement, model_weights_gb, place
 
@@ -60,12 +62,18 @@ TEMPERATURES = [fmt_temperature(t) for t in config["temperatures"]]
 
 
 def decode_budgets(decoder, cfg=config):
-    """The budget conditions a decoder runs: its own (decode.decoder_budgets), else
-    decode.budgets; one condition for a decoder without a tree (ar). A condition is a budget,
-    auto or {matched: X} (targetrows.pipeline.conditions)."""
+    """The budget conditions a decoder runs (targetrows.decoding.budget: a number, auto or
+    {matched: X}): its own (decode.decoder_budgets), else decode.budgets; ar verifies no tree
+    and runs once, whatever the config says."""
     if not DECODERS[decoder].drafts:
-        return [1]
-    return cfg["decode"]["decoder_budgets"].get(decoder, cfg["decode"]["budgets"])
+        return [Fixed(1)]
+    given = cfg["decode"]["decoder_budgets"].get(decoder, cfg["decode"]["budgets"])
+    return [parse_budget(b, f"decode budget of {decoder}") for b in given]
+
+
+def matched_at(decoder, cfg=config):
+    """The baseline budgets a decoder's matched caps are matched at."""
+    return [b.at for b in decode_budgets(decoder, cfg) if isinstance(b, Matched)]
 
 
 # Model sources that make drafts; a draft is never trained from, nor drafted for, another draft.
@@ -104,9 +112,9 @@ def check_config(cfg):
         if spec["source"] in ("eagle3", "train_eagle3"):
             check_eagle3_head(cfg, name, spec)
     dec = cfg["decode"]
-    for decoder, budgets in dec["decoder_budgets"].items():
+    for decoder in dec["decoder_budgets"]:
         baseline = DECODERS[decoder].baseline
-        matched = [b["matched"] for b in budgets if isinstance(b, dict)]
+        matched = matched_at(decoder, cfg)
         key = f"decode.decoder_budgets.{decoder}"
         if matched and baseline is None:
             raise WorkflowError(
@@ -123,11 +131,12 @@ def check_config(cfg):
                 f"config key {key}: a matched cap is found from the row logs' tree sizes of "
                 f"{decoder}'s rule, which takes a trained reranker; give it numeric budgets"
             )
-        missing = [x for x in matched if x not in decode_budgets(baseline, cfg)]
+        runs = [b.nodes for b in decode_budgets(baseline, cfg) if isinstance(b, Fixed)]
+        missing = [x for x in matched if x not in runs]
         if missing:
             raise WorkflowError(
                 f"config key {key}: matched at {missing[0]}, a budget {baseline} does not run; "
-                f"match at one of its budgets ({decode_budgets(baseline, cfg)})"
+                f"match at one of its budgets ({runs})"
             )
     learned = [d for d in dec["decoders"] if DECODERS[d].learned]
     if learned and not cfg["rerank"]["train"]:
@@ -135,9 +144,9 @@ def check_config(cfg):
             f"config key decode.decoders: {', '.join(learned)} decode with trained rerankers; "
             "set rerank.train: true (the pipeline trains them on the row logs) or drop them"
         )
-    pool = cfg["pool"]["top_k"] + (cfg["pool"]["depth"] - 1) * cfg["pool"]["top_k"] ** 2
+    pool = PoolShape(cfg["pool"]["top_k"], cfg["pool"]["depth"]).size
     for key, budgets in (("decode.budgets", dec["budgets"]), ("score.budgets", cfg["score"]["budgets"])):
-        budgets = [b for b in budgets if isinstance(b, int)]  # auto picks within the pool
+        budgets = [b.nodes for b in map(parse_budget, budgets) if isinstance(b, Fixed)]
         if budgets and max(budgets) > pool:
             raise WorkflowError(
                 f"config key {key}: budget {max(budgets)} exceeds the candidate pool of {pool} "
@@ -195,12 +204,13 @@ def replies_dir(model):
 
 
 def replies_args():
-    """`targetrows replies` options from config key `replies`."""
-    spec = config.get("replies", {})
-    args = ["--prompts", spec.get("prompts", 256), "--self-prompts", spec.get("self_prompts", 1024),
-            "--sampled", spec.get("sampled", 1280), "--max-new-tokens", spec.get("max_new_tokens", 80),
-            "--data-seed", spec.get("seed", 0)]
-    return args + spec.get("args", [])
+    """`targetrows replies` options from config key `replies` (its defaults are the schema's,
+    which a test holds equal to `targetrows.train.replies.RepliesConfig`'s)."""
+    spec = config["replies"]
+    args = ["--prompts", spec["prompts"], "--self-prompts", spec["self_prompts"],
+            "--sampled", spec["sampled"], "--max-new-tokens", spec["max_new_tokens"],
+            "--data-seed", spec["seed"]]
+    return args + spec["args"]
 
 
 def hub_heads():
@@ -232,7 +242,7 @@ def trust_args(target):
     """`--trust-remote-code` for the models of `target`'s pair whose config allows their own
     code to run (`trust_remote_code: true`); nothing otherwise."""
     trusted = [role for role, name in (("target", target), ("draft", DRAFT_OF[target]))
-               if config["models"][name].get("trust_remote_code", False)]
+               if config["models"][name].get("trust_remote_code")]
     if not trusted:
         return []
     return ["--trust-remote-code", "all" if len(trusted) == 2 else trusted[0]]
@@ -277,7 +287,7 @@ def decode_inputs(wildcards):
     }
     if DECODERS[wildcards.decoder].learned:
         inputs["reranker"] = reranker_files(wildcards, [DECODERS[wildcards.decoder].rule])
-    if any(isinstance(b, dict) for b in decode_budgets(wildcards.decoder)):
+    if matched_at(wildcards.decoder):
         # a matched cap waits for the baseline's runs and the row logs on every task at this
         # target and temperature
         tasks = dict(target=wildcards.target, task=config["tasks"],
@@ -295,7 +305,7 @@ def decode_priority(decoder, cfg=config):
     conditions), and a decoder whose runs another's matched cap waits for (pearl, for fts) before
     that one."""
     waiting = [d for d in cfg["decode"]["decoders"] if DECODERS[d].baseline == decoder
-               and any(isinstance(b, dict) for b in decode_budgets(d, cfg))]
+               and matched_at(d, cfg)]
     return len(decode_budgets(decoder, cfg)) + sum(len(decode_budgets(d, cfg)) for d in waiting)
 
 
@@ -327,7 +337,7 @@ def placement_for(target, decoder=None, dtype="auto"):
 
 
 def gpu_lock_dir():
-    return config.get("gpu_lock_dir") or ""
+    return config["gpu_lock_dir"] or ""
 
 
 def decode_outputs():
@@ -421,7 +431,7 @@ def weights_mb(folder):
 def job_mem_mb(rulename, models=()):
     """A job's memory request: resources.mem_mb.<rulename>, else the base plus 2 x the weights
     of the model folders it loads, so requests fit ordinary nodes and grow with the models."""
-    configured = config.get("resources", {}).get("mem_mb", {}).get(rulename)
+    configured = config["resources"]["mem_mb"].get(rulename)
     if configured:
         return configured
     if rulename == "build_target":

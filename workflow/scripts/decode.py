@@ -7,26 +7,27 @@ which resumes an interrupted job from OUT.partial and writes each OUT atomically
 the conditions, with the `auto` choice read back from the answers.
 """
 
-import json
 import sys
 
+from targetrows.decoding.budget import Auto, Fixed, parse_budget
 from targetrows.decoding.registry import get_decoder
-from targetrows.pipeline.conditions import fill_auto, is_auto, resolve, write_conditions
+from targetrows.pipeline.conditions import fill_auto, resolve, write_conditions
 from targetrows.pipeline.gpu_lock import run_claimed
 from targetrows.rowlog import format as rowlog
+from targetrows.specbench.answers import read_answers
 
 
-def read_answers(paths) -> list[dict]:
-    records = []
-    for path in paths:
-        with open(path, encoding="utf-8") as f:
-            records += [json.loads(line) for line in f]
-    return records
+def budgets_of(decoder: str, conditions: list[dict]) -> list:
+    """The conditions as `targetrows decode --budgets` takes them: each one's resolved cap, or
+    auto; none for a decoder that verifies no tree (ar runs once; its answers say budget 0)."""
+    if not get_decoder(decoder).drafts:
+        return []
+    return list(dict.fromkeys(Auto() if c["budget"] is None else Fixed(c["budget"])
+                              for c in conditions))
 
 
 def command(smk, budgets: list):
-    # ar verifies no tree: it runs once, and its answers say budget 0
-    budget_args = ["--budgets", *map(str, budgets)] if get_decoder(smk.wildcards.decoder).drafts else []
+    budget_args = ["--budgets", *map(str, budgets)] if budgets else []
     reranker = ["--reranker", *smk.input.reranker] if "reranker" in smk.input.keys() else []
 
     def argv(target_device: str, draft_device: str) -> list[str]:
@@ -47,7 +48,7 @@ def command(smk, budgets: list):
 
 
 def describe(decoder: str, c: dict) -> str:
-    if is_auto(c["spec"]):
+    if isinstance(parse_budget(c["spec"]), Auto):
         return f"{decoder} condition {c['condition']}: auto (picked by targetrows decode)"
     line = f"{decoder} condition {c['condition']}: {c['spec']} -> budget {c['budget']}"
     if "baseline_mean_nodes" in c:
@@ -61,20 +62,20 @@ def main(smk) -> None:
     decoder = smk.wildcards.decoder
     baseline, logs = [], []
     if "baseline" in smk.input.keys():
-        baseline = read_answers(smk.input.baseline)
+        baseline = read_answers(list(smk.input.baseline))
         logs = [rowlog.read(p) for p in smk.input.rows]
     conditions = resolve(decoder, smk.params.budgets, smk.params.depth, baseline, logs)
     with open(smk.log[0], "w") as log:
         for c in conditions:
             print(describe(decoder, c), file=log)
-    budgets = list(dict.fromkeys("auto" if is_auto(c["spec"]) else c["budget"]
-                                 for c in conditions))
+    budgets = budgets_of(decoder, conditions)
     rc = run_claimed(command(smk, budgets), smk.resources.gpu, smk.log[0],
                      smk.params.lock_dir or None, smk.params.placement)
     if rc:
         sys.exit(f"targetrows decode failed with status {rc}; see {smk.log[0]}")
-    conditions = fill_auto(conditions, read_answers(smk.output.answers))
-    write_conditions(smk.output.conditions, decoder, conditions)
+    conditions = fill_auto(conditions, read_answers(list(smk.output.answers)))
+    write_conditions(smk.output.conditions, smk.wildcards.target,
+                     float(smk.wildcards.temperature), decoder, conditions)
 
 
 if "snakemake" in globals():

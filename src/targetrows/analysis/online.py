@@ -14,8 +14,9 @@ import json
 import numpy as np
 import pandas as pd
 
+from targetrows.decoding.budget import Auto, Matched, parse_budget
 from targetrows.decoding.registry import DECODERS, get_decoder
-from targetrows.pipeline.conditions import is_auto, is_matched, read_conditions
+from targetrows.pipeline.conditions import read_conditions
 
 from . import stats
 
@@ -62,15 +63,15 @@ def conditions(paths: list[str]) -> pd.DataFrame:
     with), matched (a matched cap), auto (picked by the cost model)."""
     rows = []
     for path in paths:
-        parts = path.replace("\\", "/").split("/")
-        pair, temperature = parts[-3], float(parts[-2].removeprefix("T"))
-        decoder, conds = read_conditions(path)
-        for c in conds:
-            rows.append({"pair": pair, "temperature": temperature, "decoder": decoder,
-                         "condition": c["condition"], "budget": c["budget"],
-                         "depth": c["depth"], "baseline": c.get("baseline"),
+        doc = read_conditions(path)
+        for c in doc["conditions"]:
+            budget = parse_budget(c["spec"])
+            rows.append({"pair": doc["pair"], "temperature": doc["temperature"],
+                         "decoder": doc["decoder"], "condition": c["condition"],
+                         "budget": c["budget"], "depth": c["depth"],
+                         "baseline": c.get("baseline"),
                          "baseline_budget": c.get("baseline_budget"),
-                         "matched": is_matched(c["spec"]), "auto": is_auto(c["spec"])})
+                         "matched": isinstance(budget, Matched), "auto": isinstance(budget, Auto)})
     frame = pd.DataFrame(rows, columns=["pair", "temperature", "decoder", "condition", "budget",
                                         "depth", "baseline", "baseline_budget", "matched",
                                         "auto"])

@@ -32,9 +32,6 @@ its own rows and columns (after the known ones), never dropped.
 
 from __future__ import annotations
 
-import re
-from collections import defaultdict
-
 import numpy as np
 import pandas as pd
 
@@ -47,28 +44,17 @@ from .frames import ordered, tidy, with_ci
 from .online import METRICS, condition_label, consistency, online, online_gains
 from .output import write_table
 
-SCORE_PATH = re.compile(r"(?P<target>[^/]+)/(?P<task>[^/]+)/T(?P<temperature>[^/]+)\.csv$")
 STRINGS = ("pair", "task", "prompt_id", "rule")
 
 
-def score_groups(paths: list[str]) -> dict[tuple[str, str], list[str]]:
-    """Score tables grouped by (target, temperature), from their paths."""
-    groups = defaultdict(list)
-    for path in paths:
-        m = SCORE_PATH.search(path)
-        if m is None:
-            raise ValueError(f"{path}: not a results/scores/<target>/<task>/T<t>.csv path")
-        groups[m["target"], m["temperature"]].append(path)
-    return dict(groups)
-
-
-def read_scores(paths: list[str]) -> dict[str, np.ndarray]:
-    """One group's score tables as stats' table (a dict of columns), prompt ids made unique
-    across tasks."""
+def score_groups(paths: list[str]) -> list[dict[str, np.ndarray]]:
+    """The score tables as stats' tables (dicts of columns), one per pair x temperature (the
+    tables' own columns say which), prompt ids made unique across tasks."""
     frame = pd.concat([pd.read_csv(p, dtype={k: str for k in STRINGS}) for p in paths],
                       ignore_index=True)
     frame["prompt_id"] = frame["task"] + "/" + frame["prompt_id"]
-    return {k: frame[k].to_numpy(dtype=str if k in STRINGS else None) for k in frame.columns}
+    return [{k: group[k].to_numpy(dtype=str if k in STRINGS else None) for k in group.columns}
+            for _, group in frame.groupby(["pair", "temperature"], sort=True)]
 
 
 def comparisons(present) -> list[tuple[str, str]]:
@@ -80,8 +66,7 @@ def comparisons(present) -> list[tuple[str, str]]:
 def row_log_tables(paths: list[str], n_boot: int, seed: int):
     """(expected_accepted, relative_gains, equal_size) over every target x temperature."""
     acc, gains, equal = [], [], []
-    for _, files in sorted(score_groups(paths).items()):
-        table = read_scores(files)
+    for table in score_groups(paths):
         acc.append(tidy(stats.summarize(table, by=("pair", "temperature", "rule", "budget"))))
         present = set(table["rule"])
         for rule, baseline in comparisons(present):

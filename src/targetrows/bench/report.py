@@ -14,6 +14,7 @@ from collections import defaultdict
 import numpy as np
 
 from targetrows.core.atomic import atomic_write_text
+from targetrows.decoding.budget import Auto
 from targetrows.hf.baselines import PROMPT_LOOKUP_NGRAM
 
 # the speed goals at temperature 0 (ratios: medians of per-prompt ratios)
@@ -79,7 +80,7 @@ def header(settings, target, draft, n_prompts: int, command: str | None = None,
         out["assistant"] = _model(assistant)
     for method, description in (peers or {}).items():
         out[method] = description
-    deepest = " (the deepest auto tries)" if settings.budget == "auto" else ""
+    deepest = " (the deepest auto tries)" if isinstance(settings.budget, Auto) else ""
     out["settings"] = (
         f"{n_prompts} prompts, temperatures {list(settings.temperatures)}, budget "
         f"{settings.budget}, max_new_tokens {settings.decode.max_new_tokens}, top_k "

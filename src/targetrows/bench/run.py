@@ -25,11 +25,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from targetrows.core.checks import check_budget, check_count, check_temperature
+from targetrows.core.checks import check_count, check_temperature
 from targetrows.core.pool import PoolShape
+from targetrows.core.rows import greedy
 from targetrows.cost.calibration import BudgetSearch, auto_budget
 from targetrows.cost.parttimes import mean_parts, measure_parts, target_sizes_for, time_prompt_pass
 from targetrows.cost.rounds import DEFAULT_BUDGETS, bound
+from targetrows.decoding.budget import Auto, Budget, Fixed, Matched, parse_budget
 from targetrows.decoding.config import DecodeConfig
 from targetrows.decoding.loop import generate
 from targetrows.decoding.model import synchronize
@@ -74,7 +76,7 @@ class BenchSettings:
     decoders: tuple[str, ...] = decoder_names(learned=False)
     rerankers: Mapping = field(default_factory=dict)  # rule -> Reranker, for learned decoders
     temperatures: tuple[float, ...] = (0.0,)
-    budget: int | str = "auto"  # an int for every decoder, or "auto": auto_budget for each
+    budget: Budget = Auto()  # every tree decoder's (a number is read as Fixed)
     hf: bool = True  # run the Hugging Face baselines
     repeats: int = 5  # timings per pass size for the cost model (interleaved, median)
     # candidates per round of hf_prompt_lookup: 10 is the default of transformers' own
@@ -88,8 +90,10 @@ class BenchSettings:
             raise ValueError("temperatures: give at least one")
         for t in self.temperatures:
             check_temperature(t, "--temperature")
-        if self.budget != "auto":
-            check_budget(self.budget, "--budget")
+        budget = parse_budget(self.budget, "--budget")
+        if isinstance(budget, Matched):
+            raise ValueError("--budget: bench takes a number or auto, not a matched cap")
+        object.__setattr__(self, "budget", budget)
         check_count(self.prompt_lookup_tokens, "--prompt-lookup-tokens")
         for name in self.decoders:
             get_decoder(name)  # an unknown name raises, naming the known ones
@@ -98,11 +102,11 @@ class BenchSettings:
     def pool(self) -> PoolShape:
         return self.decode.pool
 
-    def run_config(self, method: str, temperature: float, budget: int, depth: int,
+    def run_config(self, method: str, temperature: float, budget: int | None, depth: int,
                    seed: int, max_new_tokens: int | None = None) -> DecodeConfig:
-        """One of our decoders' runs: `decode` with its own decoder, budget, temperature,
-        pool depth and seed."""
-        return replace(self.decode.for_decoder(method, self.rerankers), budget=max(int(budget), 1),
+        """One of our decoders' runs: `decode` with its own decoder, budget (None for ar),
+        temperature, pool depth and seed."""
+        return replace(self.decode.for_decoder(method, self.rerankers), budget=budget,
                        temperature=temperature, pool=replace(self.pool, depth=depth), seed=seed,
                        max_new_tokens=max_new_tokens or self.decode.max_new_tokens)
 
@@ -111,26 +115,27 @@ class BenchSettings:
 
 
 def pick_budgets(target, draft, prompts: Sequence[BenchPrompt], settings: BenchSettings, parts):
-    """{(decoder, temperature): (budget, depth)} and the auto choices made (for the report):
-    --budget auto picks both, calibrated at three contexts 12 greedy tokens apart along the
-    first prompt of each category (what a draft gets right differs from task to task, and a
-    reply's first tokens are its easiest; benchmarks/calibration_spread.py compares
+    """{(decoder, temperature): (budget, depth)} (ar: no budget) and the auto choices made (for
+    the report): --budget auto picks both, calibrated at three contexts 12 greedy tokens apart
+    along the first prompt of each category (what a draft gets right differs from task to task,
+    and a reply's first tokens are its easiest; benchmarks/calibration_spread.py compares
     placements); otherwise every decoder runs at --budget and --depth."""
     first_of_each: dict[str, tuple[int, ...]] = {}
     for p in prompts:
         first_of_each.setdefault(p.category, p.ids)
     plans, choices = {}, {}
+    depth = settings.pool.depth
     for name in settings.decoders:
         for temp in settings.temperatures:
-            drafts = get_decoder(name).drafts
-            if not drafts or settings.budget != "auto":
-                plans[name, temp] = (int(settings.budget) if drafts else 1, settings.pool.depth)
-                continue
-            search = BudgetSearch(contexts=3 * len(first_of_each), gap=12)
-            choice = auto_budget(target, draft, settings.run_config(name, temp, 1,
-                                                                    settings.pool.depth, 0),
-                                 list(first_of_each.values()), search, parts)
-            plans[name, temp], choices[name, temp] = (choice.budget, choice.depth), choice
+            if not get_decoder(name).drafts:
+                plans[name, temp] = (None, depth)
+            elif isinstance(settings.budget, Fixed):
+                plans[name, temp] = (settings.budget.nodes, depth)
+            else:
+                search = BudgetSearch(contexts=3 * len(first_of_each), gap=12)
+                choice = auto_budget(target, draft, settings.run_config(name, temp, 1, depth, 0),
+                                     list(first_of_each.values()), search, parts)
+                plans[name, temp], choices[name, temp] = (choice.budget, choice.depth), choice
     return plans, choices
 
 
@@ -140,7 +145,7 @@ def measure(target, draft, prompts: Sequence[BenchPrompt], settings: BenchSettin
     ids = [t for p in prompts for t in p.ids]
     want = round(len(ids) / len(prompts)) + settings.decode.max_new_tokens // 2
     ctx = (ids * (want // len(ids) + 1))[:want]
-    candidates = DEFAULT_BUDGETS if settings.budget == "auto" else (int(settings.budget),)
+    candidates = (settings.budget.nodes,) if isinstance(settings.budget, Fixed) else DEFAULT_BUDGETS
     pool = settings.pool
     uses_draft = draft is not None and any(get_decoder(d).drafts for d in settings.decoders)
     sizes = target_sizes_for([min(b, pool.size) for b in candidates]) if uses_draft else [1]
@@ -217,13 +222,37 @@ def run_bench(
     """Every method on every prompt and temperature. `assistant`: the model hf_assisted runs
     with (default: the draft, when it is a standalone model); `peers`: running peer engines by
     method name ("peer:<name>", `targetrows.bench.peer`), interleaved like every other method.
-    Returns (tidy rows, context) where
-    the context holds the part times, the budgets, the auto choices and the methods skipped,
-    with why, for the report."""
+    Returns (tidy rows, context) where the context holds the part times, the budgets, the auto
+    choices and the methods skipped, with why, for the report."""
     if not prompts:
         raise ValueError("no prompts to benchmark")
     if draft is None and any(get_decoder(d).drafts for d in settings.decoders):
         raise ValueError("every decoder but ar needs a draft model (--draft)")
+    methods, skipped, models = _methods(target, draft, settings, assistant, peers)
+    parts = measure(target, draft, prompts, settings)
+    # what each prompt's first pass costs beyond a round's one-token pass (in every bound)
+    prompt_s = [time_prompt_pass(target, p.ids, settings.repeats) for p in prompts]
+    plans, choices = pick_budgets(target, draft, prompts, settings, parts)
+
+    def config_for(method, temp, seed, max_new_tokens=None):
+        name = method if method in settings.decoders else "ar"  # HF methods, peers
+        budget, depth = plans.get((name, temp), (None, settings.pool.depth))
+        return settings.run_config(name, temp, budget, depth, seed, max_new_tokens)
+
+    for method in methods:  # warm-up: lazy initialisation is nobody's cost
+        run_method(method, models, prompts[0],
+                   config_for(method, settings.temperatures[0], settings.decode.seed, 4), settings)
+    runs = _interleaved_runs(models, prompts, settings, methods, config_for, progress)
+    # part times before and after the runs, averaged: drift of a shared machine shows in both
+    parts = mean_parts(parts, measure(target, draft, prompts, settings))
+    rows = _with_bounds(runs, parts, prompt_s, settings)
+    context = {"parts": parts, "prompt_s": prompt_s, "plans": plans, "choices": choices,
+               "methods": methods, "skipped": skipped}
+    return rows, context
+
+
+def _methods(target, draft, settings: BenchSettings, assistant, peers):
+    """(methods in the order they run, methods skipped with why, the models they run with)."""
     source = assisting_model(draft, assistant) if settings.hf else None
     skipped = {}
     if settings.hf and source is None:
@@ -231,71 +260,56 @@ def run_bench(
             "no standalone draft to assist with (an EAGLE-3 head or no draft): pass --assistant"
         )
     methods = [m for m in HF_METHODS if settings.hf and m not in skipped]
-    methods += list(settings.decoders)
-    methods += list(peers or {})
-    assistant = None
+    methods += list(settings.decoders) + list(peers or {})
+    helper = None
     if source is not None:  # one shared vocabulary: the smaller of the two
         vocab = min(target.vocab_size, source.vocab_size)
-        assistant = assistant_for(target.model, source.model, vocab)
-    models = BenchModels(target, draft, assistant, dict(peers or {}))
-    parts = measure(target, draft, prompts, settings)
-    # what each prompt's first pass costs beyond a round's one-token pass (in every bound)
-    prompt_s = [time_prompt_pass(target, p.ids, settings.repeats) for p in prompts]
-    plans, choices = pick_budgets(target, draft, prompts, settings, parts)
+        helper = assistant_for(target.model, source.model, vocab)
+    return methods, skipped, BenchModels(target, draft, helper, dict(peers or {}))
 
-    def config_for(method, temp, seed, max_new_tokens=None):
-        budget, depth = plans.get((method, temp), (1, settings.pool.depth))
-        name = method if method in settings.decoders else "ar"  # HF methods, peers
-        return settings.run_config(name, temp, budget, depth, seed, max_new_tokens)
 
-    for method in methods:  # warm-up: lazy initialisation is nobody's cost
-        run_method(method, models, prompts[0],
-                   config_for(method, settings.temperatures[0], settings.decode.seed, 4), settings)
-    rows, results, prompt_of = [], [], []
+def _interleaved_runs(models: BenchModels, prompts, settings: BenchSettings, methods,
+                      config_for, progress) -> list[tuple[dict, object, int]]:
+    """(row, DecodeResult or None, prompt index) of every method on every prompt and
+    temperature, the methods' order rotating from prompt to prompt (drift of a shared machine
+    then hits every method alike); at temperature 0, each row says whether it wrote HF
+    greedy's tokens and, where not, where and why it parted."""
+    runs = []
     for i, prompt in enumerate(prompts):
         for temp in settings.temperatures:
-            order = methods[i % len(methods) :] + methods[: i % len(methods)]
+            order = methods[i % len(methods):] + methods[: i % len(methods)]
             done = {}
             for method in order:
-                budget, depth = plans.get((method, temp), (0, settings.pool.depth))
-                tokens, wall, result = run_method(
-                    method, models, prompt, config_for(method, temp, settings.decode.seed + i),
-                    settings)
+                config = config_for(method, temp, settings.decode.seed + i)
+                tokens, wall, result = run_method(method, models, prompt, config, settings)
                 done[method] = tokens
-                rows.append(_row(method, prompt, temp, budget, depth, tokens, wall, result))
-                results.append(result)
-                prompt_of.append(i)
+                runs.append((_row(method, prompt, temp, config, tokens, wall, result), result, i))
                 if progress is not None:
-                    progress(rows[-1])
-            if temp == 0 and "hf_generate" in done:
-                for row in rows[-len(order) :]:
+                    progress(runs[-1][0])
+            if greedy(temp) and "hf_generate" in done:
+                for row, _, _ in runs[-len(order):]:
                     row["same_as_hf_generate"] = done[row["method"]] == done["hf_generate"]
                     if not row["same_as_hf_generate"]:  # parted at a near-tie, or a bug?
-                        row.update(_parting(target, prompt.ids, done["hf_generate"],
+                        row.update(_parting(models.target, prompt.ids, done["hf_generate"],
                                             done[row["method"]]))
-    # part times before and after the runs, averaged: drift of a shared machine shows in both
-    parts = mean_parts(parts, measure(target, draft, prompts, settings))
-    for row, result, i in zip(rows, results, prompt_of, strict=True):
+    return runs
+
+
+def _with_bounds(runs, parts, prompt_s, settings: BenchSettings) -> list[dict]:
+    """The rows, each of our decoders' with the zero-overhead bound of its run
+    (`targetrows.cost.rounds.bound`) and the share of it measured."""
+    rows = []
+    for row, result, i in runs:
         if result is not None and result.rounds:
             depth = row["depth"] or settings.pool.depth
             drafted = get_decoder(row["method"]).pool_depth(depth, row["budget"] or depth)
             b = bound(row["method"], parts, result.rounds, replace(settings.pool, depth=drafted),
                       prompt_s[i], budget=row["budget"])
-            row.update(
-                overlap=b.overlap,
-                bound_tokens_per_s=b.tokens_per_s,
-                bound_speedup=b.speedup,
-                measured_over_bound=row["tokens_per_s"] / b.tokens_per_s,
-            )
-    context = {
-        "parts": parts,
-        "prompt_s": prompt_s,
-        "plans": plans,
-        "choices": choices,
-        "methods": methods,
-        "skipped": skipped,
-    }
-    return rows, context
+            row.update(overlap=b.overlap, bound_tokens_per_s=b.tokens_per_s,
+                       bound_speedup=b.speedup,
+                       measured_over_bound=row["tokens_per_s"] / b.tokens_per_s)
+        rows.append(row)
+    return rows
 
 
 def _parting(target, prompt_ids, reference, tokens) -> dict:
@@ -308,13 +322,14 @@ def _parting(target, prompt_ids, reference, tokens) -> dict:
             "tie_threshold_steps": p.threshold_steps}
 
 
-def _row(method, prompt, temperature, budget, depth, tokens, wall, result) -> dict:
-    tree = method not in HF_METHODS and not method.startswith(PEER) and get_decoder(method).drafts
+def _row(method, prompt, temperature, config: DecodeConfig, tokens, wall, result) -> dict:
+    ours = method not in HF_METHODS and not method.startswith(PEER)
+    tree = ours and config.budget is not None
     row = {
         "method": method,
         "temperature": temperature,
-        "budget": budget if tree else "",
-        "depth": depth if tree else "",  # the pool depth setting (`PoolShape.depth`)
+        "budget": config.budget if tree else "",
+        "depth": config.pool.depth if tree else "",  # the pool depth setting
         "question_id": prompt.question_id,
         "category": prompt.category,
         "prompt_tokens": len(prompt.ids),

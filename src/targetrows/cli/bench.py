@@ -21,7 +21,7 @@ from .common import (
     add_decoding_arguments,
     add_model_arguments,
     add_reranker_argument,
-    budget_arg,
+    budget_type,
     check_draft,
     decode_config,
     decoders_from,
@@ -37,9 +37,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--prompt", action="append", help="a user message (repeat for several)")
     parser.add_argument("--num-prompts", type=int, default=None,
                         help="the first N of each --prompts file")
-    parser.add_argument("--temperature", type=float, nargs="+", default=[0.0],
+    parser.add_argument("--temperature", type=float, nargs="+",
+                        default=[BenchSettings().temperatures[0]],
                         help="one condition each (0: greedy; > 0: pure sampling)")
-    parser.add_argument("--budget", type=budget_arg, default="auto",
+    parser.add_argument("--budget", type=budget_type("--budget"), default=BenchSettings().budget,
                         help="non-root nodes per tree, or auto (budget and pool depth, at most "
                              "--depth, picked per decoder from timings)")
     add_decoding_arguments(parser, max_new_tokens=BenchSettings().decode.max_new_tokens)
@@ -132,7 +133,8 @@ def run(args: argparse.Namespace) -> int:
     rerankers = rerankers_from(args)
     decoders = decoders_from(args, rerankers)
     settings = BenchSettings(  # checks budget, temperatures and decoders
-        decode=decode_config(args, temperature=0.0), decoders=tuple(decoders),
+        decode=decode_config(args, temperature=BenchSettings().decode.temperature),
+        decoders=tuple(decoders),
         rerankers=rerankers,
         temperatures=tuple(args.temperature), budget=args.budget, hf=args.hf,
         prompt_lookup_tokens=args.prompt_lookup_tokens,

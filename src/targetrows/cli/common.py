@@ -6,8 +6,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from targetrows.core.checks import check_budget, check_temperature
+from targetrows.core.checks import check_temperature
 from targetrows.core.pool import PoolShape
+from targetrows.decoding.budget import Auto, Fixed, parse_budget
 from targetrows.decoding.config import DecodeConfig
 from targetrows.decoding.registry import decoder_names, get_decoder
 
@@ -22,15 +23,18 @@ class BudgetError(ValueError, argparse.ArgumentTypeError):
     """A bad budget: a ValueError for callers, and argparse prints its message as it is."""
 
 
-def budget_arg(value: str) -> int | str:
-    """argparse type for --budget(s): an integer, or "auto" (picked by the cost model). The range
-    is checked by `check_budgets`, so the message names the command's own option."""
-    if value == "auto":
-        return "auto"
-    try:
-        return int(value)
-    except ValueError:
-        raise BudgetError(f"budget {value!r} is neither a positive integer nor 'auto'") from None
+def budget_type(option: str):
+    """argparse type of a budget option: a positive integer or auto (`parse_budget`, which
+    also reads the config's and the bench's budgets); a bad value's message names `option`."""
+    def parse(value: str) -> Fixed | Auto:
+        try:
+            budget = parse_budget(value, option)
+        except ValueError as err:
+            raise BudgetError(str(err)) from None
+        if not isinstance(budget, Fixed | Auto):  # a matched cap is the pipeline's to resolve
+            raise BudgetError(f"{option} takes a positive integer or auto, got {value!r}")
+        return budget
+    return parse
 
 
 def add_pool_arguments(parser: argparse.ArgumentParser, auto: bool = True) -> None:
@@ -106,10 +110,14 @@ def pool_from(args: argparse.Namespace) -> PoolShape:
         raise ValueError(f"--{str(err).replace('_', '-')}") from None
 
 
-def decode_config(args: argparse.Namespace, decoder: str = "ar", budget: int = 1,
+def decode_config(args: argparse.Namespace, decoder: str = "ar", budget: int | None = None,
                   temperature: float | None = None, **fields) -> DecodeConfig:
-    """A `DecodeConfig` from the options add_decoding_arguments added."""
-    return DecodeConfig(decoder=decoder, budget=budget,
+    """A `DecodeConfig` from the options add_decoding_arguments added (a tree decoder without
+    a `budget` takes the default one)."""
+    entry = get_decoder(decoder)
+    if budget is None and entry.drafts:
+        budget = DECODE.budget
+    return DecodeConfig(decoder=entry, budget=budget,
                         temperature=args.temperature if temperature is None else temperature,
                         max_new_tokens=args.max_new_tokens, pool=pool_from(args), seed=args.seed,
                         **fields)
@@ -124,12 +132,6 @@ def check_outputs(prompts, outs, what: str) -> None:
                          f"give one {what} per prompts file")
     if len(set(map(os.path.abspath, outs))) != len(outs):
         raise UsageError(f"--out names one {what} twice; give each prompts file its own")
-
-
-def check_budgets(budgets, option: str = "--budget") -> None:
-    for b in budgets:
-        if b != "auto":
-            check_budget(b, option)
 
 
 def check_temperatures(temperatures, option: str = "--temperature") -> None:

@@ -8,6 +8,8 @@ import json
 import sys
 from dataclasses import replace
 
+from targetrows.core.rows import greedy
+from targetrows.decoding.budget import Auto, Fixed
 from targetrows.decoding.registry import get_decoder
 
 from . import common
@@ -16,8 +18,9 @@ from . import common
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     common.add_model_arguments(parser)
     parser.add_argument("--prompt", required=True, help="the user message")
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--budget", type=common.budget_arg, default=common.DECODE.budget,
+    parser.add_argument("--temperature", type=float, default=common.DECODE.temperature)
+    parser.add_argument("--budget", type=common.budget_type("--budget"),
+                        default=Fixed(common.DECODE.budget),
                         help="non-root nodes per tree, or auto: the budget and pool depth (at "
                              "most --depth) of the best predicted tokens/s on this machine for "
                              "the first tree decoder listed")
@@ -35,29 +38,31 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.prompt.strip():
         raise ValueError("--prompt is empty: give the text of a user message")
-    common.check_budgets([args.budget])
     common.check_temperatures([args.temperature])
     rerankers = common.rerankers_from(args)
     decoders = common.decoders_from(args, rerankers)
     common.check_draft(decoders, args.draft)
     target, draft, tokenizer = common.load_from_args(args)
     prompt_ids = encode_prompt(tokenizer, args.prompt)
-    config = common.decode_config(args, stop_ids=frozenset(stop_ids(tokenizer, target)))
-    budget, depth = args.budget, config.pool.depth
-    if budget == "auto":
-        tree_decoders = [d for d in decoders if get_decoder(d).drafts]
-        budget = 1
-        if tree_decoders:
-            choice = auto_budget(target, draft, config.for_decoder(tree_decoders[0], rerankers),
-                                 [prompt_ids])
-            budget, depth = choice.budget, choice.depth
-            print(f"{tree_decoders[0]}: {choice.describe()}", file=sys.stderr)
-    config = replace(config, budget=budget, pool=replace(config.pool, depth=depth))
+    # the first tree decoder's config: every decoder's, with its own entry (ar's: no budget)
+    trees = [d for d in decoders if get_decoder(d).drafts]
+    config = common.decode_config(args, trees[0] if trees else "ar",
+                                  stop_ids=frozenset(stop_ids(tokenizer, target)))
+    if trees:
+        config = config.for_decoder(trees[0], rerankers)
+        if isinstance(args.budget, Auto):
+            choice = auto_budget(target, draft, config, [prompt_ids])
+            print(f"{trees[0]}: {choice.describe()}", file=sys.stderr)
+            config = replace(config, budget=choice.budget,
+                             pool=replace(config.pool, depth=choice.depth))
+        else:
+            config = replace(config, budget=args.budget.nodes)
+    budget, depth = config.budget, config.pool.depth
     results = compare(target, draft, prompt_ids, decoders, config, rerankers)
     rows = table_rows(results)
     print(format_table(rows))
     status = 0
-    if args.temperature == 0 and "ar" in results:
+    if greedy(args.temperature) and "ar" in results:
         status, lines = lossless_report(target, prompt_ids, results)
         print("\n".join(lines), file=sys.stderr if status else sys.stdout)
     if args.json_out:

@@ -9,7 +9,15 @@ from __future__ import annotations
 import argparse
 import os
 
-from .common import UsageError, add_pool_arguments, check_outputs, check_temperatures, draft_label, pool_from
+from .common import (
+    DECODE,
+    UsageError,
+    add_pool_arguments,
+    check_outputs,
+    check_temperatures,
+    draft_label,
+    pool_from,
+)
 
 
 def toy_pair(target: str, draft: str | None):
@@ -38,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--draft", default=None, help="toy[:CLOSENESS]")
     parser.add_argument("--prompts", required=True, nargs="+",
                         help="Spec-Bench question JSONL files (one row log each)")
-    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--temperature", type=float, default=DECODE.temperature)
     add_pool_arguments(parser, auto=False)
     parser.add_argument("--stride", type=int, default=1, help="log every S-th position")
     parser.add_argument("--max-new-tokens", type=int, default=128,

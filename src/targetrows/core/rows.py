@@ -68,10 +68,22 @@ def check_rows(rows: Any, name: str = "rows", atol: float = 1e-4) -> np.ndarray:
     return arr
 
 
+def greedy(temperature: float) -> bool:
+    """Temperature 0 is greedy decoding: every draw is the row's argmax (the first, so ties go
+    to the lower id), and a row is one-hot at it. The one place that says so."""
+    return temperature == 0
+
+
+def ranking_temperature(temperature: float) -> float:
+    """The temperature at which rows rank tokens (log-probs for scores and rules): a greedy
+    row is one-hot and ranks nothing, so 0 reads as 1."""
+    return 1.0 if greedy(temperature) else float(temperature)
+
+
 def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
     """Rows of probabilities; temperature 0 gives one-hot rows at the argmax."""
     logits = np.asarray(logits, dtype=np.float64)
-    if temperature == 0:
+    if greedy(temperature):
         out = np.zeros_like(logits)
         np.put_along_axis(out, logits.argmax(axis=-1)[..., None], 1.0, axis=-1)
         return out
@@ -82,6 +94,6 @@ def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
 
 
 def log_softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
-    z = np.asarray(logits, dtype=np.float64) / (temperature or 1.0)
+    z = np.asarray(logits, dtype=np.float64) / ranking_temperature(temperature)
     z = z - z.max(axis=-1, keepdims=True)
     return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))

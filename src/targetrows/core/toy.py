@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .pool import topk_tokens
-from .rows import log_softmax, softmax
+from .rows import greedy, log_softmax, ranking_temperature, softmax
 from .tree import Tree
 
 
@@ -72,7 +72,7 @@ class ToyModel:
     def draw(self, logits: np.ndarray, temperature: float) -> np.ndarray:
         from .verify import draw_rows
 
-        if temperature == 0:
+        if greedy(temperature):
             return draw_rows(logits, None)
         if self._rng is None:
             raise ValueError("call reset(seed) before sampling from a toy model")
@@ -86,7 +86,7 @@ class ToyModel:
         return self.topk(self.logits(context, tree, nodes), k)
 
     def logprobs(self, logits: np.ndarray, tokens: np.ndarray, temperature: float) -> np.ndarray:
-        lp = log_softmax(logits, temperature or 1.0)
+        lp = log_softmax(logits, ranking_temperature(temperature))
         return np.take_along_axis(lp, np.atleast_2d(np.asarray(tokens, dtype=np.int64)), -1)
 
     def probs(self, logits: np.ndarray, temperature: float) -> np.ndarray:

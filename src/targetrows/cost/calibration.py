@@ -17,13 +17,14 @@ import numpy as np
 
 from targetrows.core.acceptance import reach_probability
 from targetrows.core.pool import expand_model
+from targetrows.core.rows import greedy
 from targetrows.core.rules.batch import PoolBatch, stack_pools
 from targetrows.core.rules.root_pool import draft_rank
 from targetrows.core.tree import Tree
 from targetrows.core.verify import walk
 from targetrows.decoding.config import DecodeConfig
 from targetrows.decoding.model import edge_probs
-from targetrows.decoding.registry import get_decoder, get_rule
+from targetrows.decoding.registry import get_rule
 
 from .parttimes import PartTimes, measure_parts, target_sizes_for
 from .rounds import DEFAULT_BUDGETS, best_depth_budget, predicted_tokens_per_s
@@ -98,7 +99,7 @@ def acceptance_curve(
     root row's probability (the branches of less likely t0s only as far as the union holds
     them); a redrafted tree is predicted as the rule's tree at the root, plus t0.
     """
-    rule = get_rule(get_decoder(config.decoder).rule)
+    rule = get_rule(config.decoder.rule)
     temperature, seed, top_k, depth = (config.temperature, config.seed, config.pool.top_k,
                                        config.pool.depth)
     budgets = np.asarray(budgets, dtype=np.int64)
@@ -127,7 +128,7 @@ def acceptance_curve(
         everywhere = np.arange(len(tree))  # every node's row: the walk may end at a leaf
         logits = target.logits(ctx, tree, everywhere)
         draws = target.draw(logits, 0.0)
-        if temperature == 0:  # greedy: an edge is taken when it is the target's argmax
+        if greedy(temperature):  # an edge is taken when it is the target's argmax
             edge = np.ones(len(tree))
             edge[1:] = draws[tree.parents[1:]] == tree.tokens[1:]
         else:
@@ -221,11 +222,11 @@ def auto_budget(
     root pass overlaps drafting as `config.overlap` says (None: when target and draft sit on
     different devices, the round loop's schedule).
     """
-    entry = get_decoder(config.decoder)
+    entry = config.decoder
     if not entry.drafts:
-        raise ValueError(f"decoder {config.decoder} verifies no tree: it has no budget to pick")
+        raise ValueError(f"decoder {entry.name} verifies no tree: it has no budget to pick")
     if draft is None:
-        raise ValueError(f"auto budget for {config.decoder!r} needs a draft model")
+        raise ValueError(f"auto budget for {entry.name!r} needs a draft model")
     prompts = [list(p) for p in prompts]
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("auto budget needs prompts to time and calibrate on, none of them empty")
@@ -246,7 +247,7 @@ def auto_budget(
     nodes = np.mean([n for _, n in curves], axis=0)
     # each (depth, budget) drafts `Decoder.pool_depth(depth, budget)` levels
     tps = np.stack([
-        predicted_tokens_per_s(config.decoder, c, n, parts, float(overlap),
+        predicted_tokens_per_s(entry, c, n, parts, float(overlap),
                                replace(pool, depth=d), budgets)
         for d, c, n in zip(depths, committed, nodes, strict=True)
     ])

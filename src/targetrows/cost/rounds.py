@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from targetrows.core.pool import PoolShape
-from targetrows.decoding.registry import get_decoder
+from targetrows.decoding.registry import Decoder, get_decoder
 
 from .parttimes import PartTimes
 
@@ -27,7 +27,7 @@ DEFAULT_BUDGETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 
 
 def round_seconds(
-    decoder: str,
+    decoder: str | Decoder,
     parts: PartTimes,
     nodes,
     draft_passes,
@@ -48,7 +48,7 @@ def round_seconds(
     if not entry.drafts:
         return np.full(nodes.shape, parts.target(1))
     if parts.draft is None:
-        raise ValueError(f"decoder {decoder!r} needs draft pass times")
+        raise ValueError(f"decoder {entry.name!r} needs draft pass times")
     widths = entry.draft_widths(pool, budget)
     pass_s = [parts.draft(w) for w in widths]
     if entry.prunes_pool:  # the passes each round took (it may stop early), at most as wide
@@ -88,7 +88,7 @@ class Bound:
 
 
 def bound(
-    decoder: str,
+    decoder: str | Decoder,
     parts: PartTimes,
     rounds,
     pool: PoolShape,
@@ -110,7 +110,7 @@ def bound(
 
 
 def predicted_tokens_per_s(
-    decoder: str,
+    decoder: str | Decoder,
     committed,
     nodes,
     parts: PartTimes,

@@ -10,13 +10,17 @@ from targetrows.core.checks import check_budget, check_count, check_temperature
 from targetrows.core.pool import PoolShape
 from targetrows.core.rules.learned import Reranker
 
-from .registry import get_decoder, get_rule
+from .budget import DEFAULT_BUDGET
+from .registry import Decoder, get_decoder
 
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    decoder: str = "fts"
-    budget: int = 59  # non-root nodes per verified tree
+    # the decoder's registry entry (a name is looked up once, here)
+    decoder: Decoder | str = "fts"
+    # non-root nodes per verified tree; None for a decoder that verifies no tree (ar), whatever
+    # is given
+    budget: int | None = DEFAULT_BUDGET
     temperature: float = 0.0
     max_new_tokens: int = 128
     pool: PoolShape = field(default_factory=PoolShape)  # the candidate pool drafted
@@ -31,33 +35,45 @@ class DecodeConfig:
     reranker: Reranker | None = None
 
     def __post_init__(self):
-        entry = get_decoder(self.decoder)  # an unknown name raises, naming the known ones
-        check_budget(self.budget)
+        entry = self.decoder if isinstance(self.decoder, Decoder) else get_decoder(self.decoder)
+        object.__setattr__(self, "decoder", entry)  # an unknown name raised, naming the known
+        if not entry.drafts:
+            object.__setattr__(self, "budget", None)
+        elif self.budget is None:
+            raise ValueError(f"decoder {entry.name!r} verifies a tree: give it a budget")
+        else:
+            object.__setattr__(self, "budget", check_budget(self.budget))
         check_temperature(self.temperature)
         check_count(self.max_new_tokens, "max_new_tokens")
         if not isinstance(self.pool, PoolShape):
             raise ValueError(f"pool must be a PoolShape, got {self.pool!r}")
-        learned = entry.drafts and get_rule(entry.rule).learned
-        if learned and self.reranker is None:
-            raise ValueError(f"decoder {self.decoder!r} scores with a trained reranker: give one "
+        if entry.learned and self.reranker is None:
+            raise ValueError(f"decoder {entry.name!r} scores with a trained reranker: give one "
                              "(--reranker FILE, from targetrows train-reranker)")
-        if learned and self.reranker.rule != entry.rule:
-            raise ValueError(f"decoder {self.decoder!r} runs rule {entry.rule!r}, but the "
+        if entry.learned and self.reranker.rule != entry.rule:
+            raise ValueError(f"decoder {entry.name!r} runs rule {entry.rule!r}, but the "
                              f"reranker was trained for {self.reranker.rule!r}")
 
-    def for_decoder(self, decoder: str, rerankers=None) -> DecodeConfig:
-        """This config for `decoder`, with the reranker of its rule from `rerankers` (a
-        mapping rule -> Reranker) when it is a learned one."""
-        entry = get_decoder(decoder)
+    def for_decoder(self, decoder: str | Decoder, rerankers=None) -> DecodeConfig:
+        """This config for `decoder`, with the reranker of its rule from `rerankers` (a mapping
+        rule -> Reranker) when it is a learned one; a tree decoder coming from ar's config
+        takes the default budget."""
+        entry = decoder if isinstance(decoder, Decoder) else get_decoder(decoder)
         reranker = (rerankers or {}).get(entry.rule) if entry.learned else None
-        return replace(self, decoder=decoder, reranker=reranker)
+        budget = self.budget if self.budget is not None else DEFAULT_BUDGET
+        return replace(self, decoder=entry, budget=budget, reranker=reranker)
+
+    @property
+    def name(self) -> str:
+        """The decoder's name (what answers, tables and messages say)."""
+        return self.decoder.name
 
     @property
     def pool_depth(self) -> int:
         """Pool levels the round loop drafts (`Decoder.pool_depth`)."""
-        return get_decoder(self.decoder).pool_depth(self.pool.depth, self.budget)
+        return self.decoder.pool_depth(self.pool.depth, self.budget)
 
     @property
     def pool_budget(self) -> int | None:
         """The tree size a round's root pool is pruned to (`Decoder.prunes_pool`), or None."""
-        return self.budget if get_decoder(self.decoder).prunes_pool else None
+        return self.budget if self.decoder.prunes_pool else None

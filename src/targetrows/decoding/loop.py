@@ -25,7 +25,7 @@ from targetrows.core.tree import Tree
 from targetrows.core.verify import walk
 
 from .config import DecodeConfig
-from .registry import get_decoder, get_rule
+from .registry import get_rule
 from .round import NoPool, Round, RoundStats
 
 
@@ -51,11 +51,11 @@ def generate(
     target: Any, draft: Any | None, prompt_ids: Sequence[int], config: DecodeConfig
 ) -> DecodeResult:
     """Decode from `prompt_ids` with `config.decoder`; lossless for every decoder."""
-    decoder = get_decoder(config.decoder)
+    decoder = config.decoder
     if len(prompt_ids) == 0:
         raise ValueError("the prompt is empty: it needs at least one token")
     if decoder.drafts and draft is None:
-        raise ValueError(f"decoder {config.decoder!r} needs a draft model")
+        raise ValueError(f"decoder {decoder.name!r} needs a draft model")
     overlap = config.overlap
     if overlap is None:
         overlap = draft is not None and target.device is not None and target.device != draft.device

@@ -123,7 +123,10 @@ def unregister(name: str) -> None:
     DECODERS.pop(name, None) or RULES.pop(name, None)
 
 
-def get_decoder(name: str) -> Decoder:
+def get_decoder(name: str | Decoder) -> Decoder:
+    """A decoder's entry by name (an entry is returned as it is)."""
+    if isinstance(name, Decoder):
+        return name
     if name not in DECODERS:
         raise ValueError(f"unknown decoder {name!r}: choose one of {', '.join(DECODERS)}")
     return DECODERS[name]

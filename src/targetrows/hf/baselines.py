@@ -8,6 +8,8 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 
+from targetrows.core.rows import greedy
+
 HF_METHODS = ("hf_generate", "hf_assisted", "hf_prompt_lookup")
 # Prompt lookup matches the last 1..N tokens against the context and proposes what followed the
 # match. 2 is transformers' own default (`max_matching_ngram_size or 2`); pinned here so that a
@@ -78,12 +80,12 @@ def hf_generate(
     stops = sorted(stop_ids)
     kwargs = dict(
         max_new_tokens=max_new_tokens,
-        do_sample=temperature > 0,
+        do_sample=not greedy(temperature),
         eos_token_id=stops or None,
         pad_token_id=stops[0] if stops else 0,
         attention_mask=torch.ones_like(ids),
     )
-    if temperature > 0:
+    if not greedy(temperature):
         kwargs.update(temperature=temperature, top_k=0, top_p=1.0)
     if width > vocab_size:  # random weights can pick padding rows, which our rows leave out
         kwargs["suppress_tokens"] = list(range(vocab_size, width))

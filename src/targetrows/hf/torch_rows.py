@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from targetrows.core.checks import check_temperature
+from targetrows.core.rows import greedy, ranking_temperature
 from targetrows.core.tree import Tree
 
 _NUMPY = {torch.int64: np.int64, torch.int32: np.int32, torch.bool: np.bool_,
@@ -121,7 +122,7 @@ class TorchRows:
 
     @torch.inference_mode()
     def draw(self, logits: torch.Tensor, temperature: float) -> np.ndarray:
-        if temperature == 0:
+        if greedy(temperature):
             return self._fetch(logits.argmax(dim=-1))[0]  # first maximum: ties to the lower id
         check_temperature(temperature, f"{self.name}: temperature")
         probs = torch.softmax(self._work(logits) / temperature, dim=-1)
@@ -147,7 +148,7 @@ class TorchRows:
     @torch.inference_mode()
     def logprobs(self, logits: torch.Tensor, tokens: np.ndarray, temperature: float) -> np.ndarray:
         tokens = np.atleast_2d(np.asarray(tokens, dtype=np.int64))
-        lp = torch.log_softmax(self._work(logits) / (temperature or 1.0), dim=-1)
+        lp = torch.log_softmax(self._work(logits) / ranking_temperature(temperature), dim=-1)
         index = host_to_device(tokens, lp.device)
         if index.shape[0] != lp.shape[0]:
             index = index.expand(lp.shape[0], -1)
@@ -155,7 +156,7 @@ class TorchRows:
 
     @torch.inference_mode()
     def probs(self, logits: torch.Tensor, temperature: float) -> np.ndarray:
-        if temperature == 0:
+        if greedy(temperature):
             out = np.zeros(tuple(logits.shape), dtype=np.float64)
             out[np.arange(out.shape[0]), self._fetch(logits.argmax(dim=-1))[0]] = 1.0
             return out

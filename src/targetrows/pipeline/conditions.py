@@ -1,11 +1,11 @@
 """Budget conditions of the online runs, and the matched cap: one place for both.
 
 A decoder runs a list of budget conditions (config `decode.budgets`, or its own
-`decode.decoder_budgets`). Each condition is a budget (non-root nodes per tree, at the pool's
-depth); ``"auto"``: the budget and pool depth the cost model predicts fastest on the machine
-that runs the job (`targetrows.cost.calibration.auto_budget`, picked once per pair,
-temperature and decoder, compared with the baseline's own `auto` condition); or
-``{"matched": X}``: the cap at which the decoder's mean non-root nodes per round equals its
+`decode.decoder_budgets`), each a `targetrows.decoding.budget.Budget`: `Fixed(n)` (non-root
+nodes per tree, at the pool's depth); `Auto`: the budget and pool depth the cost model predicts
+fastest on the machine that runs the job (`targetrows.cost.calibration.auto_budget`, picked
+once per pair, temperature and decoder, compared with the baseline's own `Auto` condition); or
+`Matched(X)`: the cap at which the decoder's mean non-root nodes per round equals its
 baseline's (`Decoder.baseline`) measured online at budget X, found from the row logs' curve of
 the decoder's rule's mean tree size against budget (`matched_cap`). The paper's speed
 comparison is PEARL capped at 59 against first-token sampling at its matched cap (40-43 there):
@@ -23,25 +23,17 @@ from collections.abc import Sequence
 import numpy as np
 
 from targetrows.core.atomic import atomic_write_text
+from targetrows.decoding.budget import Auto, Budget, Fixed, Matched, budget_spec, parse_budget
 from targetrows.decoding.registry import get_decoder
-
-AUTO = "auto"
-
-
-def is_matched(spec) -> bool:
-    return isinstance(spec, dict)
+from targetrows.specbench.answers import NO_TREE
 
 
-def is_auto(spec) -> bool:
-    return spec == AUTO
-
-
-def baseline_budget(spec) -> int | str:
-    """The baseline's condition a condition is compared with: its own budget, the matched
-    one's X, or the baseline's own "auto"."""
-    if is_auto(spec):
-        return AUTO
-    return int(spec["matched"]) if is_matched(spec) else int(spec)
+def baseline_budget(budget: Budget):
+    """The baseline's condition a condition is compared with, as the conditions file writes
+    it: its own budget, a matched one's X, or the baseline's own auto."""
+    if isinstance(budget, Matched):
+        return budget.at
+    return budget_spec(budget)
 
 
 def mean_nodes(answers: Sequence[dict], budget: int) -> float:
@@ -75,45 +67,48 @@ def matched_cap(curve: np.ndarray, target_nodes: float) -> int:
 
 def resolve(decoder: str, specs: Sequence, depth: int, baseline_answers: Sequence[dict] = (),
             logs=()) -> list[dict]:
-    """Each condition of `decoder` as {condition, spec, budget, depth, baseline,
-    baseline_budget} (pool `depth` for a fixed or matched budget) plus, for a matched one, the
-    baseline's mean nodes and the rule's mean nodes at the chosen cap. An "auto" condition's
-    budget and depth are None until the decode job has picked them (`fill_auto`)."""
+    """Each condition of `decoder` (budgets as the config writes them) as {condition, spec,
+    budget, depth, baseline, baseline_budget} (pool `depth` for a fixed or matched budget;
+    ar's answers say budget 0, depth 0) plus, for a matched one, the baseline's mean nodes and
+    the rule's mean nodes at the chosen cap. An auto condition's budget and depth are None
+    until the decode job has picked them (`fill_auto`)."""
     entry = get_decoder(decoder)
     out = []
     curve = None
     for i, spec in enumerate(specs):
-        row = {"condition": i, "spec": spec, "baseline": entry.baseline,
-               "depth": depth if entry.drafts else 0}  # ar's answers: budget 0, depth 0
+        budget = parse_budget(spec, f"{decoder} condition {i}")
+        row = {"condition": i, "spec": budget_spec(budget), "baseline": entry.baseline,
+               "depth": depth if entry.drafts else NO_TREE}
         if entry.drafts and entry.baseline is not None:
-            row["baseline_budget"] = baseline_budget(spec)
-        if is_auto(spec):
-            if not entry.drafts:
+            row["baseline_budget"] = baseline_budget(budget)
+        if not entry.drafts:
+            if not isinstance(budget, Fixed):
                 raise ValueError(f"decoder {decoder!r} verifies no tree: it has no budget to "
-                                 "pick; drop its auto condition")
+                                 f"pick or match; drop its {budget} condition")
+            row["budget"] = NO_TREE
+        elif isinstance(budget, Auto):
             row.update(budget=None, depth=None)
-        elif is_matched(spec):
+        elif isinstance(budget, Matched):
             if entry.baseline is None:
                 raise ValueError(f"decoder {decoder!r} has no baseline to match its cap to; "
                                  "give it numeric budgets")
-            at = int(spec["matched"])
-            target = mean_nodes(baseline_answers, at)
-            if curve is None or len(curve) < at:
-                curve = size_curve(logs, entry.rule, at)
-            row.update(budget=matched_cap(curve[:at], target), baseline_mean_nodes=target)
+            target = mean_nodes(baseline_answers, budget.at)
+            if curve is None or len(curve) < budget.at:
+                curve = size_curve(logs, entry.rule, budget.at)
+            row.update(budget=matched_cap(curve[:budget.at], target), baseline_mean_nodes=target)
             row["rule_mean_nodes"] = float(curve[row["budget"] - 1])
         else:
-            row["budget"] = int(spec) if entry.drafts else 0  # ar's answers say budget 0
+            row["budget"] = budget.nodes
         out.append(row)
     return out
 
 
 def fill_auto(conditions: list[dict], answers: Sequence[dict]) -> list[dict]:
-    """The conditions with "auto" resolved to the (budget, depth) its answers ran at."""
+    """The conditions with an auto one resolved to the (budget, depth) its answers ran at."""
     picked = {(int(a["budget"]), int(a["depth"])) for a in answers if a.get("budget_auto")}
     out = []
     for c in conditions:
-        if is_auto(c["spec"]):
+        if isinstance(parse_budget(c["spec"]), Auto):
             if len(picked) != 1:
                 raise ValueError(f"the answers hold {len(picked)} auto choices, not one: "
                                  f"{sorted(picked)}")
@@ -123,12 +118,19 @@ def fill_auto(conditions: list[dict], answers: Sequence[dict]) -> list[dict]:
     return out
 
 
-def write_conditions(path: str, decoder: str, conditions: list[dict]) -> None:
-    atomic_write_text(path, json.dumps({"decoder": decoder, "conditions": conditions},
-                                       indent=1) + "\n")
+def write_conditions(path: str, pair: str, temperature: float, decoder: str,
+                     conditions: list[dict]) -> None:
+    doc = {"pair": pair, "temperature": float(temperature), "decoder": decoder,
+           "conditions": conditions}
+    atomic_write_text(path, json.dumps(doc, indent=1) + "\n")
 
 
-def read_conditions(path: str) -> tuple[str, list[dict]]:
+def read_conditions(path: str) -> dict:
+    """A conditions file: {pair, temperature, decoder, conditions}."""
     with open(path, encoding="utf-8") as f:
         doc = json.load(f)
-    return doc["decoder"], doc["conditions"]
+    missing = {"pair", "temperature", "decoder", "conditions"} - set(doc)
+    if missing:
+        raise ValueError(f"{path}: a conditions file without {sorted(missing)}; it was written "
+                         "by an older targetrows: delete it and run the pipeline again")
+    return doc

@@ -30,6 +30,7 @@ import os
 import numpy as np
 
 from targetrows.core.atomic import atomic_file
+from targetrows.core.rows import greedy
 from targetrows.core.rules.batch import PoolBatch, reach_batch, reach_batch_greedy
 from targetrows.decoding.registry import get_rule, rule_names
 from targetrows.rowlog import format as rowlog
@@ -130,7 +131,7 @@ class _Pools:
             root_logp = np.where(first, np.log(edge), 0.0)  # a first-level edge is the root row
         batch = PoolBatch(tok, par, self.arr["pool_logq"][idx].astype(np.float64),
                           self.size[idx], root_logp, self.stale_logp(idx, first), reranker)
-        if self.temperature == 0:
+        if greedy(self.temperature):
             reach = reach_batch_greedy(par, tok, self.continuation(idx))
         else:
             reach = reach_batch(par, edge)

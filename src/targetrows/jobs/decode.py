@@ -1,0 +1,252 @@
+"""A resumable decode job (`targetrows decode`): prompts files in, Spec-Bench answer files out
+(`targetrows.specbench.answers`), one decoder at each of its budget conditions.
+
+The models load once for every prompts file, and an `Auto` budget is picked once for all of
+them (`auto_condition`); every condition runs over every prompt (MT-bench's second turn is asked
+after the decoder's own first answer, as in Spec-Bench). Each finished (prompt, condition)
+answer is appended to ``OUT.partial`` at once, so an interrupted job resumes where it stopped;
+a complete answers file appears under its final name only when its prompts are done (temp
+file, then rename). Seeds are derived per prompt, turn and budget, so a resumed run writes the
+same tokens as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import sys
+import zlib
+from collections.abc import Sequence
+
+from targetrows.core.atomic import remove_stale_temps
+from targetrows.cost.calibration import auto_budget
+from targetrows.decoding.budget import Auto, Budget, Fixed
+from targetrows.decoding.config import DecodeConfig
+from targetrows.decoding.loop import generate
+from targetrows.specbench.answers import NO_TREE, answer_record, partial_records, write_jsonl_atomic
+from targetrows.specbench.chat import encode_conversation, stop_ids
+from targetrows.specbench.questions import Question, check_prompt, read_questions
+
+Condition = tuple[int, int]  # (budget, pool depth) a set of answers ran at
+
+
+def prompt_key(question: Question) -> str:
+    """How rerankers (and row-log scores) name a question: "task/question_id"."""
+    return f"{question.category}/{question.question_id}"
+
+
+def derive_seed(seed: int, question_id, turn: int, budget: int | None) -> int:
+    # ar (no budget) seeds as budget 1, as every run did before a budget could be absent
+    return zlib.crc32(f"{seed}:{question_id}:{turn}:{budget or 1}".encode())
+
+
+def positions_needed(config: DecodeConfig) -> int:
+    """Positions past the prompt a turn may reach: its new tokens, and for a tree decoder the
+    last round's t0 and tree (verified before the answer is cut to max_new_tokens)."""
+    extra = config.pool.depth + 1 if config.decoder.drafts else 0
+    return config.max_new_tokens + extra
+
+
+def check_question(target, draft, question: Question, turn: int, ids, config: DecodeConfig):
+    check_prompt(question.question_id, turn, ids, (target, draft), positions_needed(config),
+                 "shorten the prompt or lower --max-new-tokens")
+
+
+def decode_question(target, draft, tokenizer, question: Question, config: DecodeConfig):
+    """(answer texts, DecodeResults) for every turn of one question; errors name the question."""
+    conversation, texts, results = [], [], []
+    for turn, user in enumerate(question.turns):
+        conversation.append(("user", user))
+        ids = encode_conversation(tokenizer, conversation)
+        check_question(target, draft, question, turn, ids, config)
+        seed = derive_seed(config.seed, question.question_id, turn, config.budget)
+        try:
+            result = generate(target, draft, ids, dataclasses.replace(config, seed=seed))
+        except ValueError as err:  # e.g. NaN logits, which name the position: add the prompt
+            raise ValueError(f"question {question.question_id!r} turn {turn}: {err}") from err
+        text = tokenizer.decode(result.tokens, skip_special_tokens=True)
+        conversation.append(("assistant", text))
+        texts.append(text)
+        results.append(result)
+    return texts, results
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeJobSettings:
+    """One decode job: its decoder, temperature, new tokens, seed and pool (`decode`; its
+    budget is replaced by each condition's), the budget conditions, and what identifies the
+    run (an interrupted run's answers are reused only when every field here and the prompts
+    match)."""
+
+    decode: DecodeConfig
+    budgets: tuple[Budget, ...] = (Fixed(59),)  # Fixed or Auto; a decoder without a tree: none
+    model_id: str = "target"  # model_id in the answers
+    draft_name: str | None = None  # the draft's name or path
+    dtype: str = "auto"
+    progress: bool = True
+
+    def fingerprint(self, prompts_digest: str) -> str:
+        d, pool = self.decode, self.decode.pool
+        reranker = "" if d.reranker is None else f"|{d.reranker.digest}"
+        return (f"{self.model_id}|{self.draft_name}|{d.name}|{d.temperature}|"
+                f"{d.max_new_tokens}|{d.seed}|{pool.top_k}|{pool.depth}|{self.dtype}|"
+                f"{prompts_digest}{reranker}")
+
+
+@dataclasses.dataclass
+class _File:
+    """One prompts file and the answers file it becomes, with what an interrupted run left."""
+
+    prompts: str
+    out: str
+    questions: list
+    fingerprint: str
+    interrupted: list
+
+    @property
+    def partial(self) -> str:
+        return self.out + ".partial"
+
+
+def _open_file(prompts_path: str, out: str, s: DecodeJobSettings) -> _File:
+    # answers in OUT.partial are reused only under the same settings and the same prompts file
+    with open(prompts_path, "rb") as f:
+        fingerprint = s.fingerprint(hashlib.sha256(f.read()).hexdigest()[:16])
+    for path in (out, out + ".partial"):  # a job killed mid-write (SIGKILL) left its temp file
+        remove_stale_temps(path)
+    return _File(prompts_path, out, read_questions(prompts_path), fingerprint,
+                 list(partial_records(out + ".partial")))
+
+
+def _depth_of(record: dict, depth: int) -> int:
+    """The pool depth a record's condition ran at: records written before `--budgets auto`
+    picked the depth have no field, and ran at --depth (part of the fingerprint)."""
+    return int(record.get("depth", depth))
+
+
+def auto_condition(target, draft, tokenizer, files: list[_File],
+                   s: DecodeJobSettings) -> Condition:
+    """The (budget, depth) of the `Auto` condition, one for every prompts file: an interrupted
+    run's choice (timings differ from run to run, so a resumed run keeps it), else the cost
+    model's pick (`auto_budget`), timed and calibrated on each file's first question."""
+    depth = s.decode.pool.depth
+    for file in files:
+        for record in file.interrupted:
+            if record.get("fingerprint") == file.fingerprint and record.get("budget_auto"):
+                auto = int(record["budget"]), _depth_of(record, depth)
+                print(f"{s.decode.name}: budget auto -> {auto[0]} at depth {auto[1]}, as "
+                      f"chosen by the interrupted run ({file.partial})", file=sys.stderr)
+                return auto
+    firsts = [encode_conversation(tokenizer, [("user", file.questions[0].turns[0])])
+              for file in files]
+    choice = auto_budget(target, draft, s.decode, firsts)
+    print(f"{s.decode.name}: {choice.describe()}", file=sys.stderr)
+    return choice.budget, choice.depth
+
+
+def conditions_of(s: DecodeJobSettings, auto: Condition | None) -> list[Condition]:
+    """The job's (budget, depth) conditions, largest budget first: each Fixed budget at the
+    pool's depth, Auto at its pick; a decoder without a tree (ar) has one, (0, 0)."""
+    if not s.decode.decoder.drafts:
+        return [(NO_TREE, NO_TREE)]
+    depth = s.decode.pool.depth
+    return sorted({auto if isinstance(b, Auto) else (b.nodes, depth) for b in s.budgets},
+                  reverse=True)
+
+
+def answer_files(target, draft, tokenizer, files: Sequence[tuple[str, str]],
+                 s: DecodeJobSettings) -> None:
+    """Decode every question of each (prompts file, answers file) pair at every budget condition
+    into its answers file (one line per question and condition), resuming from ``OUT.partial``.
+    Each answers file appears complete under its name (temp file, then rename) as soon as its
+    prompts are done."""
+    if not s.decode.decoder.drafts:
+        draft = None
+    opened = [_open_file(prompts, out, s) for prompts, out in files]
+    for file in opened:  # first turns too long for the models fail before anything is written
+        for q in file.questions:
+            ids = encode_conversation(tokenizer, [("user", q.turns[0])])
+            check_question(target, draft, q, 0, ids, s.decode)
+    wants_auto = s.decode.decoder.drafts and any(isinstance(b, Auto) for b in s.budgets)
+    auto = auto_condition(target, draft, tokenizer, opened, s) if wants_auto else None
+    for file in opened:
+        _answer_file(target, draft, tokenizer, file, conditions_of(s, auto), auto, s)
+
+
+def _finished(file: _File, keys: set, depth: int) -> dict:
+    """Answers already finished by an interrupted run, by (question_id, budget, depth,
+    fingerprint)."""
+    done = {}
+    for record in file.interrupted:
+        key = (str(record.get("question_id")), record.get("budget"), _depth_of(record, depth),
+               record.get("fingerprint"))
+        if key in keys:
+            done[key] = record
+    return done
+
+
+def _answer_file(target, draft, tokenizer, file: _File, conditions: list[Condition],
+                 auto: Condition | None, s: DecodeJobSettings) -> None:
+    base, depth, fingerprint = s.decode, s.decode.pool.depth, file.fingerprint
+    stops = frozenset(stop_ids(tokenizer, target))
+    keys = {(str(q.question_id), b, d, fingerprint) for q in file.questions for b, d in conditions}
+    done = _finished(file, keys, depth)
+    # keep what survived (atomically: a kill now must not lose it), then append; a run that
+    # fails before its first answer leaves no file behind
+    if done:
+        write_jsonl_atomic(file.partial, done.values())
+    elif os.path.exists(file.partial):
+        os.unlink(file.partial)
+    todo = [(b, d, q) for b, d in conditions for q in file.questions
+            if (str(q.question_id), b, d, fingerprint) not in done]
+    bar = _progress(len(todo), s.progress, f"{base.name} {s.model_id}")
+    for budget, at_depth, question in todo:
+        config = _condition_config(base, budget, at_depth, question, stops)
+        texts, results = decode_question(target, draft, tokenizer, question, config)
+        condition = {"decoder": base.name, "budget": budget, "depth": at_depth,
+                     "budget_auto": (budget, at_depth) == auto, "temperature": base.temperature,
+                     "seed": base.seed, "fingerprint": fingerprint}
+        record = answer_record(question, s.model_id, condition, texts, results)
+        with open(file.partial, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        done[(str(question.question_id), budget, at_depth, fingerprint)] = record
+        bar.update(1)
+    bar.close()
+    write_jsonl_atomic(file.out, [done[(str(q.question_id), b, d, fingerprint)]
+                                  for b, d in conditions for q in file.questions])
+    if os.path.exists(file.partial):
+        os.unlink(file.partial)
+
+
+def _condition_config(base: DecodeConfig, budget: int, depth: int, question: Question,
+                      stops: frozenset) -> DecodeConfig:
+    """The config of one question at one condition: its budget and pool depth (ar: none), the
+    tokenizer's stop tokens, and a learned rule's model that never saw this question."""
+    config = dataclasses.replace(base, budget=budget or None, stop_ids=stops)
+    if depth:
+        config = dataclasses.replace(config, pool=dataclasses.replace(base.pool, depth=depth))
+    if base.reranker is not None:  # cross-fitted: a model that never saw this question
+        config = dataclasses.replace(config, reranker=base.reranker.for_prompt(
+            prompt_key(question)))
+    return config
+
+
+def _progress(total: int, enabled: bool, desc: str):
+    try:
+        from tqdm import tqdm
+    except ImportError:  # the base install has no tqdm: no bar
+        enabled = False
+    if not enabled:
+        class _Silent:
+            def update(self, n):
+                pass
+
+            def close(self):
+                pass
+
+        return _Silent()
+    return tqdm(total=total, desc=desc, file=sys.stderr, unit="answer")
