@@ -181,7 +181,7 @@ def test_training_moves_the_draft_towards_the_target(tmp_path):
     data = teacher_data(target, prompts, DATA, stop=set(), desc="test")
     draft = distill.make_draft(target, 1)
     before, n = distill.top1_agreement(draft, data)
-    losses = distill.train(draft, data, config, vocab=len(tok))
+    losses = distill.fit_draft(draft, data, config, vocab=len(tok))
     after, _ = distill.top1_agreement(draft, data)
     assert n == 16 * 8 and len(losses) == 30
     assert sum(losses[-5:]) < sum(losses[:5]) and after > before
@@ -204,8 +204,8 @@ def test_compiled_training_matches_eager(tmp_path):
     prompts = [encode_prompt(tok, p) for p in chat_prompts.training_prompts(8)]
     config = distill.DistillConfig(**{**SMALL, "steps": 4})
     data = teacher_data(target, prompts, DATA, stop=set(), desc="test")
-    eager = distill.train(distill.make_draft(target, 2), data, config, vocab=len(tok))
-    compiled = distill.train(distill.make_draft(target, 2), data,
+    eager = distill.fit_draft(distill.make_draft(target, 2), data, config, vocab=len(tok))
+    compiled = distill.fit_draft(distill.make_draft(target, 2), data,
                              distill.DistillConfig(**{**SMALL, "steps": 4, "compile": True}),
                              vocab=len(tok))
     assert compiled == pytest.approx(eager, rel=1e-3)

@@ -467,3 +467,45 @@ def test_default_dag_end_to_end_on_tiny_models_survives_an_interrupt(tmp_path):
     draft = json.loads((work / "resources" / "models" / "tiny-llama-draft" /
                         "distill_report.json").read_text())
     assert draft["replies"] == "resources/replies/tiny-llama"
+
+
+def test_the_schemas_defaults_are_the_librarys():
+    """A setting's default lives in the library's dataclass; the config schema repeats it only
+    so that Snakemake fills it in, and must say the same."""
+    from targetrows.analysis import stats
+    from targetrows.core.pool import PoolShape
+    from targetrows.decoding.config import DecodeConfig
+    from targetrows.rowlog.record import RecordConfig
+    from targetrows.train.replies import RepliesConfig
+    from targetrows.train.reranker import RerankerConfig
+
+    schema = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
+
+    def default(*path):
+        node = schema
+        for key in path:
+            node = node["properties"][key]
+        return node["default"]
+
+    pool, decode, record, replies, rerank = (PoolShape(), DecodeConfig(), RecordConfig(),
+                                             RepliesConfig(), RerankerConfig())
+    pairs = {
+        ("pool", "top_k"): pool.top_k, ("pool", "depth"): pool.depth,
+        ("decode", "max_new_tokens"): decode.max_new_tokens, ("decode", "seed"): decode.seed,
+        ("record", "stride"): record.stride, ("record", "seed"): record.seed,
+        ("record", "max_new_tokens"): record.max_new_tokens,
+        ("rerank", "folds"): rerank.folds, ("rerank", "seed"): rerank.seed,
+        ("report", "bootstrap"): inspect_default(stats.paired_gain, "n_boot"),
+        ("report", "seed"): inspect_default(stats.paired_gain, "seed"),
+        ("replies", "prompts"): replies.prompts, ("replies", "self_prompts"): replies.self_prompts,
+        ("replies", "sampled"): replies.sampled, ("replies", "seed"): replies.seed,
+        ("replies", "max_new_tokens"): replies.max_new_tokens,
+    }
+    for path, library in pairs.items():
+        assert default(*path) == library, f"schema {'.'.join(path)}: {default(*path)} != {library}"
+
+
+def inspect_default(function, name):
+    import inspect
+
+    return inspect.signature(function).parameters[name].default

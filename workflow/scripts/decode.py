@@ -12,7 +12,7 @@ import sys
 from targetrows.decoding.budget import Auto, Fixed, parse_budget
 from targetrows.decoding.registry import get_decoder
 from targetrows.pipeline.conditions import fill_auto, resolve, write_conditions
-from targetrows.pipeline.gpu_lock import run_claimed
+from targetrows.pipeline.gpu_lock import run_job
 from targetrows.rowlog import format as rowlog
 from targetrows.specbench.answers import read_answers
 
@@ -69,10 +69,7 @@ def main(smk) -> None:
         for c in conditions:
             print(describe(decoder, c), file=log)
     budgets = budgets_of(decoder, conditions)
-    rc = run_claimed(command(smk, budgets), smk.resources.gpu, smk.log[0],
-                     smk.params.lock_dir or None, smk.params.placement)
-    if rc:
-        sys.exit(f"targetrows decode failed with status {rc}; see {smk.log[0]}")
+    run_job(smk, command(smk, budgets), "decode", fresh_log=False)  # after the conditions
     conditions = fill_auto(conditions, read_answers(list(smk.output.answers)))
     write_conditions(smk.output.conditions, smk.wildcards.target,
                      float(smk.wildcards.temperature), decoder, conditions)

@@ -3,7 +3,7 @@ GPUs it claims (gpu_lock.py)."""
 
 import sys
 
-from targetrows.pipeline.gpu_lock import run_claimed
+from targetrows.pipeline.gpu_lock import run_job
 
 
 def command(smk):
@@ -20,11 +20,7 @@ def command(smk):
 
 
 def main(smk) -> None:
-    open(smk.log[0], "w").close()
-    rc = run_claimed(command(smk), smk.resources.gpu, smk.log[0], smk.params.lock_dir or None,
-                     smk.params.placement)
-    if rc:
-        sys.exit(f"targetrows drift failed with status {rc}; see {smk.log[0]}")
+    run_job(smk, command(smk), "drift")
 
 
 if "snakemake" in globals():

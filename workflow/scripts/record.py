@@ -6,7 +6,7 @@ prompts in OUT.parts/ so an interrupted job resumes, and writes the log OUT atom
 
 import sys
 
-from targetrows.pipeline.gpu_lock import run_claimed
+from targetrows.pipeline.gpu_lock import run_job
 
 
 def command(smk):
@@ -26,11 +26,7 @@ def command(smk):
 
 
 def main(smk) -> None:
-    open(smk.log[0], "w").close()
-    rc = run_claimed(command(smk), smk.resources.gpu, smk.log[0], smk.params.lock_dir or None,
-                     smk.params.placement)
-    if rc:
-        sys.exit(f"targetrows record failed with status {rc}; see {smk.log[0]}")
+    run_job(smk, command(smk), "record")
 
 
 if "snakemake" in globals():

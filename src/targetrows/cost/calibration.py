@@ -100,66 +100,72 @@ def acceptance_curve(
     them); a redrafted tree is predicted as the rule's tree at the root, plus t0.
     """
     rule = get_rule(config.decoder.rule)
-    temperature, seed, top_k, depth = (config.temperature, config.seed, config.pool.top_k,
-                                       config.pool.depth)
     budgets = np.asarray(budgets, dtype=np.int64)
-    largest = int(budgets.max())
+    depth = config.pool.depth
     candidates = [depth] if depths is None else _check_depths(depths, depth)
-    deepest = max(candidates)
     ctx = [int(t) for t in prompt_ids]
-    target.reset(seed)
-    draft.reset(seed)
+    target.reset(config.seed)
+    draft.reset(config.seed)
     committed = np.zeros((len(candidates), len(budgets)))
     nodes = np.zeros((len(candidates), len(budgets)))
     for _ in range(contexts):
-        stale = _stale_row(target, ctx) if "stale_row" in rule.reads else None
-        cand, logq = expand_model(draft, ctx, top_k, deepest)
-        root = None
-        if rule.needs_root_pass:  # the rule's own trees need its rows (and t0) first
-            root = target.logits(ctx, Tree.root_only(ctx[-1]), [0])
-        rows = _rows_read(target, rule, cand, root, stale, temperature)
-        t0 = int(target.draw(root, 0.0)[0]) if rule.commits_t0 else None
-        walked = _largest_tree(draft_rank, cand, logq, largest, deepest)
-        union = functools.reduce(np.union1d, [
-            tree for d in set(candidates) for tree in (
-                _largest_tree(draft_rank, cand, logq, largest, d),
-                _largest_tree(rule, cand, logq, largest, d, rows, t0, config.reranker))])
-        tree, tlogq = cand.subtree(union), logq[union]
-        everywhere = np.arange(len(tree))  # every node's row: the walk may end at a leaf
-        logits = target.logits(ctx, tree, everywhere)
-        draws = target.draw(logits, 0.0)
-        if greedy(temperature):  # an edge is taken when it is the target's argmax
-            edge = np.ones(len(tree))
-            edge[1:] = draws[tree.parents[1:]] == tree.tokens[1:]
-        else:
-            edge = edge_probs(target, logits, everywhere, tree, temperature)
-        reach = reach_probability(tree, edge)
-        pools = PoolBatch.of_pool(tree, tlogq, reranker=config.reranker,
-                                  **_rows_read(target, rule, tree, root, stale, temperature))
-        # depth d's pool: the union's nodes of depth <= d (level by level: a prefix)
-        cuts = [int(np.searchsorted(tree.depth, d, side="right")) for d in candidates]
-        batch = stack_pools([pools.truncated(c) for c in cuts])
-        width = batch.shape[1]
-        reach_at = np.stack([np.where(np.arange(width) < c, reach[:width], 0.0) for c in cuts])
-        # t0 takes each first-level node with the root row's probability: that node's reach
-        acc, verified = rule.expected(batch, reach_at, budgets,
-                                      reach_at if rule.commits_t0 else None)
-        committed += acc + (2 if rule.commits_t0 else 1)
+        acc, verified, ctx = _at_context(target, draft, rule, ctx, budgets, candidates, config)
+        committed += acc
         nodes += verified
-        # the deepest draft_rank tree's round alone moves on
-        walked_tree = cand.subtree(walked)
-        path, bonus = walk(walked_tree, draws[np.searchsorted(union, walked)])
-        ctx = ctx + walked_tree.tokens[path].tolist() + [int(bonus)]
-        target.commit(ctx)
         for _ in range(gap):  # on along the greedy path, the target alone
             row = target.logits(ctx, Tree.root_only(ctx[-1]), [0])
             ctx = ctx + [int(target.draw(row, 0.0)[0])]
             target.commit(ctx)
         draft.commit(ctx)
-    target.reset(seed)
-    draft.reset(seed)
+    target.reset(config.seed)
+    draft.reset(config.seed)
     committed, nodes = committed / contexts, nodes / contexts
     return (committed[0], nodes[0]) if depths is None else (committed, nodes)
+
+
+def _at_context(target, draft, rule, ctx: list[int], budgets: np.ndarray,
+                candidates: list[int], config: DecodeConfig):
+    """(tokens committed, nodes verified) [len(candidates), len(budgets)] predicted at one
+    context from one pass over the union of the largest trees (see `acceptance_curve`), and the
+    context the deepest draft_rank tree's round moves on to."""
+    largest, deepest, temperature = int(budgets.max()), max(candidates), config.temperature
+    stale = _stale_row(target, ctx) if "stale_row" in rule.reads else None
+    cand, logq = expand_model(draft, ctx, config.pool.top_k, deepest)
+    root = None
+    if rule.needs_root_pass:  # the rule's own trees need its rows (and t0) first
+        root = target.logits(ctx, Tree.root_only(ctx[-1]), [0])
+    rows = _rows_read(target, rule, cand, root, stale, temperature)
+    t0 = int(target.draw(root, 0.0)[0]) if rule.commits_t0 else None
+    walked = _largest_tree(draft_rank, cand, logq, largest, deepest)
+    union = functools.reduce(np.union1d, [
+        tree for d in set(candidates) for tree in (
+            _largest_tree(draft_rank, cand, logq, largest, d),
+            _largest_tree(rule, cand, logq, largest, d, rows, t0, config.reranker))])
+    tree, tlogq = cand.subtree(union), logq[union]
+    everywhere = np.arange(len(tree))  # every node's row: the walk may end at a leaf
+    logits = target.logits(ctx, tree, everywhere)
+    draws = target.draw(logits, 0.0)
+    if greedy(temperature):  # an edge is taken when it is the target's argmax
+        edge = np.ones(len(tree))
+        edge[1:] = draws[tree.parents[1:]] == tree.tokens[1:]
+    else:
+        edge = edge_probs(target, logits, everywhere, tree, temperature)
+    reach = reach_probability(tree, edge)
+    pools = PoolBatch.of_pool(tree, tlogq, reranker=config.reranker,
+                              **_rows_read(target, rule, tree, root, stale, temperature))
+    # depth d's pool: the union's nodes of depth <= d (level by level: a prefix)
+    cuts = [int(np.searchsorted(tree.depth, d, side="right")) for d in candidates]
+    batch = stack_pools([pools.truncated(c) for c in cuts])
+    width = batch.shape[1]
+    reach_at = np.stack([np.where(np.arange(width) < c, reach[:width], 0.0) for c in cuts])
+    # t0 takes each first-level node with the root row's probability: that node's reach
+    acc, verified = rule.expected(batch, reach_at, budgets, reach_at if rule.commits_t0 else None)
+    # the deepest draft_rank tree's round alone moves on
+    walked_tree = cand.subtree(walked)
+    path, bonus = walk(walked_tree, draws[np.searchsorted(union, walked)])
+    ctx = ctx + walked_tree.tokens[path].tolist() + [int(bonus)]
+    target.commit(ctx)
+    return acc + (2 if rule.commits_t0 else 1), verified, ctx
 
 
 def _rows_read(target, rule, pool: Tree, root, stale, temperature: float) -> dict:

@@ -36,7 +36,8 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply
 
 from targetrows.core.tree import Tree
 
-from .model import HFModel, _extend_ancestors
+from .fed_tree import adopt, common_prefix, extends
+from .model import HFModel
 from .torch_rows import TorchRows, host_to_device
 
 
@@ -234,10 +235,7 @@ class Eagle3Draft(TorchRows):
     def _keep_prefix(self, ctx: np.ndarray) -> None:
         """Keep the committed entries that `ctx` still stands behind: entry t needs tokens
         0..t+1 unchanged, and a context of n tokens uses entries 0..n-2 only."""
-        n = min(len(self._prefix), len(ctx))
-        diff = np.flatnonzero(self._prefix[:n] != ctx[:n])
-        common = int(diff[0]) if len(diff) else n
-        keep = max(min(self._n, common - 1, len(ctx) - 1), 0)
+        keep = max(min(self._n, common_prefix(self._prefix, ctx) - 1, len(ctx) - 1), 0)
         if keep < self._n:
             self._n = keep
             self._drop_tree()
@@ -245,25 +243,17 @@ class Eagle3Draft(TorchRows):
             self._prefix = self._prefix[: keep + 1] if keep else self._prefix[:0]
 
     def _adopt_tree(self, tree: Tree, n_ctx: int) -> None:
-        """As `HFModel._adopt_tree`: keep fed nodes when `tree` extends the current tree."""
+        """As `HFModel._adopt_tree`, with each fed node's output g kept beside its slot."""
         old = self._tree
-        extends = (
-            old is not None and self._tree_ctx_len == n_ctx and len(tree) >= len(old)
-            and (tree is old or (np.array_equal(tree.tokens[: len(old)], old.tokens)
-                                 and np.array_equal(tree.parents[: len(old)], old.parents)))
-        )
-        if not extends:
+        kept = extends(old, self._tree_ctx_len, tree, n_ctx)
+        if not kept:
             self._drop_tree()
-            self._slot = np.full(len(tree), -1, dtype=np.int64)
             self._g = torch.zeros((len(tree), self.head.shape.hidden_size), dtype=self.dtype,
                                   device=self.device)
         elif len(tree) > len(old):
             grow = len(tree) - len(old)
-            self._slot = np.concatenate([self._slot, np.full(grow, -1, np.int64)])
             self._g = torch.cat([self._g, self._g.new_zeros((grow, self._g.shape[1]))])
-        if tree is not old:
-            grown = extends and len(self._anc) == len(old)
-            self._anc = _extend_ancestors(self._anc, tree.parents) if grown else tree.ancestor_mask()
+        self._slot, self._anc = adopt(self._slot, self._anc, old, tree, kept)
         self._tree, self._tree_ctx_len = tree, n_ctx
 
     # -- rows ----------------------------------------------------------------------------------

@@ -20,16 +20,31 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from targetrows.core.tree import Tree
 from targetrows.hf.cache import cache_kwargs, growing_cache
+from targetrows.hf.fed_tree import adopt, common_prefix, extends
 from targetrows.hf.gqa_attention import NAME as GQA_ATTENTION
 from targetrows.hf.gqa_attention import use_gqa_kernel
 from targetrows.hf.lean_forward import lean_forward
 from targetrows.hf.torch_rows import TorchRows, host_to_device
+
+
+@dataclass(frozen=True)
+class _Feed:
+    """One pass's input: the committed tail and the tree nodes it feeds, where they go."""
+
+    start: int  # the first cache entry that is not committed prefix
+    base: int  # the cache's length before the pass
+    tail: np.ndarray  # uncached committed tokens before the root, fed as a chain
+    query: np.ndarray  # tree nodes fed, in order (new ones, then rows asked for again)
+    ids: np.ndarray  # tokens fed: the tail, then the query nodes'
+    positions: np.ndarray  # their sequence positions
+    keep: np.ndarray  # the pass's row of each requested node
 
 
 class HFModel(TorchRows):
@@ -170,9 +185,7 @@ class HFModel(TorchRows):
     def _keep_prefix(self, ctx: np.ndarray) -> None:
         """Shrink the cached prefix to its longest common prefix with `ctx` (dropping the tree if
         the prefix shrinks)."""
-        n = min(len(self._prefix), len(ctx))
-        diff = np.flatnonzero(self._prefix[:n] != ctx[:n])
-        common = int(diff[0]) if len(diff) else n
+        common = common_prefix(self._prefix, ctx)
         if common < len(self._prefix):
             self._drop_tree()
             self._prefix = self._prefix[:common].copy()
@@ -180,32 +193,14 @@ class HFModel(TorchRows):
 
     def _adopt_tree(self, tree: Tree, n_ctx: int) -> None:
         """Make `tree` the current one: keep the fed entries when it extends the current tree
-        (same first nodes, same context; pool expansion builds a new Tree per level)."""
+        (`fed_tree.extends`), else drop them."""
         old = self._tree
-        extends = (
-            old is not None
-            and self._tree_ctx_len == n_ctx
-            and len(tree) >= len(old)
-            and (
-                tree is old
-                or (
-                    np.array_equal(tree.tokens[: len(old)], old.tokens)
-                    and np.array_equal(tree.parents[: len(old)], old.parents)
-                )
-            )
-        )
-        if not extends:
+        kept = extends(old, self._tree_ctx_len, tree, n_ctx)
+        if not kept:
             self._drop_tree()
-            self._slot = np.full(len(tree), -1, dtype=np.int64)
-            if len(self._prefix) == n_ctx:  # the root's KV is the last prefix entry
-                self._slot[0] = n_ctx - 1
-        elif len(tree) > len(old):
-            self._slot = np.concatenate([self._slot, np.full(len(tree) - len(old), -1, np.int64)])
-        if tree is not old:
-            grown = extends and len(self._anc) == len(old)
-            self._anc = (
-                _extend_ancestors(self._anc, tree.parents) if grown else tree.ancestor_mask()
-            )
+        self._slot, self._anc = adopt(self._slot, self._anc, old, tree, kept)
+        if not kept and len(self._prefix) == n_ctx:  # the root's KV is the last prefix entry
+            self._slot[0] = n_ctx - 1
         self._tree, self._tree_ctx_len = tree, n_ctx
 
     # -- rows ----------------------------------------------------------------------------------
@@ -216,73 +211,84 @@ class HFModel(TorchRows):
 
     def _logits(self, context: Sequence[int], tree: Tree, nodes: Sequence[int]) -> torch.Tensor:
         ctx, nodes = self._request(context, tree, nodes)
-        n_ctx = len(ctx)
         if len(nodes) == 0:
             return torch.empty((0, self.vocab_size), dtype=self.dtype, device=self.device)
-
         self._keep_prefix(ctx)
-        self._adopt_tree(tree, n_ctx)
+        self._adopt_tree(tree, len(ctx))
+        feed = self._plan_feed(ctx, tree, nodes)
+        logits, captured = self._forward(feed, self._tree_mask(feed))
+        if self.feature_layers:
+            self._append_features(captured, feed.base)
+        if len(feed.tail):
+            self._prefix = ctx[: feed.start + len(feed.tail)].copy()
+        rows = logits[0, :, : self.vocab_size]
+        self._check_finite(rows, feed.positions[feed.keep])
+        return rows
+
+    def _plan_feed(self, ctx: np.ndarray, tree: Tree, nodes: np.ndarray) -> _Feed:
+        """What one pass feeds: the uncached tail of the context as a chain, then the requested
+        nodes and their unfed ancestors (each node fed once; a row asked for again is fed once
+        more and left dead), their slots recorded; and which of its rows are the answer."""
+        n_ctx, slot = len(ctx), self._slot
         start = len(self._prefix)  # first cache index that is not committed prefix
-        tail = ctx[start : n_ctx - 1]  # uncached committed tokens before the root
+        tail = ctx[start: n_ctx - 1]  # uncached committed tokens before the root
         base = self._cache_len()  # == start when there is a tail (the tree was just dropped)
-        slot = self._slot
         fed = slot >= 0
         new = np.flatnonzero(self._anc[nodes].any(axis=0) & ~fed)  # requested + unfed ancestors
-        again = np.unique(nodes[fed[nodes]])  # rows asked for again: fed once more, left dead
-        m, k = len(tail), len(new)
-        slot[new] = base + m + np.arange(k)
+        again = np.unique(nodes[fed[nodes]])
+        m = len(tail)
+        slot[new] = base + m + np.arange(len(new))
         query = np.concatenate([new, again])
-        q = m + len(query)
+        row_of = np.full(len(tree), -1, dtype=np.int64)
+        row_of[query] = m + np.arange(len(query))
+        return _Feed(start, base, tail, query,
+                     ids=np.concatenate([tail, tree.tokens[query]]),
+                     positions=np.concatenate([start + np.arange(m),
+                                               n_ctx - 1 + tree.depth[query]]),
+                     keep=row_of[nodes])
 
-        # Mask over the cache entries from `start` on (everything before is committed prefix,
-        # which every query sees). Tail rows: causal. Tree rows: the tail and the canonical
-        # entries of the node and its ancestors (root entry < start when it is in the prefix).
-        width = base + q - start
-        region = np.zeros((q, width), dtype=bool)
+    def _tree_mask(self, feed: _Feed) -> torch.Tensor | None:
+        """The pass's 4D additive mask over the cache entries from `feed.start` on (everything
+        before is committed prefix, which every query sees). Tail rows: causal. Tree rows: the
+        tail and the entries of the node and its ancestors (the root's is in the prefix when
+        it was committed). None for a plain causal chain after the prefix (a prompt's first
+        pass, ar's step): Hugging Face's own causal pass, the one its generate() runs (the same
+        kernels and numbers; a one-token step without a mask is also a little faster)."""
+        start, base, m, query, slot = feed.start, feed.base, len(feed.tail), feed.query, self._slot
+        q = m + len(query)
+        region = np.zeros((q, base + q - start), dtype=bool)
         region[:m, :m] = np.tril(np.ones((m, m), dtype=bool))
         region[m:, :m] = True
         in_region = slot >= start
         region[m:, slot[in_region] - start] = self._anc[query][:, in_region]
         if base == start and np.array_equal(region, np.tri(q, dtype=bool)):
-            # a plain causal chain after the prefix (a prompt's first pass, ar's step): no mask of
-            # ours, so the pass is the one Hugging Face's generate() runs (the same kernels and
-            # numbers; a one-token step without a mask is also a little faster)
-            mask = None
-        else:
-            mask = torch.zeros((1, 1, q, base + q), dtype=self.dtype, device=self.input_device)
-            blocked = host_to_device(~region, self.input_device)
-            mask[0, 0, :, start:].masked_fill_(blocked, torch.finfo(self.dtype).min)
+            return None
+        mask = torch.zeros((1, 1, q, base + q), dtype=self.dtype, device=self.input_device)
+        blocked = host_to_device(~region, self.input_device)
+        mask[0, 0, :, start:].masked_fill_(blocked, torch.finfo(self.dtype).min)
+        return mask
 
-        positions = np.concatenate([start + np.arange(m), n_ctx - 1 + tree.depth[query]])
-        ids = np.concatenate([tail, tree.tokens[query]])
-        row_of = np.full(len(tree), -1, dtype=np.int64)
-        row_of[query] = m + np.arange(len(query))
-        keep = row_of[nodes]
+    def _forward(self, feed: _Feed, mask: torch.Tensor | None):
+        """(logits of the kept rows, the feature layers' inputs captured) of one pass, through
+        the lean forward where there is one; a pass that fails midway empties the cache."""
+        ids = host_to_device(feed.ids, self.input_device)[None]
+        positions = host_to_device(feed.positions, self.input_device)[None]
+        keep = host_to_device(feed.keep, self._keep_device)  # the rows the last layer computes
         if self.feature_layers:
             self._capture = {}
-        ids_t = host_to_device(ids, self.input_device)[None]
-        positions_t = host_to_device(positions, self.input_device)[None]
-        keep_t = host_to_device(keep, self._keep_device)  # the rows the last layer computes
         try:
             if self._lean is not None:
-                logits = self._lean(ids_t, positions_t, mask, self._cache, keep_t, self._capture)
+                logits = self._lean(ids, positions, mask, self._cache, keep, self._capture)
             else:
-                logits = self.model(input_ids=ids_t, position_ids=positions_t,
-                                    attention_mask=mask, use_cache=True,
-                                    **cache_kwargs(self.model, self._cache),
-                                    logits_to_keep=keep_t).logits
+                logits = self.model(input_ids=ids, position_ids=positions, attention_mask=mask,
+                                    use_cache=True, **cache_kwargs(self.model, self._cache),
+                                    logits_to_keep=keep).logits
         except Exception:
             self._clear_cache()  # a pass that failed midway leaves layers of uneven length
             raise
         finally:
             captured, self._capture = self._capture, None
-        if self.feature_layers:
-            self._append_features(captured, base)
-        if m:
-            self._prefix = ctx[: start + m].copy()
-        rows = logits[0, :, : self.vocab_size]
-        self._check_finite(rows, positions[keep])
-        return rows
+        return logits, captured
 
     def _append_features(self, captured: dict[int, torch.Tensor], base: int) -> None:
         """The pass's layer inputs [1, q, H] each -> [q, len(layers) * H] after entry `base`,
@@ -386,15 +392,3 @@ class HFModel(TorchRows):
                     self._features = feats[:end]
             self._prefix = ctx[:end].copy()
         self._drop_tree()
-
-
-def _extend_ancestors(anc: np.ndarray, parents: np.ndarray) -> np.ndarray:
-    """The ancestor mask of a tree that extends the tree of `anc` (pool expansion adds one level
-    per call): only the new nodes' rows are computed."""
-    n_old, n = len(anc), len(parents)
-    out = np.zeros((n, n), dtype=bool)
-    out[:n_old, :n_old] = anc
-    for i in range(n_old, n):  # parents[i] < i: parents' rows are ready
-        out[i] = out[parents[i]]
-        out[i, i] = True
-    return out

@@ -174,3 +174,16 @@ def run_claimed(command, n_gpus: int, log_path: str, lock_dir: str | None = None
             argv = command(target_device, draft_device)
             print("$ " + " ".join(argv), file=log, flush=True)
             return subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+
+
+def run_job(smk, command, what: str, fresh_log: bool = True) -> None:
+    """A Snakemake job's `targetrows` command (`command(target_device, draft_device) -> argv`)
+    on the GPUs its placement asks for (`smk.params.placement`, `smk.resources.gpu`), its
+    output in the job's log (emptied first unless `fresh_log` is False); exits naming the log
+    when the command fails."""
+    if fresh_log:
+        open(smk.log[0], "w").close()
+    rc = run_claimed(command, smk.resources.gpu, smk.log[0], smk.params.lock_dir or None,
+                     smk.params.placement)
+    if rc:
+        sys.exit(f"targetrows {what} failed with status {rc}; see {smk.log[0]}")

@@ -13,17 +13,15 @@ runs the target again. The layers train compiled (`torch.compile`), which is muc
 from __future__ import annotations
 
 import copy
-import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from targetrows.core.atomic import new_folder
-
+from .on_replies import train_on_replies
 from .optimise import batch_order, optimise
-from .replies import RepliesConfig, TeacherData, check_head, load_target, replies_for
+from .replies import RepliesConfig, TeacherData, check_head
 
 
 @dataclass
@@ -102,8 +100,8 @@ def subset_kl(h_s: torch.Tensor, h_t: torch.Tensor, weight: torch.Tensor, top: t
     return torch.nn.functional.kl_div(log_s, log_t, log_target=True, reduction="batchmean")
 
 
-def train(draft, data: TeacherData, config: DistillConfig, vocab: int,
-          deadline: float | None = None) -> list[float]:
+def fit_draft(draft, data: TeacherData, config: DistillConfig, vocab: int,
+              deadline: float | None = None) -> list[float]:
     """Train `draft` in place on `data`; return the loss of each step taken."""
     inputs, mask, offsets = pack(data)
     weight = draft.get_output_embeddings().weight
@@ -184,47 +182,48 @@ def forward_cost(target, draft) -> dict[str, float]:
     return out
 
 
+@dataclass
+class DistillTraining:
+    """`train_on_replies`'s part for a distilled draft (`targetrows.train.on_replies`)."""
+
+    config: DistillConfig
+    data: RepliesConfig = field(default_factory=lambda: RepliesConfig(features=False))
+    report_name: str = "distill_report.json"
+    device: str = "cpu"
+
+    @property
+    def seed(self) -> int:
+        return self.config.seed
+
+    def build(self, target, tokenizer, train: TeacherData):
+        vocab = min(len(tokenizer), check_head(target).shape[0])
+        draft = make_draft(target, self.config.layers)
+        draft.generation_config = copy.deepcopy(target.generation_config)
+        return draft, vocab
+
+    def fit(self, state, train: TeacherData, deadline: float | None) -> list[float]:
+        draft, vocab = state
+        return fit_draft(draft, train, self.config, vocab, deadline)
+
+    def describe(self, state, target, train: TeacherData, held: TeacherData) -> dict:
+        draft, _ = state
+        agreement, positions = top1_agreement(draft, held)
+        return {"heldout_top1_agreement": agreement, "heldout_positions": positions,
+                "train_top1_agreement": top1_agreement(draft, train.head(len(held.sequences)))[0],
+                "forward_cost": forward_cost(target, draft)}
+
+    def save(self, state, tokenizer, folder: Path) -> None:
+        draft, _ = state
+        draft.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+
+
 def distill(target_dir: str, out: str | Path, config: DistillConfig,
             replies: str | Path | None = None, data: RepliesConfig | None = None,
             force: bool = False) -> dict:
     """Build the draft of `target_dir` into folder `out` from the replies folder `replies` (or
     replies generated now with `data`); return the report (also out/distill_report.json)."""
-    out = Path(out)
-    if out.exists() and not force:
-        raise ValueError(f"{out} already exists; pass --force to replace it")
-    start = time.perf_counter()
-    torch.manual_seed(config.seed)
-    tokenizer, target = load_target(target_dir)
-    weight = check_head(target)
-    vocab = min(len(tokenizer), weight.shape[0])
-    train_data, held_data, data_summary = replies_for(
-        target, tokenizer, replies, data or RepliesConfig(features=False))
-    data_s = time.perf_counter() - start
-
-    draft = make_draft(target, config.layers)
-    draft.generation_config = copy.deepcopy(target.generation_config)
-    train_start = time.perf_counter()
-    cap = None if config.train_minutes is None else train_start + 60 * config.train_minutes
-    losses = train(draft, train_data, config, vocab, cap)
-    train_s = time.perf_counter() - train_start
-
-    held, held_n = top1_agreement(draft, held_data)
-    report = {
-        "target": str(target_dir), "config": asdict(config),
-        "replies": str(replies) if replies is not None else None, "data": data_summary,
-        "heldout_top1_agreement": held, "heldout_positions": held_n,
-        "train_top1_agreement": top1_agreement(draft, train_data.head(len(held_data.sequences)))[0],
-        "train_prompts": len(train_data.sequences), "train_positions": len(train_data.hidden),
-        "steps_done": len(losses), "loss_first": losses[0] if losses else None,
-        "loss_last": sum(losses[-10:]) / max(1, len(losses[-10:])),
-        "forward_cost": forward_cost(target, draft),
-        "data_seconds": data_s, "train_seconds": train_s,
-        "threads": torch.get_num_threads(), "torch": torch.__version__,
-    }
-    report["total_seconds"] = time.perf_counter() - start
-
-    with new_folder(out, force) as tmp:
-        draft.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        (tmp / "distill_report.json").write_text(json.dumps(report, indent=2) + "\n")
-    return report
+    training = DistillTraining(config)
+    if data is not None:
+        training.data = data
+    return train_on_replies(training, target_dir, out, replies, force)

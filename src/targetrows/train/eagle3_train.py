@@ -22,23 +22,22 @@ EAGLE-3 (and SpecForge):
 
 from __future__ import annotations
 
-import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from targetrows.core.atomic import new_folder
 from targetrows.hf.eagle3 import Eagle3Head
 from targetrows.hf.loading import resolve_dtype
 from targetrows.hf.packed import packed_product
 
 from .eagle3_init import coverage_of, draft_vocabulary, head_tensors, new_head, target_rows
+from .on_replies import train_on_replies
 from .optimise import batch_order, optimise
-from .replies import RepliesConfig, TeacherData, check_head, load_target, replies_for
+from .replies import RepliesConfig, TeacherData
 
 
 @dataclass
@@ -281,8 +280,8 @@ def batch_loss(head, embed, batch: Batch, config: Eagle3TrainConfig, target_w: t
 
 
 # -- training and evaluation -------------------------------------------------------------------
-def train(head: Eagle3Head, embed, data: TeacherData, config: Eagle3TrainConfig,
-          target_w: torch.Tensor, deadline: float | None = None) -> list[float]:
+def fit_head(head: Eagle3Head, embed, data: TeacherData, config: Eagle3TrainConfig,
+             target_w: torch.Tensor, deadline: float | None = None) -> list[float]:
     """Train `head` in place; `target_w` = the target's output rows of the draft vocabulary.
     Returns the loss of each step taken."""
     f_off, h_off = offsets(data)
@@ -395,64 +394,82 @@ def check_replies(data: TeacherData, target) -> None:
                          f"target of {n_layers} layers: they were made for another target")
 
 
+@dataclass
+class HeadTraining:
+    """`train_on_replies`'s part for an EAGLE-3 head (`targetrows.train.on_replies`)."""
+
+    config: Eagle3TrainConfig
+    data: RepliesConfig = field(default_factory=RepliesConfig)
+    report_name: str = "train_eagle3_report.json"
+    seed: None = None  # the head's own initialisation is seeded (`new_head`)
+
+    @property
+    def device(self) -> str:
+        return self.config.device
+
+    def build(self, target, tokenizer, train: TeacherData) -> _Head:
+        from targetrows.specbench.chat import stop_ids
+
+        check_replies(train, target)
+        config = self.config
+        vocab = min(len(tokenizer), int(target.config.vocab_size))
+        draft_ids = draft_vocabulary(train, config.coverage, stop_ids(tokenizer, target), vocab,
+                                     config.vocab_top_k)
+        head, head_config = new_head(target, draft_ids, train.feature_layers,
+                                     config.init_from_target, config.seed, config.init_layer)
+        head.to(config.device)
+        embed = target.get_input_embeddings().requires_grad_(False)
+        return _Head(head, head_config, embed, draft_ids, target_rows(target, draft_ids),
+                     int(target.config.vocab_size))
+
+    def fit(self, state: _Head, train: TeacherData, deadline: float | None) -> list[float]:
+        return fit_head(state.head, state.embed, train, self.config, state.target_w, deadline)
+
+    def describe(self, state: _Head, target, train: TeacherData, held: TeacherData) -> dict:
+        head, embed = state.head, state.embed
+        on_held = evaluate(head, embed, held, self.config.eval_depth)
+        return {
+            "feature_layers": list(train.feature_layers),
+            "draft_vocab_size": len(state.draft_ids),
+            "train_coverage": coverage_of(state.draft_ids, train),
+            "heldout_coverage": coverage_of(state.draft_ids, held),
+            "heldout_top1_agreement": on_held["top1_agreement"],
+            "heldout_positions": on_held["positions"],
+            "heldout_chain_acceptance_by_depth": on_held["chain_acceptance_by_depth"],
+            "heldout_expected_accepted_chain": on_held["expected_accepted_chain"],
+            "train_top1_agreement": evaluate(head, embed, train.head(len(held.sequences)),
+                                             1)["top1_agreement"],
+            "forward_cost": forward_cost(target, head),
+            "train_dtype": str(resolve_dtype(self.config.autocast,
+                                             self.config.device)).removeprefix("torch."),
+        }
+
+    def save(self, state: _Head, tokenizer, folder: Path) -> None:
+        from targetrows.hf.eagle3_checkpoint import write_head
+
+        tensors = head_tensors(state.head.cpu(), state.vocab_size, state.embed.weight.cpu())
+        write_head(str(folder), tensors, state.head_config)
+
+
+@dataclass
+class _Head:
+    """A head being trained, and what its training and its checkpoint need beside it."""
+
+    head: Eagle3Head
+    head_config: dict
+    embed: torch.nn.Embedding  # the target's, frozen
+    draft_ids: torch.Tensor  # the draft vocabulary (target ids)
+    target_w: torch.Tensor  # the target's output rows of the draft vocabulary
+    vocab_size: int  # the target's
+
+
 def train_eagle3(target_dir: str, out: str | Path, config: Eagle3TrainConfig,
                  replies: str | Path | None = None, data: RepliesConfig | None = None,
                  force: bool = False) -> dict:
     """Train a head for the target at `target_dir` on the replies folder `replies` (or on
     replies generated now with `data`) and write it to `out` in the EAGLE layout with its report
     (out/train_eagle3_report.json); return the report."""
-    from targetrows.hf.eagle3_checkpoint import write_head
-    from targetrows.specbench.chat import stop_ids
-
-    out = Path(out)
-    if out.exists() and not force:
-        raise ValueError(f"{out} already exists; pass --force to replace it")
-    start = time.perf_counter()
-    tokenizer, target = load_target(target_dir, config.device)
-    check_head(target)
-    train_data, held_data, data_summary = replies_for(target, tokenizer, replies,
-                                                      data or RepliesConfig())
-    check_replies(train_data, target)
-    data_s = time.perf_counter() - start
-
-    vocab = min(len(tokenizer), int(target.config.vocab_size))
-    draft_ids = draft_vocabulary(train_data, config.coverage, stop_ids(tokenizer, target), vocab,
-                                 config.vocab_top_k)
-    head, head_config = new_head(target, draft_ids, train_data.feature_layers,
-                                 config.init_from_target, config.seed, config.init_layer)
-    head.to(config.device)
-    embed = target.get_input_embeddings().requires_grad_(False)
-    target_w = target_rows(target, draft_ids)
-    train_start = time.perf_counter()
-    cap = None if config.train_minutes is None else train_start + 60 * config.train_minutes
-    losses = train(head, embed, train_data, config, target_w, cap)
-    train_s = time.perf_counter() - train_start
-
-    held = evaluate(head, embed, held_data, config.eval_depth)
-    report = {
-        "target": str(target_dir), "config": asdict(config),
-        "replies": str(replies) if replies is not None else None, "data": data_summary,
-        "feature_layers": list(train_data.feature_layers),
-        "draft_vocab_size": len(draft_ids),
-        "train_coverage": coverage_of(draft_ids, train_data),
-        "heldout_coverage": coverage_of(draft_ids, held_data),
-        "heldout_top1_agreement": held["top1_agreement"], "heldout_positions": held["positions"],
-        "heldout_chain_acceptance_by_depth": held["chain_acceptance_by_depth"],
-        "heldout_expected_accepted_chain": held["expected_accepted_chain"],
-        "train_top1_agreement": evaluate(head, embed, train_data.head(len(held_data.sequences)),
-                                         1)["top1_agreement"],
-        "train_prompts": len(train_data.sequences), "train_positions": len(train_data.hidden),
-        "steps_done": len(losses), "loss_first": losses[0] if losses else None,
-        "loss_last": sum(losses[-10:]) / max(1, len(losses[-10:])),
-        "forward_cost": forward_cost(target, head),
-        "train_dtype": str(resolve_dtype(config.autocast, config.device)).removeprefix("torch."),
-        "data_seconds": data_s, "train_seconds": train_s,
-        "threads": torch.get_num_threads(), "torch": torch.__version__,
-    }
-    report["total_seconds"] = time.perf_counter() - start
-
-    with new_folder(out, force) as tmp:
-        tensors = head_tensors(head.cpu(), int(target.config.vocab_size), embed.weight.cpu())
-        write_head(str(tmp), tensors, head_config)
-        (tmp / "train_eagle3_report.json").write_text(json.dumps(report, indent=2) + "\n")
-    return report
+    training = HeadTraining(config)
+    if data is not None:
+        training.data = data
+    return train_on_replies(training, target_dir, out, replies, force)

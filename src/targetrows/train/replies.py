@@ -178,14 +178,7 @@ def generate_batch(model, prompts: list[list[int]], max_new: int, stop: set[int]
     base, head = model.base_model, model.get_output_embeddings()  # logits: head(hidden)
     n, width = len(prompts), max(len(p) for p in prompts)
     label_from = [len(p) - 1 for p in prompts] if label_from is None else label_from
-    ids = torch.zeros((n, width), dtype=torch.long)
-    mask = torch.zeros((n, width), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p)
-        mask[i, width - len(p):] = 1
-    dev = head.weight.device
-    ids, mask = ids.to(dev), mask.to(dev)
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    ids, mask, pos = _left_padded(prompts, width, head.weight.device)
     cache = growing_cache(model.config, width + max_new)
     with layer_inputs(model, feature_layers) as store:
 
@@ -201,53 +194,95 @@ def generate_batch(model, prompts: list[list[int]], max_new: int, stop: set[int]
         early = [states[i, width - len(p) + label_from[i] : -1] for i, p in enumerate(prompts)]
         early = [(h.half().cpu(), head(h).float().topk(top_k).indices.int().cpu())
                  for h in early]
-        pos, alive = pos[:, -1:], torch.arange(n, device=dev)
-        stop_t = torch.tensor(sorted(stop), dtype=torch.long, device=dev)
-        rows, hs, tops, toks, feats = [], [], [], [], []
-        for step in range(max_new):
-            logits = head(hidden).float()
-            if sampler is None:  # the greedy token is also the label at this position
-                nxt = logits.argmax(-1)
-            else:
-                nxt = sample_rows(logits.softmax(-1), sampler)
-            rows.append(alive)
-            hs.append(hidden.half())
-            tops.append(logits.topk(top_k).indices.int())
-            toks.append(nxt)
-            keep = ~torch.isin(nxt, stop_t)
-            if step == max_new - 1 or not keep.any():
-                break
-            if not keep.all():
-                cache.reorder_cache(keep.nonzero()[:, 0])
-                alive, nxt, mask, pos = alive[keep], nxt[keep], mask[keep], pos[keep]
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
-            pos = pos + 1
-            hidden = base(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos,
-                          use_cache=True, **cache_kwargs(base, cache)).last_hidden_state[:, -1]
-            if feature_layers:
-                feats.append(grab()[:, 0])
-    # records are step-major; regroup them prompt by prompt (on the CPU)
-    rows, toks = [r.cpu() for r in rows], [t.cpu() for t in toks]
-    hs, tops, feats = [h.cpu() for h in hs], [t.cpu() for t in tops], [f.cpu() for f in feats]
-    prefill = None if prefill is None else prefill.cpu()
+
+        def step(nxt, mask, pos):  # one token per live row: the next hidden state
+            return base(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos,
+                        use_cache=True, **cache_kwargs(base, cache)).last_hidden_state[:, -1]
+
+        steps = _reply_steps(head, step, cache, hidden, mask, pos[:, -1:], stop, max_new, top_k,
+                             sampler, grab if feature_layers else None)
+    replies = [(t, torch.cat([e[0], h]), torch.cat([e[1], k])) for t, h, k, e in zip(
+        *_by_row([steps.toks, steps.hidden, steps.tops], steps.rows, n, max_new), early,
+        strict=True)]
+    if not feature_layers:
+        return [(*r, None) for r in replies]
+    # a reply of m tokens fed its first m - 1 (step s feeds the token chosen at step s)
+    prefill = prefill.cpu()
+    tail, = _by_row([steps.feats], steps.rows[1: 1 + len(steps.feats)], n, max_new,
+                    empty=prefill[:0, 0])
+    return [(*r, torch.cat([prefill[i, width - len(prompts[i]):], tail[i]]))
+            for i, r in enumerate(replies)]
+
+
+def _left_padded(prompts: list[list[int]], width: int, device):
+    """(ids, attention mask, positions) [n, width] of the prompts padded on the left."""
+    ids = torch.zeros((len(prompts), width), dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    ids, mask = ids.to(device), mask.to(device)
+    return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+@dataclass
+class _Steps:
+    """What each generation step recorded, step-major, on the CPU: the rows alive at it, their
+    hidden states (fp16), top-k ids, chosen tokens, and the features of the tokens fed."""
+
+    rows: list
+    hidden: list
+    tops: list
+    toks: list
+    feats: list
+
+
+def _reply_steps(head, step, cache, hidden, mask, pos, stop: set[int], max_new: int,
+                 top_k: int, sampler, grab) -> _Steps:
+    """Generate from the prefill's last hidden states until every row has stopped or
+    `max_new` steps: each step's token (greedy, or drawn with `sampler`), the rows still alive
+    feeding theirs through `step`; a finished row leaves the batch and its cache rows."""
+    dev = hidden.device
+    alive = torch.arange(hidden.shape[0], device=dev)
+    stop_t = torch.tensor(sorted(stop), dtype=torch.long, device=dev)
+    rows, hs, tops, toks, feats = [], [], [], [], []
+    for i in range(max_new):
+        logits = head(hidden).float()
+        if sampler is None:  # the greedy token is also the label at this position
+            nxt = logits.argmax(-1)
+        else:
+            nxt = sample_rows(logits.softmax(-1), sampler)
+        rows.append(alive)
+        hs.append(hidden.half())
+        tops.append(logits.topk(top_k).indices.int())
+        toks.append(nxt)
+        keep = ~torch.isin(nxt, stop_t)
+        if i == max_new - 1 or not keep.any():
+            break
+        if not keep.all():
+            cache.reorder_cache(keep.nonzero()[:, 0])
+            alive, nxt, mask, pos = alive[keep], nxt[keep], mask[keep], pos[keep]
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+        pos = pos + 1
+        hidden = step(nxt, mask, pos)
+        if grab is not None:
+            feats.append(grab()[:, 0])
+    cpu = [[t.cpu() for t in part] for part in (rows, hs, tops, toks, feats)]
+    return _Steps(*cpu)
+
+
+def _by_row(parts: list[list[torch.Tensor]], rows: list[torch.Tensor], n: int, max_new: int,
+            empty: torch.Tensor | None = None) -> list[tuple[torch.Tensor, ...]]:
+    """Step-major records regrouped row by row: for each of `parts` (a list of per-step
+    tensors aligned with `rows`, the rows alive at each step), a tuple of n tensors, row i's
+    records in step order (`empty` stands for a part with no steps at all)."""
+    if not rows:
+        return [tuple(empty for _ in range(n)) for _ in parts]
     rows_t = torch.cat(rows)
     steps_t = torch.cat([torch.full_like(r, s) for s, r in enumerate(rows)])
     order = torch.argsort(rows_t * (max_new + 1) + steps_t)
     counts = torch.bincount(rows_t, minlength=n).tolist()
-    replies = [(t, torch.cat([e[0], h]), torch.cat([e[1], k])) for t, h, k, e in zip(
-        torch.cat(toks)[order].split(counts), torch.cat(hs)[order].split(counts),
-        torch.cat(tops)[order].split(counts), early, strict=True)]
-    if not feature_layers:
-        return [(*r, None) for r in replies]
-    # a reply of m tokens fed its first m - 1 (step s feeds the token chosen at step s)
-    fed = rows[1 : 1 + len(feats)]
-    f_rows = torch.cat(fed) if feats else torch.zeros(0, dtype=torch.long)
-    f_steps = torch.cat([torch.full_like(r, s) for s, r in enumerate(fed)]) if feats else f_rows
-    f_order = torch.argsort(f_rows * (max_new + 1) + f_steps)
-    f_counts = torch.bincount(f_rows, minlength=n).tolist()
-    tail = (torch.cat(feats)[f_order] if feats else prefill[:0, 0]).split(f_counts)
-    return [(*r, torch.cat([prefill[i, width - len(prompts[i]):], tail[i]]))
-            for i, r in enumerate(replies)]
+    return [tuple(torch.cat(part)[order].split(counts)) for part in parts]
 
 
 def shared_prefix(prompts: list[list[int]]) -> int:
