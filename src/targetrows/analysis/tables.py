@@ -96,6 +96,18 @@ def write_all(score_paths: list[str], decoding: pd.DataFrame, plan: pd.DataFrame
               n_boot: int, seed: int, drift_paths: list[str] = ()) -> None:
     """Every table, from the score tables, the online summary, the runs' conditions (`plan`,
     `online.conditions`) and the drift rows; see the module docstring."""
+    acc = write_row_log_tables(score_paths, folder, n_boot, seed)
+    table = write_online_tables(decoding, plan, folder, n_boot, seed)
+    cons = consistency(acc, table[~table["auto"].fillna(False).astype(bool)])
+    write_table(cons, cons, f"{folder}/consistency",
+                "Online decoders vs the scored expectation of their rule (accepted per round).")
+    drift = drift_table(read_drift(list(drift_paths)))
+    write_table(drift, drift, f"{folder}/drift", DRIFT_CAPTION, floatfmt=".1f")
+
+
+def write_row_log_tables(score_paths: list[str], folder: str, n_boot: int,
+                         seed: int) -> pd.DataFrame:
+    """expected_accepted, relative_gains and equal_size; returns expected_accepted's rows."""
     acc, gains, equal = row_log_tables(score_paths, n_boot, seed)
     shown = ordered(acc, "rule", RULES).pivot_table(
         index=["pair", "temperature", "budget"], columns="rule", values="accepted",
@@ -117,7 +129,12 @@ def write_all(score_paths: list[str], decoding: pd.DataFrame, plan: pd.DataFrame
     write_table(equal, shown, f"{folder}/equal_size",
                 "Each rule over its baseline at the baseline's mean non-root nodes (the "
                 "baseline's budget and mean tree size shown; interpolated; 95% CI).")
+    return acc
 
+
+def write_online_tables(decoding: pd.DataFrame, plan: pd.DataFrame, folder: str, n_boot: int,
+                        seed: int) -> pd.DataFrame:
+    """online and online_gain; returns online's rows."""
     table = online(decoding, plan, n_boot, seed)
     shown = ordered(table, "decoder", DECODERS).sort_values(
         ["pair", "temperature", "decoder", "condition"])
@@ -155,10 +172,4 @@ def write_all(score_paths: list[str], decoding: pd.DataFrame, plan: pd.DataFrame
                 "baseline's auto pick): relative gain in accepted "
                 "draft tokens per round, non-root nodes per round and tokens/s (95% CI by "
                 "prompt; n_undefined in the CSV counts replicates without a ratio).")
-
-    cons = consistency(acc, table[~table["auto"].fillna(False).astype(bool)])
-    write_table(cons, cons, f"{folder}/consistency",
-                "Online decoders vs the scored expectation of their rule (accepted per round).")
-
-    drift = drift_table(read_drift(list(drift_paths)))
-    write_table(drift, drift, f"{folder}/drift", DRIFT_CAPTION, floatfmt=".1f")
+    return table

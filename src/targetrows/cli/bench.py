@@ -116,12 +116,39 @@ def _load_assistant(args, tokenizer):
     return assistant
 
 
+def _progress(row) -> None:
+    print(f"{row['question_id']:>12} T={row['temperature']:g} {row['method']:>16}: "
+          f"{row['new_tokens']:4d} tokens {row['tokens_per_s']:8.1f} tokens/s",
+          file=sys.stderr, flush=True)
+
+
+def _run_with_peers(args, target, draft, prompts, settings, assistant):
+    """`run_bench` with the --peer engines started (after our models: each loads while nothing
+    else runs) and stopped around it; the context names each peer's engine."""
+    from targetrows.bench.run import run_bench
+
+    specs = [PeerSpec.parse(text) for text in args.peer]
+    if len({s.name for s in specs}) != len(specs):
+        raise ValueError("--peer: two peers with one name; name each NAME=COMMAND apart")
+    logs = tempfile.mkdtemp(prefix="targetrows-peers-") if specs else None
+    with contextlib.ExitStack() as stack:
+        peers = {}
+        for spec in specs:
+            print(f"starting peer {spec.name} (its log: {logs}/{spec.name}.log)", file=sys.stderr)
+            peers[spec.method] = stack.enter_context(
+                Peer(spec, os.path.join(logs, f"{spec.name}.log")))
+        rows, context = run_bench(target, draft, prompts, settings, _progress,
+                                  assistant=assistant, peers=peers)
+        context["peers"] = {m: f"{p.engine} {p.config}" for m, p in peers.items()}
+    return rows, context
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
     import transformers
 
     from targetrows.bench import report
-    from targetrows.bench.run import BenchPrompt, run_bench
+    from targetrows.bench.run import BenchPrompt
     from targetrows.specbench.chat import encode_prompt, stop_ids
 
     from .common import load_from_args
@@ -152,24 +179,7 @@ def run(args: argparse.Namespace) -> int:
     settings = dataclasses.replace(settings, decode=dataclasses.replace(settings.decode,
                                                                         stop_ids=stops))
 
-    def progress(row):
-        print(f"{row['question_id']:>12} T={row['temperature']:g} {row['method']:>16}: "
-              f"{row['new_tokens']:4d} tokens {row['tokens_per_s']:8.1f} tokens/s",
-              file=sys.stderr, flush=True)
-
-    specs = [PeerSpec.parse(text) for text in args.peer]
-    if len({s.name for s in specs}) != len(specs):
-        raise ValueError("--peer: two peers with one name; name each NAME=COMMAND apart")
-    logs = tempfile.mkdtemp(prefix="targetrows-peers-") if specs else None
-    with contextlib.ExitStack() as stack:
-        peers = {}
-        for spec in specs:  # started after our models: each loads while nothing else runs
-            print(f"starting peer {spec.name} (its log: {logs}/{spec.name}.log)", file=sys.stderr)
-            peers[spec.method] = stack.enter_context(
-                Peer(spec, os.path.join(logs, f"{spec.name}.log")))
-        rows, context = run_bench(target, draft, prompts, settings, progress,
-                                  assistant=assistant, peers=peers)
-        context["peers"] = {m: f"{p.engine} {p.config}" for m, p in peers.items()}
+    rows, context = _run_with_peers(args, target, draft, prompts, settings, assistant)
     context["lookup"] = bool(args.draft_lookup)  # which goal over ar applies
     prog = os.path.basename(sys.argv[0])
     prog = "targetrows" if prog in ("cli.py", "__main__.py") else prog  # python -m targetrows.cli

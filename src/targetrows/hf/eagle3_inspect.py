@@ -43,39 +43,50 @@ def describe(path: str, target_config=None, weights: bool = True) -> dict:
         else (layer.get("rope_scaling") or raw.get("rope_scaling")),
         "verifier named": config.verifier,
     }
+    out.update(_feature_layers(config, target_config))
+    if weights:
+        out.update(_tensors(path, config, out.get("feature layers (inputs)")))
+    return out
+
+
+def _feature_layers(config, target_config) -> dict:
+    """Which target layers the head reads, and from which key (or the default), checked
+    against `target_config` when there is one."""
     if target_config is not None:
         try:
             layers = checkpoint.feature_layers_for(config, target_config,
                                                    getattr(target_config, "_name_or_path", "?"))
-            out["feature layers (inputs)"] = list(layers.inputs)
-            out["feature layers from"] = layers.source
-            out["fits the target"] = "yes"
         except ValueError as err:
-            out["fits the target"] = f"no: {err}"
-    else:
-        top = raw.get("eagle_aux_hidden_state_layer_ids")
-        nested = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-        out["feature layers from"] = ("eagle_aux_hidden_state_layer_ids (inputs)" if top else
-                                      "eagle_config.eagle_aux_hidden_state_layer_ids (outputs)"
-                                      if nested else "default: inputs of layers 2, L//2, L-3")
-        out["feature layers (inputs)"] = (sorted(top) if top else
-                                          sorted(i + (0 if config.legacy else 1) for i in nested)
-                                          if nested else "2, L//2, L-3 (give --target for L)")
-    if weights:
-        folder = path
-        if not os.path.isdir(path):
-            from huggingface_hub import snapshot_download
+            return {"fits the target": f"no: {err}"}
+        return {"feature layers (inputs)": list(layers.inputs),
+                "feature layers from": layers.source, "fits the target": "yes"}
+    raw = config.raw
+    top = raw.get("eagle_aux_hidden_state_layer_ids")
+    nested = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    return {
+        "feature layers from": ("eagle_aux_hidden_state_layer_ids (inputs)" if top else
+                                "eagle_config.eagle_aux_hidden_state_layer_ids (outputs)"
+                                if nested else "default: inputs of layers 2, L//2, L-3"),
+        "feature layers (inputs)": (sorted(top) if top else
+                                    sorted(i + (0 if config.legacy else 1) for i in nested)
+                                    if nested else "2, L//2, L-3 (give --target for L)"),
+    }
 
-            folder = snapshot_download(path, allow_patterns=checkpoint._HUB_FILES)
-        layers = out.get("feature layers (inputs)")
-        n_features = len(layers) if isinstance(layers, list) else 3
-        try:
-            tensors = checkpoint.read_weights(folder, config, n_features)
-            out["tensors"] = {k: list(v.shape) for k, v in sorted(tensors.items())}
-            out["own embedding table"] = "embed_tokens.weight" in tensors
-        except ValueError as err:
-            out["tensors"] = f"refused: {err}"
-    return out
+
+def _tensors(path: str, config, layers) -> dict:
+    """The head's tensors' names and shapes (a hub id is downloaded), or why they are refused."""
+    folder = path
+    if not os.path.isdir(path):
+        from huggingface_hub import snapshot_download
+
+        folder = snapshot_download(path, allow_patterns=checkpoint._HUB_FILES)
+    n_features = len(layers) if isinstance(layers, list) else 3
+    try:
+        tensors = checkpoint.read_weights(folder, config, n_features)
+    except ValueError as err:
+        return {"tensors": f"refused: {err}"}
+    return {"tensors": {k: list(v.shape) for k, v in sorted(tensors.items())},
+            "own embedding table": "embed_tokens.weight" in tensors}
 
 
 def format_description(info: dict) -> str:
