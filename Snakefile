@@ -26,7 +26,7 @@ include: "workflow/rules/report.smk"
 
 
 rule all:
+    default_target: True
     input:
         final_outputs(),
-    default_target: True
     localrule: True

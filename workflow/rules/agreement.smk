@@ -16,20 +16,30 @@ rule draft_agreement:
         "results/logs/agreement/{model}.log",
     benchmark:
         "results/benchmarks/agreement/{model}.tsv"
-    params:
-        command=lambda w, input, output, threads: [
-            "agreement", "--target", input.target, "--draft", input.draft,
-            "--prompts", *input.prompts, "--threads", threads,
-            "--json", output.json, "--table", output.table,
-            *chat_args(config["models"][w.model]["target"]),
-        ],
     wildcard_constraints:
         model=alternation(trained_drafts()),
     priority: PRIORITY["draft_agreement"]
+    conda:
+        ENV
     threads: config["threads"]["build"]
     resources:
         mem_mb=lambda w, input: job_mem_mb("draft_agreement", [input.target, input.draft]),
-    conda:
-        ENV
+    params:
+        command=lambda w, input, output, threads: [
+            "agreement",
+            "--target",
+            input.target,
+            "--draft",
+            input.draft,
+            "--prompts",
+            *input.prompts,
+            "--threads",
+            threads,
+            "--json",
+            output.json,
+            "--table",
+            output.table,
+            *chat_args(config["models"][w.model]["target"]),
+        ],
     script:
         "../scripts/targetrows_command.py"

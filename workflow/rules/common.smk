@@ -32,8 +32,7 @@ def validate_config(cfg):
         if cause.context:  # oneOf/anyOf: report the alternative that came closest
             cause = best_match(cause.context)
         raise WorkflowError(
-            f"config key {config_key(cause.absolute_path)}: {cause.message} "
-            "(see config/README.md)"
+            f"config key {config_key(cause.absolute_path)}: {cause.message} (see config/README.md)"
         ) from None
 
 
@@ -101,8 +100,7 @@ def check_config(cfg):
     for name, spec in models.items():
         if spec["source"] == "distill" and spec["target"] not in models:
             raise WorkflowError(
-                f"config key models.{name}.target: model {spec['target']!r} is not defined "
-                "under 'models'"
+                f"config key models.{name}.target: model {spec['target']!r} is not defined under 'models'"
             )
         if spec["source"] == "distill" and models[spec["target"]]["source"] in DRAFT_SOURCES:
             raise WorkflowError(
@@ -170,8 +168,9 @@ def check_eagle3_head(cfg, name, spec):
                 f"{spec['target']!r} (models.{name}.target), not {pair['target']!r}"
             )
         if pair["target"] == name:
-            raise WorkflowError(f"config key pairs[{i}].target: {name!r} is an EAGLE-3 head; "
-                                "it can only be a draft")
+            raise WorkflowError(
+                f"config key pairs[{i}].target: {name!r} is an EAGLE-3 head; it can only be a draft"
+            )
 
 
 check_config(config)
@@ -188,8 +187,9 @@ def models_from(source):
 
 def trained_from():
     """Targets whose replies a configured model trains on (distilled drafts, trained heads)."""
-    return sorted({config["models"][n]["target"] for n in models_from("distill")
-                   + models_from("train_eagle3")})
+    return sorted(
+        {config["models"][n]["target"] for n in models_from("distill") + models_from("train_eagle3")}
+    )
 
 
 def trained_drafts():
@@ -207,9 +207,18 @@ def replies_args():
     """`targetrows replies` options from config key `replies` (its defaults are the schema's,
     which a test holds equal to `targetrows.train.replies.RepliesConfig`'s)."""
     spec = config["replies"]
-    args = ["--prompts", spec["prompts"], "--self-prompts", spec["self_prompts"],
-            "--sampled", spec["sampled"], "--max-new-tokens", spec["max_new_tokens"],
-            "--data-seed", spec["seed"]]
+    args = [
+        "--prompts",
+        spec["prompts"],
+        "--self-prompts",
+        spec["self_prompts"],
+        "--sampled",
+        spec["sampled"],
+        "--max-new-tokens",
+        spec["max_new_tokens"],
+        "--data-seed",
+        spec["seed"],
+    ]
     return args + spec["args"]
 
 
@@ -241,8 +250,11 @@ def prompts_file(task):
 def trust_args(target):
     """`--trust-remote-code` for the models of `target`'s pair whose config allows their own
     code to run (`trust_remote_code: true`); nothing otherwise."""
-    trusted = [role for role, name in (("target", target), ("draft", DRAFT_OF[target]))
-               if config["models"][name].get("trust_remote_code")]
+    trusted = [
+        role
+        for role, name in (("target", target), ("draft", DRAFT_OF[target]))
+        if config["models"][name].get("trust_remote_code")
+    ]
     if not trusted:
         return []
     return ["--trust-remote-code", "all" if len(trusted) == 2 else trusted[0]]
@@ -261,20 +273,26 @@ LEARNED_RULES = [n for n, r in RULES.items() if r.learned] if config["rerank"]["
 
 def rerank_inputs(wildcards):
     """Every task's row log at one target and temperature (what a reranker trains on)."""
-    return expand("results/rows/{target}/{task}/T{temperature}.npz", target=wildcards.target,
-                  task=config["tasks"], temperature=wildcards.temperature)
+    return expand(
+        "results/rows/{target}/{task}/T{temperature}.npz",
+        target=wildcards.target,
+        task=config["tasks"],
+        temperature=wildcards.temperature,
+    )
 
 
 def reranker_files(wildcards, rules=None):
-    return expand("results/rerankers/{target}/T{temperature}/{name}.json",
-                  target=wildcards.target, temperature=wildcards.temperature,
-                  name=LEARNED_RULES if rules is None else rules)
+    return expand(
+        "results/rerankers/{target}/T{temperature}/{name}.json",
+        target=wildcards.target,
+        temperature=wildcards.temperature,
+        name=LEARNED_RULES if rules is None else rules,
+    )
 
 
 def decode_answers():
     """One decode job's answers: one file per task (wildcards target, temperature, decoder)."""
-    return expand("results/decode/{{target}}/{task}/T{{temperature}}/{{decoder}}.jsonl",
-                  task=config["tasks"])
+    return expand("results/decode/{{target}}/{task}/T{{temperature}}/{{decoder}}.jsonl", task=config["tasks"])
 
 
 def decode_inputs(wildcards):
@@ -290,11 +308,11 @@ def decode_inputs(wildcards):
     if matched_at(wildcards.decoder):
         # a matched cap waits for the baseline's runs and the row logs on every task at this
         # target and temperature
-        tasks = dict(target=wildcards.target, task=config["tasks"],
-                     temperature=wildcards.temperature)
+        tasks = dict(target=wildcards.target, task=config["tasks"], temperature=wildcards.temperature)
         inputs["baseline"] = expand(
             "results/decode/{target}/{task}/T{temperature}/{baseline}.jsonl",
-            baseline=DECODERS[wildcards.decoder].baseline, **tasks,
+            baseline=DECODERS[wildcards.decoder].baseline,
+            **tasks,
         )
         inputs["rows"] = expand("results/rows/{target}/{task}/T{temperature}.npz", **tasks)
     return inputs
@@ -304,8 +322,7 @@ def decode_priority(decoder, cfg=config):
     """A decode job's scheduling priority: the longest jobs first (its number of budget
     conditions), and a decoder whose runs another's matched cap waits for (pearl, for fts) before
     that one."""
-    waiting = [d for d in cfg["decode"]["decoders"] if DECODERS[d].baseline == decoder
-               and matched_at(d, cfg)]
+    waiting = [d for d in cfg["decode"]["decoders"] if DECODERS[d].baseline == decoder and matched_at(d, cfg)]
     return len(decode_budgets(decoder, cfg)) + sum(len(decode_budgets(d, cfg)) for d in waiting)
 
 
@@ -322,8 +339,7 @@ def placement_for(target, decoder=None, dtype="auto"):
     says so; never more GPUs than resources.gpus_per_job."""
     res = config["resources"]
     own = decoder is not None and DECODERS[decoder].gpus > 1 and res["draft_own_gpu"]
-    placed = place(model_gb(target, dtype), model_gb(DRAFT_OF[target], dtype),
-                   res["gpu_memory_gb"], own)
+    placed = place(model_gb(target, dtype), model_gb(DRAFT_OF[target], dtype), res["gpu_memory_gb"], own)
     cap = res["gpus_per_job"]
     if cap and placed.target_cards > cap:
         raise WorkflowError(
@@ -396,9 +412,12 @@ def drift_inputs(wildcards):
         "target": model_dir(wildcards.target),
         "prompts": [prompts_file(task) for task in config["tasks"]],
         "reference": expand("results/decode/{target}/{task}/T{temperature}/ar.jsonl", **answers),
-        "answers": expand("results/decode/{target}/{task}/T{temperature}/{decoder}.jsonl",
-                          decoder=others, **answers),
+        "answers": expand(
+            "results/decode/{target}/{task}/T{temperature}/{decoder}.jsonl", decoder=others, **answers
+        ),
     }
+
+
 FIGURES = ["expected_accepted", "accepted_vs_tree_size", "relative_gains", "online"]
 
 

@@ -1,4 +1,4 @@
-# Online decoding: one job per target x temperature x decoder, over every task's prompts (the
+# Decoding online, one job per target x temperature x decoder over every task's prompts (the
 # models load once, and an `auto` condition is picked once for the pair and temperature). The
 # job resolves the decoder's budget conditions (a matched cap from the baseline's runs and the
 # row logs, `auto` from the cost model on this machine), runs them one after another, writes
@@ -15,6 +15,14 @@ rule decode:
         "results/logs/decode/{target}/T{temperature}/{decoder}.log",
     benchmark:
         "results/benchmarks/decode/{target}/T{temperature}/{decoder}.tsv"
+    priority: lambda w: decode_priority(w.decoder)
+    conda:
+        ENV
+    threads: config["threads"]["decode"]
+    resources:
+        gpu=lambda w: gpu_request(placement_for(w.target, w.decoder, config["decode"]["dtype"]).gpus),
+        mem_mb=lambda w, input: job_mem_mb("decode", [input.target, input.draft]),
+        runtime=job_runtime("decode"),
     params:
         budgets=lambda w: decode_budgets(w.decoder),
         max_new_tokens=config["decode"]["max_new_tokens"],
@@ -27,13 +35,5 @@ rule decode:
         chat=lambda w: chat_args(w.target),
         lock_dir=gpu_lock_dir(),
         placement=lambda w: placement_for(w.target, w.decoder, config["decode"]["dtype"]),
-    priority: lambda w: decode_priority(w.decoder)
-    threads: config["threads"]["decode"]
-    resources:
-        gpu=lambda w: gpu_request(placement_for(w.target, w.decoder, config["decode"]["dtype"]).gpus),
-        mem_mb=lambda w, input: job_mem_mb("decode", [input.target, input.draft]),
-        runtime=job_runtime("decode"),
-    conda:
-        ENV
     script:
         "../scripts/decode.py"

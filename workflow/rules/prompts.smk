@@ -13,12 +13,12 @@ rule prepare_prompts:
         "resources/prompts/{task}.jsonl",
     log:
         "results/logs/prompts/{task}.log",
+    localrule: True  # cheap, and downloads need the internet
+    conda:
+        ENV
     params:
         source=config["prompts"]["source"],
         n=config["prompts"]["n"],
         seed=config["prompts"]["seed"],
-    localrule: True  # cheap, and downloads need the internet
-    conda:
-        ENV
     script:
         "../scripts/prepare_prompts.py"

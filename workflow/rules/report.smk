@@ -33,12 +33,12 @@ rule tables:
         expand("results/tables/{name}.{ext}", name=TABLES, ext=["md", "tex"]),
     log:
         "results/logs/summary/tables.log",
-    params:
-        bootstrap=config["report"]["bootstrap"],
-        seed=config["report"]["seed"],
     localrule: True
     conda:
         ENV
+    params:
+        bootstrap=config["report"]["bootstrap"],
+        seed=config["report"]["seed"],
     script:
         "../scripts/tables.py"
 

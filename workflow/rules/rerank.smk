@@ -7,22 +7,29 @@ rule train_reranker:
     input:
         rerank_inputs,
     output:
-        models=expand("results/rerankers/{{target}}/T{{temperature}}/{name}.json",
-                      name=LEARNED_RULES),
+        models=expand("results/rerankers/{{target}}/T{{temperature}}/{name}.json", name=LEARNED_RULES),
         report="results/rerankers/{target}/T{temperature}/report.md",
         report_csv="results/rerankers/{target}/T{temperature}/report.csv",
     log:
         "results/logs/rerankers/{target}/T{temperature}.log",
-    params:
-        command=lambda w, input, output: [
-            "train-reranker", *input, "--rules", *LEARNED_RULES,
-            "--budgets", *config["score"]["budgets"],
-            "--folds", config["rerank"]["folds"], "--seed", config["rerank"]["seed"],
-            "--out", str(Path(output.report).parent),
-        ],
     priority: PRIORITY["train_reranker"]
     localrule: True
     conda:
         ENV
+    params:
+        command=lambda w, input, output: [
+            "train-reranker",
+            *input,
+            "--rules",
+            *LEARNED_RULES,
+            "--budgets",
+            *config["score"]["budgets"],
+            "--folds",
+            config["rerank"]["folds"],
+            "--seed",
+            config["rerank"]["seed"],
+            "--out",
+            str(Path(output.report).parent),
+        ],
     script:
         "../scripts/targetrows_command.py"

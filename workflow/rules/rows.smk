@@ -15,6 +15,14 @@ rule record_rows:
         "results/logs/rows/{target}/T{temperature}.log",
     benchmark:
         "results/benchmarks/rows/{target}/T{temperature}.tsv"
+    priority: PRIORITY["record_rows"]
+    conda:
+        ENV
+    threads: config["threads"]["record"]
+    resources:
+        gpu=lambda w: gpu_request(placement_for(w.target, None, config["record"]["dtype"]).gpus),
+        mem_mb=lambda w, input: job_mem_mb("record_rows", [input.target, input.draft]),
+        runtime=job_runtime("record_rows"),
     params:
         top_k=config["pool"]["top_k"],
         depth=config["pool"]["depth"],
@@ -27,13 +35,5 @@ rule record_rows:
         chat=lambda w: chat_args(w.target),
         lock_dir=gpu_lock_dir(),
         placement=lambda w: placement_for(w.target, None, config["record"]["dtype"]),
-    priority: PRIORITY["record_rows"]
-    threads: config["threads"]["record"]
-    resources:
-        gpu=lambda w: gpu_request(placement_for(w.target, None, config["record"]["dtype"]).gpus),
-        mem_mb=lambda w, input: job_mem_mb("record_rows", [input.target, input.draft]),
-        runtime=job_runtime("record_rows"),
-    conda:
-        ENV
     script:
         "../scripts/record.py"

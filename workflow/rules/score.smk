@@ -10,14 +10,20 @@ rule score:
         "results/scores/{target}/{task}/T{temperature}.csv",
     log:
         "results/logs/scores/{target}/{task}/T{temperature}.log",
-    params:
-        command=lambda w, input, output: [
-            "score", input.rows, "--pair", w.target, "--budgets", *config["score"]["budgets"],
-            *(["--reranker", *input.rerankers] if input.rerankers else []),
-            "--out", output[0],
-        ],
     localrule: True
     conda:
         ENV
+    params:
+        command=lambda w, input, output: [
+            "score",
+            input.rows,
+            "--pair",
+            w.target,
+            "--budgets",
+            *config["score"]["budgets"],
+            *(["--reranker", *input.rerankers] if input.rerankers else []),
+            "--out",
+            output[0],
+        ],
     script:
         "../scripts/targetrows_command.py"

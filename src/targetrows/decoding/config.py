@@ -28,8 +28,8 @@ class DecodeConfig:
     stop_ids: frozenset[int] = frozenset()
     overlap: bool | None = None  # root pass alongside drafting; None: when on two devices
     # after t0, a tree without draft nodes is still verified for its bonus token (one more
-    # one-token pass buys one more token: measured faster than leaving the row to the next
-    # round's root pass); False commits t0 alone
+    # one-token pass buys one more token, faster than leaving the row to the next round's root
+    # pass: docs/measurements.md); False commits t0 alone
     verify_empty: bool = True
     # a learned rule's trained model (`targetrows.core.rules.learned.Reranker`)
     reranker: Reranker | None = None

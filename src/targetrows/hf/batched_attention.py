@@ -4,9 +4,9 @@ kernel is slow.
 Why. The self-written prompts (`targetrows.train.self_prompts`) are sampled 128 rows at a time
 from one shared prefix, so the rows need no padding mask. For an unmasked pass over one new
 token, Hugging Face's sdpa path hands grouped-query attention to torch's kernel with
-`enable_gqa`, and on the CPU that kernel does a small piece of work per (row, head): in
-bfloat16 on 2 cores, 2.3-6.0 ms per layer at 20-80 keys against 0.3-0.6 ms here (batch 128, 9
-query heads on 3 key/value heads). Sampling the prompts took 1.6x as long. With a padding mask
+`enable_gqa`, and on the CPU that kernel does a small piece of work per (row, head), several
+times slower than the two products here at the batches the prompts are sampled in. With a
+padding mask
 (the replies' batches), Hugging Face already folds the query groups into one query per key/value
 head, and that path is as fast as this one: those passes, a batch-1 decoder's, and every pass
 with more than one new token keep torch's kernel.

@@ -213,11 +213,7 @@ class Eagle3Draft(TorchRows):
         self._prefix = np.zeros(0, dtype=np.int64)  # the tokens they stand for: ctx[:n + 1]
         self._g_committed = torch.zeros((0, s.hidden_size), dtype=self.dtype, device=self.device)
         self._drop_tree()
-        self._clear_checks()
-        if seed is None:
-            self._generator.seed()
-        else:
-            self._generator.manual_seed(int(seed))
+        self._new_sequence(seed)
 
     @property
     def cached_tokens(self) -> np.ndarray:

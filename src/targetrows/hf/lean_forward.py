@@ -11,8 +11,7 @@ prepacked for oneDNN (`targetrows.hf.packed`, the CPU default) one product for q
 gate|up per layer (oneDNN's sums do not depend on the matrix's width: the same outputs to the
 bit). The result: every row, KV entry and feature equal to Hugging Face's forward to the bit
 (the tests check all pass kinds on tiny Llama, Qwen2 and Qwen3 models, in float64, float32 and
-bfloat16), and a one-token step of SmolLM2-135M in bfloat16 on 2 cores 31 ms against 38
-(`benchmarks/step_profile.py`).
+bfloat16), in less time (`benchmarks/step_profile.py`; docs/measurements.md).
 
 `lean_forward(model)` returns None where the model is not one it reproduces exactly (another
 architecture or a GPU: Hugging Face's forward is used there). `refresh()` rebuilds the fused

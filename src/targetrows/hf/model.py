@@ -136,11 +136,7 @@ class HFModel(TorchRows):
     # -- cache state ---------------------------------------------------------------------------
     def reset(self, seed: int | None = None) -> None:
         self._clear_cache()
-        self._clear_checks()
-        if seed is None:
-            self._generator.seed()
-        else:
-            self._generator.manual_seed(int(seed))
+        self._new_sequence(seed)
 
     def _clear_cache(self) -> None:
         if self._lean is not None:  # weights changed since the last reset reach the products

@@ -42,7 +42,7 @@ def host_to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
 
 class TorchRows:
     """Reading rows that are torch logits: shared by every torch backend. Needs `name`,
-    `device` and a seeded `_generator` on the rows' device; call `_clear_checks` on reset."""
+    `device` and a seeded `_generator` on the rows' device; `reset` calls `_new_sequence`."""
 
     name: str
     device: torch.device
@@ -73,8 +73,14 @@ class TorchRows:
             torch.cuda.synchronize(self.device)
 
     # -- checks and transfers ------------------------------------------------------------------
-    def _clear_checks(self) -> None:
+    def _new_sequence(self, seed: int | None) -> None:
+        """What every backend's `reset` does besides its cache: no check left pending, and the
+        sampling generator reseeded (from `seed`, or afresh)."""
         self._pending = []
+        if seed is None:
+            self._generator.seed()
+        else:
+            self._generator.manual_seed(int(seed))
 
     # queue checks for the next fetch: None queues them on a GPU only (on a CPU a check costs no
     # wait, and a bad row is named at once, before anything computes on it); tests set True

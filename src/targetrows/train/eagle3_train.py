@@ -48,15 +48,16 @@ class Eagle3TrainConfig:
     train_lm_head: bool = True  # False: lm_head stays the target's rows (with init_from_target)
     ttt_steps: int = 2  # unrolled steps per position (training-time test)
     ttt_decay: float = 0.8  # weight of step k's loss: decay ** k
-    steps: int = 1240  # about 7 minutes on 2 CPU cores (AVX512-BF16) for a 135M target
-    batch_size: int = 8  # sequences per step (8 x 1240: 0.391, 16 x 620: 0.386, same time)
+    steps: int = 1240  # optimiser steps (what they cost: docs/measurements.md, the default run)
+    batch_size: int = 8  # sequences per step
     lr: float = 2e-3
     warmup: int = 30
     weight_decay: float = 0.0
     clip: float = 0.5
     # Gaussian noise added to the target's features, in units of each feature's standard
     # deviation over the training positions (EAGLE trains on noised features too), against
-    # over-fitting the replies it sees several times (off by default: it did not pay here)
+    # over-fitting the replies it sees several times (off by default: docs/measurements.md,
+    # the head trials)
     feature_noise: float = 0.0
     init_from_target: bool = True  # lm_head and norm from the target's output rows and norm
     # the layer from the target layer that reads the last feature layer (eagle3_init.py)
@@ -271,7 +272,7 @@ def batch_loss(head, embed, batch: Batch, config: Eagle3TrainConfig, target_w: t
         if not len(rows):
             continue
         # the logits in float32 as well: bfloat16 rounds a logit of 15 by 0.06, as much as the
-        # margins the top-1 is decided by (480 iterations: 0.386 held-out agreement, not 0.381)
+        # margins the top-1 is decided by
         with torch.autocast(g.device.type, enabled=False):  # head.draft_logits, but faster
             z = HeadLogits.apply(head.norm(g[mask].float()), head.lm_head.weight, grad_dtype)
         loss = SoftCrossEntropy.apply(z, target_p, rows, LOSS_CHUNK, True)  # z: this loss's alone

@@ -4,10 +4,10 @@ the source of Python's standard library (code with its docstrings and comments).
 A passage given as a user's message is labelled at every position of one batched prefill
 (`replies.teacher_data` with ``learn_prompts``), then gets a short greedy reply. The passages are
 text written by people, not by templates or by the target, so a head trained on them meets
-wordings, identifiers and code that no training prompt holds. (On 2 CPU cores a batched prefill
-is only about 1.3x cheaper per labelled position than batched generation: both keep the cores
-busy.) Every machine that runs this package has them; they depend on the Python version (its
-standard library), so a head trained with them is reproducible on the same version.
+wordings, identifiers and code that no training prompt holds. (A batched prefill is not much
+cheaper per labelled position than batched generation: docs/measurements.md.) Every machine
+that runs this package has them; they depend on the Python version (its standard library), so
+a head trained with them is reproducible on the same version.
 
 The test suite, IDLE, lib2to3, codec tables and installed packages are left out. Files are
 visited in a seeded order, at most `per_file` passages from each, so the passages spread over

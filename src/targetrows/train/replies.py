@@ -46,7 +46,7 @@ from .self_prompts import sample_rows, self_prompts
 @dataclass
 class RepliesConfig:
     seed: int = 0  # which training prompts, of both kinds
-    # the prompts' mix and number are sized for a head built in about 17 minutes on 2 CPU cores
+    # the prompts' mix and number are sized for the default run's time (docs/measurements.md)
     prompts: int = 256  # distinct template training prompts, one greedy reply each
     self_prompts: int = 1024  # and training prompts the target writes itself (`self_prompts`)
     heldout: int = len(HELDOUT_PROMPTS)
@@ -62,11 +62,11 @@ class RepliesConfig:
     # replies sampled at temperature 1 (seeded) besides the greedy ones, to this many training
     # prompts spread evenly over them (more than there are prompts: several each): other paths
     # through the same requests, with the target's own distributions as labels all the same
-    # (benchmarks/results/head_trials.md: the most agreement per minute of the data tried)
+    # (docs/measurements.md, the head trials)
     sampled: int = 1280
     # passages of Python's standard library source (`library_text`) given as user messages and
     # labelled at every position of the prefill, each with a short greedy reply: text neither a
-    # template nor the target wrote (benchmarks/results/head_trials_library.md: off by default)
+    # template nor the target wrote (off by default: docs/measurements.md, the head trials)
     library_passages: int = 0
     library_reply_tokens: int = 16
     thinking: bool | None = None  # the chat template's enable_thinking (None: its default)

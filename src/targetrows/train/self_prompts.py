@@ -38,8 +38,9 @@ def user_turn_prefix(tokenizer) -> list[int]:
 def sample_rows(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """One token per row of `probs` [n, vocab], drawn by inverse transform sampling: one
     uniform per row against the row's cumulative sum (in float64, so a token's share is its
-    probability to rounding). torch.multinomial draws the same distribution but spent ~120 ms
-    per step on a 128 x 49k batch on a CPU, most of a batched generation step."""
+    probability to rounding). torch.multinomial draws the same distribution, but on a CPU at a
+    batch of a hundred rows over a vocabulary of tens of thousands it took most of a batched
+    generation step."""
     cdf = probs.double().cumsum(-1)
     u = torch.rand((probs.shape[0], 1), generator=generator, dtype=torch.float64,
                    device=probs.device) * cdf[:, -1:]
