@@ -16,14 +16,15 @@ from pathlib import Path
 
 import pytest
 import yaml
+from needs import need_module, needs
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 from hub_server import Hub
 from snakemake_env import SNAKEMAKE, snakemake_env
 
-pytest.importorskip("huggingface_hub")
-pytest.importorskip("datasets")
+need_module("huggingface_hub")
+need_module("datasets")
 
 TOKEN = "hf_TestTokenThatMustNeverBeLogged0123"
 
@@ -181,7 +182,7 @@ def snakemake(work: Path, hub: Hub, *args: str, configs=(), timeout: int = 900):
                           capture_output=True, text=True, env=env, timeout=timeout)
 
 
-@pytest.mark.skipif(SNAKEMAKE is None, reason="snakemake is not installed")
+@needs(SNAKEMAKE is None, "snakemake is not installed")
 def test_paper_datasets_become_spec_bench_prompts(paper_hub, tmp_path):
     from targetrows.fetch.datasets import SOURCES
 
@@ -230,7 +231,7 @@ def test_dataset_faults_are_retried_or_named(paper_hub, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(SNAKEMAKE is None, reason="snakemake is not installed")
+@needs(SNAKEMAKE is None, "snakemake is not installed")
 def test_paper_config_on_tiny_models_end_to_end(paper_hub, tmp_path):
     work = tmp_path / "run"
     override = REPO / "tests" / "hub_config" / "paper_tiny.yaml"

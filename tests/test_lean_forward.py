@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from needs import cpu_feature
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -16,7 +17,7 @@ from tiny_models import ARCHS, TOKENIZER_SIZE, random_tree, tiny_model
 from targetrows.core.tree import Tree
 from targetrows.hf.lean_forward import lean_forward
 from targetrows.hf.model import HFModel
-from targetrows.hf.packed import pack_linears
+from targetrows.hf.packed import pack_linears, packing_works
 
 V = TOKENIZER_SIZE
 PROMPT = [5, 77, 130, 9, 201, 44, 3, 250, 18, 61, 99]
@@ -64,8 +65,12 @@ def test_lean_equals_hugging_face_to_the_bit(arch):
     assert_same(run(model, lean=True), run(model, lean=False), atol=0.0)
 
 
+BF16_PACKED = cpu_feature(packing_works(torch.bfloat16),
+                          "oneDNN bfloat16 products (AVX512-BF16 or AMX)")
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=BF16_PACKED)])
 def test_fused_prepacked_products_are_hugging_faces_to_the_bit(arch, dtype):
     """Prepacked float32 and bfloat16 (the CPU default): one product for q|k|v (with Qwen2's
     biases) and one for gate|up give every pass's rows, KV entries and features to the bit."""

@@ -6,6 +6,7 @@ import copy
 import itertools
 
 import pytest
+from needs import cpu_feature, needs
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -26,7 +27,7 @@ from targetrows.hf.packed import (
     packing_works,
 )
 
-pytestmark = pytest.mark.skipif(not packing_works(), reason="this torch has no oneDNN packing")
+pytestmark = needs(not packing_works(), "this torch has no oneDNN packing")
 
 
 def packed_copy(linear: torch.nn.Linear) -> PackedLinear:
@@ -151,7 +152,7 @@ def test_load_model_packs_cpu_models(tmp_path):
     assert not packed(load_model(path, "cpu", "float64")[0])
 
 
-@pytest.mark.skipif(not packing_works(torch.bfloat16), reason="no oneDNN bfloat16 here")
+@cpu_feature(packing_works(torch.bfloat16), "oneDNN bfloat16 products (AVX512-BF16 or AMX)")
 def test_a_bfloat16_packed_head_on_a_float32_target_is_lossless(tmp_path):
     """`load_pair(..., draft_dtype="bfloat16")`: the head packed in bfloat16, the target in
     float32; every decoder still commits ar's tokens, and trees do get accepted."""

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from needs import need_module, needs
 
 from targetrows.pipeline.conditions import read_conditions
 
@@ -22,8 +23,7 @@ SCRIPTS = REPO / "workflow" / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 from snakemake_env import SNAKEMAKE, snakemake_env
 
-pytestmark = pytest.mark.skipif(SNAKEMAKE is None, reason="snakemake is not installed "
-                                "(pip install -e .[pipeline])")
+pytestmark = needs(SNAKEMAKE is None, "snakemake is not installed (pip install -e .[pipeline])")
 
 
 def snakemake(*args, cwd, timeout=600, check=False, env=None):
@@ -326,7 +326,7 @@ def test_prompt_records_are_checked(tmp_path):
 
 
 def test_hub_errors_are_classified():
-    pytest.importorskip("huggingface_hub")
+    need_module("huggingface_hub")
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     from targetrows.fetch.hub import explain, is_transient
@@ -371,7 +371,7 @@ def _tiny_workdir(tmp_path: Path) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(bool(_missing()), reason=f"pipeline commands not available yet: {_missing()}")
+@needs(bool(_missing()), f"pipeline commands not available: {_missing()}")
 def test_default_dag_end_to_end_on_tiny_models_survives_an_interrupt(tmp_path):
     work = _tiny_workdir(tmp_path)
     config = str(REPO / "tests" / "pipeline_config" / "config.yaml")

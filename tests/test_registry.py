@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from needs import need_module
 
 from targetrows.core.pool import PoolShape
 from targetrows.core.rules.root_pool import draft_rank
@@ -97,7 +98,7 @@ def test_a_registered_decoder_runs_everywhere(shallow, tmp_path):
     b = rounds.bound("shallow", parts, new.rounds, PoolShape(4, 3))
     assert b.tokens_per_s > 0
     # the online tables, with the conditions its decode job would record, and their ordering
-    pd = pytest.importorskip("pandas")
+    pd = need_module("pandas")
     from targetrows.analysis.frames import in_order
     from targetrows.analysis.online import conditions, online
     from targetrows.pipeline.conditions import resolve, write_conditions
@@ -225,7 +226,7 @@ def test_a_rule_registered_from_a_test_is_scored_costed_decoded_and_tabled(toy_r
     ar = generate(pair.target, None, [4, 7, 1], DecodeConfig("ar", max_new_tokens=20))
     assert generate(pair.target, pair.draft, [4, 7, 1], config).tokens == ar.tokens
     # tabled: its expected acceptance and its gain over its baseline
-    pytest.importorskip("pandas")
+    need_module("pandas")
     from targetrows.analysis.tables import row_log_tables
 
     path = tmp_path / "scores" / "toy-target" / "toy" / "T0.csv"

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from needs import needs
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -461,7 +462,7 @@ def pipeline_env():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(SNAKEMAKE is None, reason="snakemake is not installed (.[pipeline])")
+@needs(SNAKEMAKE is None, "snakemake is not installed (.[pipeline])")
 def test_killed_pipeline_resumes_to_the_same_outputs(pair, tmp_path):
     """SIGKILL snakemake and its jobs mid-run; after `--unlock`, `--rerun-incomplete` finishes
     with the outputs of an uninterrupted run (answers but their timings, row log and scores

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from needs import needs
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -208,8 +209,7 @@ def test_hf_token_never_appears_in_logs_or_outputs(tmp_path, pair):
 
 # -- wildcards ------------------------------------------------------------------------------
 
-needs_snakemake = pytest.mark.skipif(SNAKEMAKE is None, reason="snakemake is not installed "
-                                     "(pip install -e .[pipeline])")
+needs_snakemake = needs(SNAKEMAKE is None, "snakemake is not installed (pip install -e .[pipeline])")
 
 
 def test_every_wildcard_is_constrained():

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from needs import needs
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
@@ -27,7 +28,7 @@ import slurm_cluster
 from snakemake_env import SNAKEMAKE, snakemake_env
 
 IN_CI = os.environ.get("CI") == "true"  # there the cluster must run: a skip would hide it
-needs_snakemake = pytest.mark.skipif(SNAKEMAKE is None, reason="snakemake is not installed")
+needs_snakemake = needs(SNAKEMAKE is None, "snakemake is not installed")
 
 CONFIG = REPO / "tests" / "pipeline_config" / "config.yaml"
 # the DAG on the cluster: the test configuration cut to one task and one temperature (about
@@ -222,7 +223,7 @@ def cancel_mid_decode(work: Path, env: dict, proc: subprocess.Popen,
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(SNAKEMAKE is None, reason="snakemake is not installed")
+@needs(SNAKEMAKE is None, "snakemake is not installed")
 @pytest.mark.skipif(slurm_cluster.missing() is not None and not IN_CI,
                     reason=str(slurm_cluster.missing()))
 def test_tiny_dag_on_slurm(cluster, tmp_path):

@@ -253,6 +253,7 @@ def test_length_sorted_batches_still_visit_every_sequence_once_an_epoch():
 
 
 def test_auto_precision_is_bfloat16_only_where_its_products_are_fast(monkeypatch):
+    from targetrows.hf import loading
     from targetrows.hf.loading import resolve_dtype
 
     assert resolve_dtype("auto", "cuda") == torch.bfloat16
@@ -261,7 +262,10 @@ def test_auto_precision_is_bfloat16_only_where_its_products_are_fast(monkeypatch
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
     assert resolve_dtype("auto", "cpu") == torch.float32
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True, raising=False)
+    monkeypatch.setattr(loading, "kernels_take_bf16", lambda: True)
     assert resolve_dtype("auto", "cpu") == torch.bfloat16
+    monkeypatch.setattr(loading, "kernels_take_bf16", lambda: False)  # held to AVX2
+    assert resolve_dtype("auto", "cpu") == torch.float32
     assert resolve_dtype("bfloat16", "cpu") == torch.bfloat16
     with pytest.raises(ValueError, match="unknown dtype"):
         resolve_dtype("bf17", "cpu")

@@ -72,7 +72,8 @@ def _cuda_index(device: str) -> int | None:
 def bfloat16_is_fast(device: str) -> bool:
     """Whether bfloat16 matrix products outrun float32 ones on `device`: on a GPU with bfloat16
     tensor cores (compute capability 8.0, Ampere, or later), and on a CPU with AMX or
-    AVX512-BF16 units (elsewhere they are emulated, slower than float16 or float32)."""
+    AVX512-BF16 units that torch's kernels are allowed to use (elsewhere they are emulated,
+    slower than float16 or float32)."""
     index = _cuda_index(device)
     if index is not None:
         if not torch.cuda.is_available():  # nothing to ask (a plan made away from the GPU)
@@ -80,7 +81,15 @@ def bfloat16_is_fast(device: str) -> bool:
         return torch.cuda.get_device_capability(index)[0] >= 8
     cpu = torch.cpu
     checks = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")  # private, so guarded
-    return any(getattr(cpu, name, lambda: False)() for name in checks)
+    return any(getattr(cpu, name, lambda: False)() for name in checks) and kernels_take_bf16()
+
+
+def kernels_take_bf16() -> bool:
+    """Whether torch's CPU kernels may use the CPU's bfloat16 units: oneDNN's and ATen's
+    instruction sets can be held below the CPU's (ONEDNN_MAX_CPU_ISA, ATEN_CPU_CAPABILITY), as
+    when measuring what an AVX2 machine does."""
+    onednn = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)()
+    return onednn and torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 
 
 def device_map(device: str) -> tuple[str, dict | None]:
