@@ -216,3 +216,51 @@ def test_thinking_off_renders_qwen3s_empty_think_block_and_on_leaves_it_to_the_m
                      "--thinking", thinking, "--no-progress", "--out", str(out)]) == 0
         answers[thinking] = json.loads(out.read_text())["token_ids"][0]
     assert answers["on"] != answers["off"]  # another prompt, another greedy continuation
+
+
+def test_an_auto_pick_of_a_learned_decoder_calibrates_each_prompt_out_of_fold(tmp_path,
+                                                                               monkeypatch):
+    """The `auto` condition of lrerank calibrates each prompts file's first question with the
+    fold model that never saw it, as decoding does, not with the model of every prompt."""
+    import json
+
+    from rerankers import RERANKERS
+
+    from targetrows.core.rules.learned import Reranker
+    from targetrows.decoding.budget import Auto
+    from targetrows.decoding.config import DecodeConfig
+    from targetrows.jobs import decode as job
+
+    full = RERANKERS["learned_rerank"]
+    folds = (tuple(w + 1.0 for w in full.weights), tuple(w - 1.0 for w in full.weights))
+    model = Reranker(full.rule, full.features, full.weights, folds,
+                     {"mt_bench/1": 0, "gsm8k/7": 1})
+    files = []
+    for task, qid in (("mt_bench", 1), ("gsm8k", 7)):
+        path = tmp_path / f"{task}.jsonl"
+        path.write_text(json.dumps({"question_id": qid, "category": task, "turns": ["hi"]}))
+        files.append(job._open_file(str(path), str(tmp_path / f"{task}.out"),
+                                    job.DecodeJobSettings(DecodeConfig("fts"))))
+    seen = {}
+
+    def fake_auto_budget(target, draft, config, prompts, prompt_configs=None, **kw):
+        seen["weights"] = [c.reranker.weights for c in prompt_configs]
+
+        class Choice:
+            budget, depth = 5, 2
+
+            def describe(self):
+                return "budget auto -> 5 at depth 2"
+        return Choice()
+
+    monkeypatch.setattr(job, "auto_budget", fake_auto_budget)
+
+    class Tokenizer:
+        chat_template = None
+
+        def __call__(self, text):
+            return {"input_ids": [1, 2, 3]}
+
+    settings = job.DecodeJobSettings(DecodeConfig("lrerank", reranker=model), budgets=(Auto(),))
+    assert job.auto_condition(None, None, Tokenizer(), files, settings) == (5, 2)
+    assert seen["weights"] == [folds[0], folds[1]]

@@ -189,3 +189,22 @@ def test_inspect_head_command(target_hf, tmp_path, capsys):
     other = save_tiny(tmp_path / "other", "llama", seed=2, n_layers=N_LAYERS, vocab_size=300)
     assert main(["inspect-head", folder, "--target", other]) == 1
     assert "fits the target" in (out := capsys.readouterr().out) and "vocab_size is 272" in out
+
+
+def test_norm_before_residual_defaults_as_each_engine_reads_its_layout():
+    """A config without the key: vLLM reads a speculators config through its converter, which
+    sets norm_before_residual true (transformers_utils/configs/speculators/algos.py
+    `update_eagle3`: `config_dict.get("norm_before_residual", True)`); vLLM's own Eagle3 layer
+    (`getattr(config, "norm_before_residual", False)`) and SpecForge default to false. A key
+    that is there is read as it is."""
+    from targetrows.hf.eagle3_conventions import LAYOUTS, variants
+
+    layer = {"model_type": "llama", "num_hidden_layers": 1}
+    speculators = {"speculators_model_type": "eagle3", "transformer_layer_config": layer}
+    assert variants(speculators, LAYOUTS["speculators"], "s").norm_before_residual
+    said = dict(speculators, norm_before_residual=False)
+    assert not variants(said, LAYOUTS["speculators"], "s").norm_before_residual
+    for name in ("vllm", "specforge"):
+        assert not variants(dict(layer), LAYOUTS[name], name).norm_before_residual
+        assert variants(dict(layer, norm_before_residual=True), LAYOUTS[name],
+                        name).norm_before_residual

@@ -283,6 +283,8 @@ def test_one_heads_weights_in_every_layout_draft_the_same_tokens(specforge, targ
         "speculators": (dict(speculators_model_type="eagle3", architectures=["Eagle3Speculator"],
                              draft_vocab_size=DRAFT_VOCAB, target_hidden_size=64,
                              eagle_aux_hidden_state_layer_ids=[2, 4, 5],
+                             # speculators writes it always; absent, vLLM would read true
+                             norm_before_residual=False,
                              transformer_layer_config={k: v for k, v in config.items()
                                                        if k not in ("draft_vocab_size",
                                                                     "target_hidden_size",

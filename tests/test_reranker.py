@@ -3,6 +3,7 @@ that saw it), stored as JSON and refused by name when malformed or for another r
 by every command like any rule (their scores against brute force: test_score.py; their
 decoders' losslessness: test_lossless_toy.py and the Hugging Face tests)."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -28,22 +29,35 @@ def logs():
     return out
 
 
+def scrambled(log, keys: set[str], seed: int = 0):
+    """`log` with the target's rows at the prompts `keys` shuffled, pool by pool (each node's
+    edge probability moved to another node of its pool): other data for those prompts only."""
+    rng = np.random.default_rng(seed)
+    prompt = np.array([f"{t}/{q}" for t, q in zip(log.seg_task, log.seg_question, strict=True)])
+    edge = log.edge_p.copy()
+    for r in np.flatnonzero(np.isin(prompt[log.rec_segment], list(keys))):
+        lo, hi = log.pool_offsets[r], log.pool_offsets[r + 1]
+        edge[lo:hi] = edge[lo:hi][rng.permutation(hi - lo)]
+    return dataclasses.replace(log, edge_p=edge)
+
+
 @pytest.mark.parametrize("rule", ["learned_rerank", "learned_stale_rerank"])
 def test_cross_fitting_keeps_each_prompt_out_of_its_model(logs, rule):
-    config = rr.RerankerConfig(budgets=(1, 2, 4), folds=2, seed=3)
+    """Fold k's model never reads fold k's prompts: scrambling their rows leaves it unchanged
+    to the bit, while the model of the other fold, which trained on them, moves."""
+    config = rr.RerankerConfig(budgets=(1, 2, 4), folds=2, seed=3, sweeps=2)
     model, meta = rr.train_reranker(logs, rule, config)
     keys = sorted({k for log in logs for k in rr._Pools(log).key})
     assert sorted(model.fold_of) == keys and meta["prompts"] == len(keys)
     assert set(model.fold_of.values()) == {0, 1}
-    names = model.features
-    for k in range(2):  # fold k's model is the fit on every other fold's prompts alone
-        data = rr._data(logs, {p for p, f in model.fold_of.items() if f != k}, names,
-                        np.asarray(config.budgets))
-        weights = rr.fit(data, names, rr._start(rule, names, data, np.asarray(config.budgets)),
-                         np.asarray(config.budgets), config.sweeps)
-        assert tuple(weights) == model.folds[k]
-        held = [p for p, f in model.fold_of.items() if f == k]
-        assert model.for_prompt(held[0]).weights == model.folds[k]
+    moved = 0
+    for k in range(2):
+        held = {p for p, f in model.fold_of.items() if f == k}
+        other, _ = rr.train_reranker([scrambled(log, held) for log in logs], rule, config)
+        assert other.fold_of == model.fold_of and other.folds[k] == model.folds[k]
+        moved += other.folds[1 - k] != model.folds[1 - k] or other.weights != model.weights
+        assert model.for_prompt(sorted(held)[0]).weights == model.folds[k]
+    assert moved  # the scrambled rows did reach the models that trained on them
     assert model.for_prompt("unseen/prompt").weights == model.weights
     again, _ = rr.train_reranker(logs, rule, config)
     assert (again.weights, again.folds, again.fold_of) == (model.weights, model.folds,
@@ -60,26 +74,43 @@ def test_the_fit_never_falls_below_its_start_on_its_own_prompts(logs):
 
 
 def test_a_search_that_does_not_hold_out_of_sample_leaves_the_baseline(logs, monkeypatch):
-    """fit_checked keeps the search's weights only when they beat the rule's baseline on
-    training prompts they were not fitted on: a search that returns the baseline's opposite
-    (worse on every prompt) leaves the model at the baseline; the real search on these logs
-    is kept only if it raised the inner held-out objective."""
+    """fit_checked keeps the search's weights exactly when they beat the rule's baseline on
+    training prompts they were not fitted on (two inner folds, each fitted on the other), and
+    below four prompts, where nothing can be held out, always keeps the baseline."""
     from targetrows.core.rules.learned import ALL_FEATURES
 
     keys = sorted({k for log in logs for k in rr._Pools(log).key})
     budgets = np.asarray((1, 2, 4))
-    config = rr.RerankerConfig(budgets=(1, 2, 4))
-    start = np.zeros(len(ALL_FEATURES))
-    start[ALL_FEATURES.index("root_logp")] = 1.0
+    config = rr.RerankerConfig(budgets=(1, 2, 4), sweeps=2)
+    rule, names = "learned_rerank", ALL_FEATURES
+    start = np.zeros(len(names))
+    start[names.index("root_logp")] = 1.0
+
+    def held_out_gain(search) -> float:  # the gate, worked out here from the inner folds
+        inner = rr.prompt_folds(keys, 2, config.seed + 1)
+        gain = 0.0
+        for j in range(2):
+            train = rr._data(logs, {k for k, f in inner.items() if f != j}, names, budgets)
+            test = rr._data(logs, {k for k, f in inner.items() if f == j}, names, budgets)
+            gain += test.objective(search(train), budgets) - test.objective(start, budgets)
+        return gain
+
     real = rr.fit
-    monkeypatch.setattr(rr, "fit", lambda data, names, start, budgets, sweeps: -start)
-    weights, fitted = rr.fit_checked(logs, keys, "learned_rerank", ALL_FEATURES, budgets, config)
+    searches = {"the baseline's opposite": lambda data, *a: -start,
+                "the baseline itself": lambda data, *a: start.copy(),
+                "the real search": lambda data, *a: real(data, names, start, budgets, 2)}
+    verdicts = set()
+    for name, search in searches.items():
+        monkeypatch.setattr(rr, "fit", search)
+        weights, fitted = rr.fit_checked(logs, keys, rule, names, budgets, config)
+        assert fitted == (held_out_gain(search) > 1e-9), name
+        everything = rr._data(logs, set(keys), names, budgets)
+        assert np.array_equal(weights, search(everything) if fitted else start), name
+        verdicts.add(fitted)
+    assert verdicts == {True, False}  # the opposite never holds out of sample; the search does
+    monkeypatch.setattr(rr, "fit", lambda data, *a: 2 * start)  # would be kept, but no holdout
+    weights, fitted = rr.fit_checked(logs, keys[:3], rule, names, budgets, config)
     assert not fitted and np.array_equal(weights, start)
-    monkeypatch.setattr(rr, "fit", real)
-    weights, fitted = rr.fit_checked(logs, keys, "learned_rerank", ALL_FEATURES, budgets, config)
-    data = rr._data(logs, set(keys), ALL_FEATURES, budgets)
-    assert fitted or np.array_equal(weights, start)
-    assert data.objective(weights, budgets) >= data.objective(start, budgets)
 
 
 def test_model_files_are_json_and_a_bad_one_is_refused_by_name(tmp_path):
@@ -97,6 +128,9 @@ def test_model_files_are_json_and_a_bad_one_is_refused_by_name(tmp_path):
         ({"features": ["root_logp", "draft_logp"]}, "reads the root row"),
         ({"weights": [1.0]}, "1 weights for 2 features"),
         ({"fold_of": {"t/q0": 5}}, "fold_of names a fold"),
+        ({"fold_of": ["t/q0", 0]}, "fold_of must map prompt keys"),
+        ({"fold_of": {"t/q0": 0.5}}, "the fold 0.5, not a whole number"),
+        ({"rule": "target_rerank"}, "is for a learned rule"),
     ]:
         bad = tmp_path / "bad.json"
         bad.write_text(json.dumps(dict(doc, **change)))
@@ -133,8 +167,17 @@ def test_train_reranker_command_and_the_commands_that_read_it(logs, tmp_path, ca
     # scored out of fold: the same as scoring with each prompt's fold model
     models = {r: Reranker.load(f) for r, f in zip(("learned_rerank", "learned_stale_rerank"),
                                                    files, strict=True)}
-    direct = score_log(logs[0], [2], rules=("learned_stale_rerank",), rerankers=models)
-    assert np.isfinite(direct["accepted"]).all()
+    rule = "learned_stale_rerank"
+    direct = score_log(logs[0], [2], rules=(rule,), rerankers=models)
+    prompts = np.array([f"{t}/{p}" for t, p in zip(direct["task"], direct["prompt_id"],
+                                                    strict=True)])
+    model = models[rule]
+    for k in range(len(model.folds)):  # fold k's prompts: as scored by fold k's model alone
+        alone = Reranker(rule, model.features, model.folds[k])
+        by_fold = score_log(logs[0], [2], rules=(rule,), rerankers={rule: alone})
+        mine = np.isin(prompts, [p for p, f in model.fold_of.items() if f == k])
+        assert mine.any()
+        np.testing.assert_array_equal(direct["accepted"][mine], by_fold["accepted"][mine])
     one = tmp_path / "one.npz"
     rowlog.write(str(one), toy_log(1.0, n_prompts=1, new=4))
     assert main(["train-reranker", str(one), "--out", str(tmp_path / "x")]) == 2

@@ -10,12 +10,13 @@ import sys
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from targetrows.train.reranker import LEARNED, RerankerConfig
+    from targetrows.core.rules.learned import LEARNED_RULES
+    from targetrows.train.reranker import RerankerConfig
 
     d = RerankerConfig()
     parser.add_argument("logs", nargs="+", metavar="ROWLOG", help="row logs from `record`")
     parser.add_argument("--out", required=True, help="folder for the models and the report")
-    parser.add_argument("--rules", nargs="+", default=list(LEARNED), choices=LEARNED)
+    parser.add_argument("--rules", nargs="+", default=list(LEARNED_RULES), choices=LEARNED_RULES)
     parser.add_argument("--budgets", type=int, nargs="+", default=list(d.budgets),
                         help="budgets whose expected acceptance the fit maximises and the "
                         "report shows")

@@ -214,6 +214,7 @@ def auto_budget(
     prompts: Sequence[Sequence[int]],
     search: BudgetSearch = BudgetSearch(),
     parts: PartTimes | None = None,
+    prompt_configs: Sequence[DecodeConfig] | None = None,
 ) -> BudgetChoice:
     """The budget and pool depth that maximise predicted tokens/s for `config`'s decoder and
     temperature on this pair and machine; `config.pool.depth` is the deepest pool tried. Each
@@ -226,7 +227,8 @@ def auto_budget(
     much a draft gets right differs from prompt to prompt and task to task (most for a draft
     with prompt lookup mixed in, which gains where replies copy), hence several prompts. The
     root pass overlaps drafting as `config.overlap` says (None: when target and draft sit on
-    different devices, the round loop's schedule).
+    different devices, the round loop's schedule). `prompt_configs`: each prompt's own config
+    (a learned rule's fold model that never saw that prompt), `config` otherwise.
     """
     entry = config.decoder
     if not entry.drafts:
@@ -246,9 +248,12 @@ def auto_budget(
         widths = entry.draft_widths(pool) + [1, pool.top_k]
         parts = measure_parts(target, draft, prompts[0], target_sizes_for(budgets), widths,
                               search.repeats)
-    curves = [acceptance_curve(target, draft, p, budgets, config,
+    configs = [config] * len(prompts) if prompt_configs is None else list(prompt_configs)
+    if len(configs) != len(prompts):
+        raise ValueError(f"{len(configs)} prompt configs for {len(prompts)} prompts")
+    curves = [acceptance_curve(target, draft, p, budgets, c,
                                -(-search.contexts // len(prompts)), depths, search.gap)
-              for p in prompts]
+              for p, c in zip(prompts, configs, strict=True)]
     committed = np.mean([c for c, _ in curves], axis=0)
     nodes = np.mean([n for _, n in curves], axis=0)
     # each (depth, budget) drafts `Decoder.pool_depth(depth, budget)` levels

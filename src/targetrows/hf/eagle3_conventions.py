@@ -41,6 +41,10 @@ class Layout:
     # back into deeper levels, EAGLE-3.1), "before_head" (SpecForge: the final norm comes
     # before lm_head, its default; the output fed back stays unnormed), "ignored" (EAGLE)
     norm_output: str
+    # `norm_before_residual` when the config has no such key: vLLM reads a speculators config
+    # through its converter, which sets it true (transformers_utils/configs/speculators/algos.py
+    # `update_eagle3`); vLLM's own Eagle3 layer and every other engine default to false
+    norm_before_residual: bool = False
 
 
 LAYOUTS = {
@@ -48,7 +52,7 @@ LAYOUTS = {
     "specforge": Layout("specforge", "SpecForge / SGLang (LlamaForCausalLMEagle3)", "target",
                         "before_head"),
     "speculators": Layout("speculators", "speculators / vLLM (Eagle3Speculator)", "own",
-                          "fed_back"),
+                          "fed_back", norm_before_residual=True),
     "vllm": Layout("vllm", "vLLM (Eagle3LlamaForCausalLM)", "own", "fed_back"),
 }
 
@@ -228,7 +232,7 @@ def variants(raw: dict, layout: Layout, source: str) -> Variants:
                          "final norm before lm_head) is not implemented")
     out = Variants(
         norm_output=norm_output,
-        norm_before_residual=flag("norm_before_residual"),
+        norm_before_residual=flag("norm_before_residual", layout.norm_before_residual),
         norm_before_fc=flag("norm_before_fc", nested=True),
         fc_norm=flag("fc_norm") or flag("use_aux_norm"),
         qk_norm=model_type == "qwen3",

@@ -139,9 +139,12 @@ def auto_condition(target, draft, tokenizer, files: list[_File],
                 print(f"{s.decode.name}: budget auto -> {auto[0]} at depth {auto[1]}, as "
                       f"chosen by the interrupted run ({file.partial})", file=sys.stderr)
                 return auto
-    firsts = [encode_conversation(tokenizer, [("user", file.questions[0].turns[0])])
-              for file in files]
-    choice = auto_budget(target, draft, s.decode, firsts)
+    firsts = [file.questions[0] for file in files]
+    ids = [encode_conversation(tokenizer, [("user", q.turns[0])]) for q in firsts]
+    # a learned rule calibrates each prompt with the fold model that never saw it, as it decodes
+    configs = [_condition_config(s.decode, s.decode.budget, 0, q, s.decode.stop_ids)
+               for q in firsts]
+    choice = auto_budget(target, draft, s.decode, ids, prompt_configs=configs)
     print(f"{s.decode.name}: {choice.describe()}", file=sys.stderr)
     return choice.budget, choice.depth
 

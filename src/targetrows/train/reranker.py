@@ -36,12 +36,17 @@ import numpy as np
 
 from targetrows.analysis import stats
 from targetrows.core.rules.batch import PoolBatch
-from targetrows.core.rules.learned import ALL_FEATURES, STALE_FEATURES, Reranker, branch_features
+from targetrows.core.rules.learned import (
+    ALL_FEATURES,
+    LEARNED_RULES,
+    STALE_FEATURES,
+    Reranker,
+    branch_features,
+)
 from targetrows.core.rules.rule import pool_expected
 from targetrows.rowlog import format as rowlog
 from targetrows.rowlog.score import _Pools, score_log
 
-LEARNED = ("learned_rerank", "learned_stale_rerank")
 BASELINES = ("draft_rank", "stale_rerank", "target_rerank")
 STEPS = (1.0, 0.5, 0.25, 0.1, 0.05)  # coordinate search steps, largest first
 
@@ -139,21 +144,22 @@ def fit_checked(logs, keys: Sequence[str], rule: str, names: tuple[str, ...], bu
     baseline on prompts they were not fitted on (the keys dealt into two inner folds, each
     fitted on the other and scored), else the baseline itself (fitted False). With a few
     dozen prompts a search can fit their noise; this keeps the learned rule at its baseline
-    unless what it learned holds out of sample."""
+    unless what it learned holds out of sample, and below four prompts (an inner fold of two)
+    nothing can be held out, so the rule stays at its baseline."""
     data = _data(logs, set(keys), names, budgets)
     start = _start(rule, names, data, budgets)
-    if len(keys) >= 4:  # an inner fold of two prompts or more
-        inner = prompt_folds(keys, 2, config.seed + 1)
-        gain = 0.0
-        for j in range(2):
-            train = _data(logs, {k for k, f in inner.items() if f != j}, names, budgets)
-            test = _data(logs, {k for k, f in inner.items() if f == j}, names, budgets)
-            weights = fit(train, names, _start(rule, names, train, budgets), budgets,
-                          config.sweeps)
-            gain += test.objective(weights, budgets) - test.objective(
-                _start(rule, names, train, budgets), budgets)
-        if gain <= 1e-9:
-            return start, False
+    if len(keys) < 4:
+        return start, False
+    inner = prompt_folds(keys, 2, config.seed + 1)
+    gain = 0.0
+    for j in range(2):
+        train = _data(logs, {k for k, f in inner.items() if f != j}, names, budgets)
+        test = _data(logs, {k for k, f in inner.items() if f == j}, names, budgets)
+        weights = fit(train, names, _start(rule, names, train, budgets), budgets, config.sweeps)
+        gain += test.objective(weights, budgets) - test.objective(
+            _start(rule, names, train, budgets), budgets)
+    if gain <= 1e-9:
+        return start, False
     return fit(data, names, start, budgets, config.sweeps), True
 
 
@@ -167,8 +173,8 @@ def prompt_folds(keys: Sequence[str], folds: int, seed: int) -> dict[str, int]:
 def train_reranker(logs: Sequence[rowlog.RowLog], rule: str,
                    config: RerankerConfig = RerankerConfig()) -> tuple[Reranker, dict]:
     """The reranker of `rule` (cross-fitted) and its training summary."""
-    if rule not in LEARNED:
-        raise ValueError(f"--rule {rule!r}: choose one of {', '.join(LEARNED)}")
+    if rule not in LEARNED_RULES:
+        raise ValueError(f"--rule {rule!r}: choose one of {', '.join(LEARNED_RULES)}")
     temps = {float(log.header.get("temperature", np.nan)) for log in logs}
     if len(temps) != 1:
         raise ValueError(f"row logs at several temperatures {sorted(temps)}: train one reranker "

@@ -69,6 +69,16 @@ class Reranker:
     meta: Mapping = field(default_factory=dict)
 
     def __post_init__(self):
+        if self.rule not in LEARNED_RULES:
+            raise ValueError(f"a reranker is for a learned rule ({', '.join(LEARNED_RULES)}), "
+                             f"not {self.rule!r}")
+        if not isinstance(self.fold_of, Mapping):
+            raise ValueError(f"reranker for {self.rule!r}: fold_of must map prompt keys to "
+                             f"fold numbers, got a {type(self.fold_of).__name__}")
+        odd = [k for k, v in self.fold_of.items() if isinstance(v, bool) or not isinstance(v, int)]
+        if odd:
+            raise ValueError(f"reranker for {self.rule!r}: fold_of gives {odd[0]!r} the fold "
+                             f"{self.fold_of[odd[0]]!r}, not a whole number")
         unknown = [f for f in self.features if f not in FEATURES]
         if unknown:
             raise ValueError(f"reranker for {self.rule!r}: unknown features {unknown} "
@@ -123,10 +133,22 @@ class Reranker:
             return cls(str(doc["rule"]), tuple(doc["features"]),
                        tuple(float(w) for w in doc["weights"]),
                        tuple(tuple(float(w) for w in f) for f in doc.get("folds", [])),
-                       {str(k): int(v) for k, v in doc.get("fold_of", {}).items()},
-                       dict(doc.get("meta", {})))
+                       _fold_of(doc.get("fold_of", {})), dict(doc.get("meta", {})))
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"reranker file {path}: {err}") from None
+
+
+def _fold_of(raw) -> dict:
+    """A file's fold_of as {prompt key: fold}, refused by name when it is no mapping or a fold
+    is not a whole number (truncating 1.5 would score a prompt with a model that saw it)."""
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"fold_of must map prompt keys to fold numbers, got {raw!r}")
+    out = {}
+    for key, fold in raw.items():
+        if isinstance(fold, bool) or not isinstance(fold, int | float) or fold != int(fold):
+            raise ValueError(f"fold_of gives {key!r} the fold {fold!r}, not a whole number")
+        out[str(key)] = int(fold)
+    return out
 
 
 def branch_features(batch: PoolBatch, names: tuple[str, ...]) -> np.ndarray:
@@ -205,6 +227,7 @@ def learned_scores(batch: PoolBatch) -> np.ndarray:
     return batch.rescored_first(branch)
 
 
+LEARNED_RULES = ("learned_rerank", "learned_stale_rerank")  # the rules defined below
 learned_rerank = Rule("learned_rerank", "draft_rank with the first-level branches scored by a "
                       "model trained on row logs, from the exact root row and everything else known "
                       "(an extension)", learned_scores, reads=("root_row", "stale_row"),
