@@ -248,14 +248,8 @@ def auto_budget(
         widths = entry.draft_widths(pool) + [1, pool.top_k]
         parts = measure_parts(target, draft, prompts[0], target_sizes_for(budgets), widths,
                               search.repeats)
-    configs = [config] * len(prompts) if prompt_configs is None else list(prompt_configs)
-    if len(configs) != len(prompts):
-        raise ValueError(f"{len(configs)} prompt configs for {len(prompts)} prompts")
-    curves = [acceptance_curve(target, draft, p, budgets, c,
-                               -(-search.contexts // len(prompts)), depths, search.gap)
-              for p, c in zip(prompts, configs, strict=True)]
-    committed = np.mean([c for c, _ in curves], axis=0)
-    nodes = np.mean([n for _, n in curves], axis=0)
+    committed, nodes = _mean_curves(target, draft, prompts, prompt_configs or [config] * len(
+        prompts), budgets, depths, search)
     # each (depth, budget) drafts `Decoder.pool_depth(depth, budget)` levels
     tps = np.stack([
         predicted_tokens_per_s(entry, c, n, parts, float(overlap),
@@ -269,6 +263,17 @@ def auto_budget(
     best_depth, best = best_depth_budget(depths, budgets, np.where(fits, tps, -np.inf))
     return BudgetChoice(best, best_depth, tuple(budgets), tuple(depths), _nested(tps),
                         _nested(committed), _nested(nodes), parts)
+
+
+def _mean_curves(target, draft, prompts, configs, budgets, depths, search: BudgetSearch):
+    """(committed, nodes) [depths, budgets] predicted along each prompt with its own config
+    (`acceptance_curve`, the search's contexts shared out among them), averaged."""
+    if len(configs) != len(prompts):
+        raise ValueError(f"{len(configs)} prompt configs for {len(prompts)} prompts")
+    curves = [acceptance_curve(target, draft, p, budgets, c,
+                               -(-search.contexts // len(prompts)), depths, search.gap)
+              for p, c in zip(prompts, configs, strict=True)]
+    return np.mean([c for c, _ in curves], axis=0), np.mean([n for _, n in curves], axis=0)
 
 
 def _nested(table: np.ndarray) -> tuple[tuple[float, ...], ...]:
