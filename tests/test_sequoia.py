@@ -20,6 +20,7 @@ from targetrows.core.rules.sequoia import (
     optimal_shape,
     positional_logvalue,
     sequoia_rule,
+    shape_mask,
     shape_value,
     sibling_ranks,
 )
@@ -214,6 +215,34 @@ def test_fill_shape_by_hand():
     # a node under a dropped one is dropped too, even where the pool has that rank elsewhere
     shape = Shape(np.array([-1, 0, 0, 0, 0, 4]), np.array([0, 1, 2, 3, 4, 1]), 0.0)
     assert fill_shape(pool, logq, shape).tolist() == [0, 1, 2, 3]
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(0, 2**31), st.integers(1, 20), st.integers(1, 4))
+def test_shape_mask_is_fill_shape(seed, budget, max_depth):
+    """The batch form agrees with the one-pool fill on EAGLE-2 pools of several sizes, padded."""
+    rng = np.random.default_rng(seed)
+    pair = ToyPair(vocab_size=16, seed=int(rng.integers(1000)), closeness=0.6)
+    p = sorted(rng.random(4), reverse=True)
+    shape = optimal_shape(p, budget, max_depth)
+    pools = [expand(pair.draft_row, rng.integers(16, size=2).tolist(), top_k=3,
+                    depth=int(rng.integers(1, 4))) for _ in range(3)]
+    n = max(len(pool) for pool, _ in pools)
+    batch = PoolBatch(np.stack([np.pad(pool.tokens, (0, n - len(pool)), constant_values=-1)
+                                for pool, _ in pools]),
+                      np.stack([np.pad(pool.parents, (0, n - len(pool))) for pool, _ in pools]),
+                      np.stack([np.pad(lq, (0, n - len(lq)), constant_values=-np.inf)
+                                for _, lq in pools]), np.array([len(pool) for pool, _ in pools]))
+    mask = shape_mask(batch, shape)
+    for row, (pool, logq) in enumerate(pools):
+        assert np.flatnonzero(mask[row]).tolist() == fill_shape(pool, logq, shape).tolist()
+
+
+def test_shape_mask_by_hand():
+    pool, logq = hand_pool()
+    shape = Shape(np.array([-1, 0, 0, 1, 2, 2, 3]), np.array([0, 1, 2, 1, 1, 2, 1]), 0.0)
+    mask = shape_mask(PoolBatch.of_pool(pool, logq), shape)
+    assert np.flatnonzero(mask[0]).tolist() == [0, 1, 2, 4, 6]
 
 
 def test_positional_value_and_rule_by_hand():

@@ -94,10 +94,12 @@ def _tables(p: np.ndarray, budget: int, max_depth: int):
     share = np.zeros((max_depth + 1, k + 1, budget + 1), dtype=np.int64)
     for d in range(1, max_depth + 1):
         below = best[d - 1, s_all - 1]
+        fits = np.isfinite(below)
+        below = np.where(fits, below, 0.0)  # p = 0 times -inf would be NaN
         with_b = np.full(budget + 1, -np.inf)
         with_b[0] = 0.0  # no children, no nodes
         for b in range(1, k + 1):
-            child = np.where(np.isfinite(below), p[b - 1] * (1.0 + below), -np.inf)  # [s]
+            child = np.where(fits, p[b - 1] * (1.0 + below), -np.inf)  # [s]
             rest = n_all[:, None] - s_all[None, :]  # [n, s]: nodes left to the first b - 1
             total = np.where(rest >= 0, with_b[np.maximum(rest, 0)] + child[None, :], -np.inf)
             pick = np.argmax(total, axis=1)  # the smallest s among equals
@@ -177,6 +179,24 @@ def fill_shape(pool: Tree, logq, shape: Shape) -> np.ndarray:
         if at >= 0:
             where[j] = child.get((int(at), int(shape.ranks[j])), -1)
     return np.sort(where[where >= 0])
+
+
+def shape_mask(batch: PoolBatch, shape: Shape) -> np.ndarray:
+    """[P, N] `fill_shape` for many pools at once: True at the nodes of each pool the shape
+    maps to (the root included), one vectorised step per node slot."""
+    valid = batch.tokens >= 0
+    ranks = sibling_ranks(batch.parents, batch.logq, valid)
+    size, widest = len(shape.parents), int(shape.ranks.max(initial=0))
+    kid = np.full((size + 1, widest + 2), size, dtype=np.int64)  # row `size`: absent
+    kid[shape.parents[1:], shape.ranks[1:]] = np.arange(1, size)
+    rows, n = batch.shape
+    at = np.full((rows, n), size, dtype=np.int64)  # the shape node each pool node maps to
+    at[:, 0] = 0
+    r = np.arange(rows)
+    for i in range(1, n):  # parents come first
+        parent = at[r, np.maximum(batch.parents[:, i], 0)]
+        at[:, i] = np.where(valid[:, i], kid[parent, np.minimum(ranks[:, i], widest + 1)], size)
+    return at < size
 
 
 def positional_logvalue(batch: PoolBatch, p, max_depth: int) -> np.ndarray:
