@@ -101,25 +101,56 @@ def test_best_values_every_size_and_depth(p, budget, max_depth):
                 assert table[d, n] == pytest.approx(best, abs=1e-12)
 
 
+def first_argmax(values):
+    return max(range(len(values)), key=lambda i: (values[i], -i))
+
+
 def published_dp(p, max_budget, max_depth):
     """Sequoia's tree_search.py (lines 21-50) with plain lists: T[m][l][b], the best expected
     number of tokens (its root counted as 1) of a tree with m nodes, l levels and b children
-    at the root; p[1..K] (p[0] unused)."""
+    at the root; p[1..K] (p[0] unused); branch_map[(m, l, b)]: the states (m, l, b) of the
+    root's children, in rank order. Returns max_b T[m][l] for every m, l, and branch_map."""
     pp = [0.0, *p]
     k = len(p)
     inf = float("inf")
     T = [[[-inf] * (k + 1) for _ in range(max_depth + 1)] for _ in range(max_budget + 1)]
+    branch_map = {}
     for lv in range(1, max_depth + 1):  # their l: levels, the root's included
         T[1][lv][0] = 1.0
+        branch_map[(1, lv, 0)] = []
     for m in range(2, max_budget + 1):
         for lv in range(2, max_depth + 1):
             T[m][lv][1] = 1 + pp[1] * max(T[m - 1][lv - 1])
+            if T[m][lv][1] > 0:
+                branch_map[(m, lv, 1)] = [(m - 1, lv - 1, first_argmax(T[m - 1][lv - 1]))]
             for b in range(2, k + 1):
-                best = -inf
+                best, new_y = -inf, None
                 for y in range(1, m):
-                    best = max(best, T[y][lv][b - 1] + pp[b] * max(T[m - y][lv - 1]))
+                    value = T[y][lv][b - 1] + pp[b] * max(T[m - y][lv - 1])
+                    if value > best:  # strictly: the first y that reaches the best
+                        best, new_y = value, y
                 T[m][lv][b] = best
-    return [[max(T[m][lv]) for lv in range(max_depth + 1)] for m in range(max_budget + 1)]
+                if best >= 0:
+                    branch_map[(m, lv, b)] = [*branch_map[(new_y, lv, b - 1)],
+                                              (m - new_y, lv - 1, first_argmax(T[m - new_y][lv - 1]))]
+    table = [[max(T[m][lv]) for lv in range(max_depth + 1)] for m in range(max_budget + 1)]
+    return table, T, branch_map
+
+
+def published_shape(p, budget, max_depth):
+    """Sequoia's grow map (tree_search.py lines 77-118) for m = budget + 1 nodes and
+    l = max_depth + 1 levels: nodes breadth-first, each node's children in rank order."""
+    _, T, branch_map = published_dp(p, budget + 1, max_depth + 1)
+    m, lv = budget + 1, max_depth + 1
+    states, parents, ranks = [(m, lv, first_argmax(T[m][lv]))], [-1], [0]
+    i = 0
+    while i < len(states):
+        for rank, state in enumerate(branch_map[states[i]], start=1):
+            states.append(state)
+            parents.append(i)
+            ranks.append(rank)
+        i += 1
+    return parents, ranks
 
 
 @settings(max_examples=40, deadline=None)
@@ -128,7 +159,7 @@ def published_dp(p, max_budget, max_depth):
 def test_best_values_are_sequoias_recurrence(p, budget, max_depth):
     """Their table counts the root (m = n + 1 nodes, l = d + 1 levels, value + 1). p > 0: their
     code multiplies -inf by p, which is NaN at p = 0."""
-    theirs = published_dp(p, budget + 1, max_depth + 1)
+    theirs = published_dp(p, budget + 1, max_depth + 1)[0]
     ours = best_values(p, budget, max_depth)
     for d in range(max_depth + 1):
         for n in range(budget + 1):
@@ -137,6 +168,20 @@ def test_best_values_are_sequoias_recurrence(p, budget, max_depth):
                 assert ours[d, n] == -np.inf
             else:
                 assert ours[d, n] + 1 == pytest.approx(expected, rel=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from([0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0]), min_size=1,
+                max_size=3), st.integers(1, 10), st.integers(1, 4))
+def test_optimal_shape_is_sequoias_shape(p, budget, max_depth):
+    """The same shape node for node, ties included: dyadic p keep every sum exact, so equal
+    values tie in both codes and the tie-breaking is what is compared."""
+    assume_feasible = best_values(p, budget, max_depth)[max_depth, budget] > -np.inf
+    if not assume_feasible:  # Sequoia only builds shapes of exactly m nodes
+        return
+    shape = optimal_shape(p, budget, max_depth)
+    parents, ranks = published_shape(p, budget, max_depth)
+    assert shape.parents.tolist() == parents and shape.ranks.tolist() == ranks
 
 
 def test_optimal_shape_by_hand():

@@ -102,7 +102,8 @@ def _tables(p: np.ndarray, budget: int, max_depth: int):
             child = np.where(fits, p[b - 1] * (1.0 + below), -np.inf)  # [s]
             rest = n_all[:, None] - s_all[None, :]  # [n, s]: nodes left to the first b - 1
             total = np.where(rest >= 0, with_b[np.maximum(rest, 0)] + child[None, :], -np.inf)
-            pick = np.argmax(total, axis=1)  # the smallest s among equals
+            # among equals the largest s, as Sequoia's loop keeps its first (smallest) y
+            pick = budget - 1 - np.argmax(total[:, ::-1], axis=1)
             with_b = total[n_all, pick]
             share[d, b] = np.where(np.isfinite(with_b), pick + 1, 0)
             better = with_b > best[d]  # strictly: the fewest children among equals
@@ -123,8 +124,9 @@ def best_values(p, budget: int, max_depth: int) -> np.ndarray:
 def optimal_shape(p, budget: int, max_depth: int) -> Shape:
     """The rank tree of `budget` non-root nodes, at most `max_depth` levels below the root and
     ranks at most len(p), that accepts most on average under positional acceptance p; fewer
-    nodes when no shape holds `budget` (every node adds p >= 0, so more never hurts). Ties go
-    to the fewest children, then to the smallest last subtree."""
+    nodes when no shape holds `budget` (every node adds p >= 0, so more never hurts). Ties are
+    broken as Sequoia's tree_search.py breaks them: the fewest children, then the largest
+    subtree under the last child."""
     p = check_acceptance(p)
     budget, max_depth = check_budget(budget), check_count(max_depth, "max_depth")
     best, width, share = _tables(p, budget, max_depth)
