@@ -19,9 +19,11 @@ is what our verification accepts it with).
 When p never rises with the rank, the optimal shape is also the top-B nodes by that value
 (no node is worth more than its parent or its better-ranked sibling), so ranking pool nodes by
 it (`positional_logvalue`, `sequoia_rule`) is a `Rule` like the others. It departs from the
-shape only where the pool lacks a shape node: the rule then spends that slot on the next pool
-node, where the shape drops it. Reproducing the drop needs a per-node "never select" mask in
-`Rule` (NOTES_issue44.md proposes it).
+shape where the pool lacks a shape node (the rule spends that slot on the next pool node, the
+shape drops it) and where p rises somewhere (the rule may take a rank without the ranks before
+it). A `Rule` is one ordering of the pool read at every budget, so it cannot drop a node it
+ranks; the shape itself, budget by budget, is `shape_mask`, and NOTES_issue44.md proposes the
+small change to `Rule` that would run it.
 """
 
 from __future__ import annotations
