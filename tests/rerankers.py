@@ -1,9 +1,12 @@
-"""Rerankers for tests: models of the learned rules made by hand (no training), so that every
-registered decoder runs; weights mix every feature, so each one's code path is exercised."""
+"""Models of the learned rules made by hand for tests (no training), so that every registered
+decoder runs: rerankers whose weights mix every feature, so each one's code path is exercised,
+and an acceptance vector for Sequoia that rises at rank 3, so its shapes differ from a top-B
+by positional value."""
 
 import numpy as np
 
 from targetrows.core.rules.learned import ALL_FEATURES, STALE_FEATURES, Reranker
+from targetrows.core.rules.sequoia_model import AcceptanceVector
 from targetrows.decoding.config import DecodeConfig
 from targetrows.decoding.registry import get_decoder
 
@@ -17,6 +20,7 @@ def reranker(rule: str, seed: int = 0) -> Reranker:
 
 
 RERANKERS = {rule: reranker(rule) for rule in ("learned_rerank", "learned_stale_rerank")}
+RERANKERS["sequoia"] = AcceptanceVector("sequoia", (0.55, 0.15, 0.2, 0.05))
 
 
 def decode_config(decoder: str, **fields) -> DecodeConfig:

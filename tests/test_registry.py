@@ -136,8 +136,42 @@ def test_gpus_and_verify_feeds_follow_the_declared_fields():
 def test_planners_are_the_registry_entries():
     for d in DECODERS.values():
         assert getattr(planners, d.plan.__name__) is d.plan
-        if d.drafts:
+        if d.rule is not None:
             assert d.plan is planners.PLANNERS[get_rule(d.rule).tree]
+
+
+def test_a_decoder_without_a_draft_model_reads_no_rule():
+    """racer and recycle verify a budgeted tree (budget, conditions, pool logic) but draft
+    without a model: every property that would read a rule answers for them without one."""
+    for name in ("racer", "recycle"):
+        d = get_decoder(name)
+        assert d.rule is None and d.drafts and not d.needs_draft and d.prior_art
+        assert not (d.commits_t0 or d.learned or d.root_pass or d.guesses_pool or d.prunes_pool
+                    or d.ours)
+        assert d.gpus == 1 and d.verify_feeds == 1
+        assert d.draft_widths(PoolShape(4, 3), budget=8) == []
+        assert d.pool_depth(6, 59) == 6
+        assert DecodeConfig(name, budget=8).budget == 8  # a tree decoder: it has a budget
+        with pytest.raises(ValueError, match="give it a budget"):
+            DecodeConfig(name, budget=None)
+    assert [n for n, d in DECODERS.items() if not d.needs_draft] == ["ar", "racer", "recycle"]
+    assert [n for n, d in DECODERS.items() if d.prior_art] == ["sequoia", "racer", "recycle"]
+    assert get_decoder("sequoia").learned and get_rule("sequoia").prior_art
+    assert [n for n, d in DECODERS.items() if d.ours] == [
+        "rerank", "fts", "fts_redraft", "lrerank", "lrerank_stale"]
+
+
+def test_a_draft_free_decoder_runs_without_a_draft_and_is_costed_without_draft_passes():
+    pair = ToyPair(vocab_size=24, seed=3, closeness=0.9)
+    ar = generate(pair.target, None, [1, 2, 3, 1, 2], DecodeConfig("ar", max_new_tokens=24))
+    for name in ("racer", "recycle"):
+        result = generate(pair.target, None, [1, 2, 3, 1, 2],
+                          DecodeConfig(name, budget=6, max_new_tokens=24))
+        assert result.tokens == ar.tokens
+        assert all(r.draft_passes == 0 for r in result.rounds)
+        parts = parttimes.PartTimes(parttimes.PassCurve((1, 9), (0.01, 0.018)), None, 10)
+        seconds = rounds.round_seconds(name, parts, [0, 6], [0, 0], 0.0, PoolShape(4, 3), 6)
+        assert seconds.tolist() == pytest.approx([parts.target(1), parts.target(7)])
 
 
 @pytest.mark.parametrize("decoder", ["draft_rank", "pearl", "rerank", "fts"])

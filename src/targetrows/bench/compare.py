@@ -31,7 +31,7 @@ def compare(target, draft, prompt_ids, decoders, config: DecodeConfig, rerankers
     # a short warm-up so the first decoder does not pay for lazy initialisation
     generate(target, None, prompt_ids, dataclasses.replace(config, decoder="ar", max_new_tokens=2))
     for name in tqdm(decoders, desc="decoders", file=sys.stderr, disable=not progress):
-        results[name] = generate(target, draft if get_decoder(name).drafts else None, prompt_ids,
+        results[name] = generate(target, draft if get_decoder(name).needs_draft else None, prompt_ids,
                                  config.for_decoder(name, rerankers))
     return results
 

@@ -33,7 +33,7 @@ from targetrows.cost.parttimes import mean_parts, measure_parts, target_sizes_fo
 from targetrows.cost.rounds import DEFAULT_BUDGETS, bound
 from targetrows.decoding.budget import Auto, Budget, Fixed, Matched, parse_budget
 from targetrows.decoding.config import DecodeConfig
-from targetrows.decoding.loop import generate
+from targetrows.decoding.loop import generate, new_state
 from targetrows.decoding.model import synchronize
 from targetrows.decoding.registry import decoder_names, get_decoder
 from targetrows.hf.baselines import HF_METHODS, assistant_for, hf_generate
@@ -147,8 +147,9 @@ def measure(target, draft, prompts: Sequence[BenchPrompt], settings: BenchSettin
     ctx = (ids * (want // len(ids) + 1))[:want]
     candidates = (settings.budget.nodes,) if isinstance(settings.budget, Fixed) else DEFAULT_BUDGETS
     pool = settings.pool
-    uses_draft = draft is not None and any(get_decoder(d).drafts for d in settings.decoders)
-    sizes = target_sizes_for([min(b, pool.size) for b in candidates]) if uses_draft else [1]
+    trees = any(get_decoder(d).drafts for d in settings.decoders)
+    uses_draft = draft is not None and any(get_decoder(d).needs_draft for d in settings.decoders)
+    sizes = target_sizes_for([min(b, pool.size) for b in candidates]) if trees else [1]
     widths = {1, pool.guesses, pool.top_k, pool.guesses * pool.top_k}
     return measure_parts(
         target, draft if uses_draft else None, ctx, sizes, sorted(widths), settings.repeats
@@ -161,6 +162,9 @@ class BenchModels:
     draft: object | None  # any Model draft, or None
     assistant: object | None  # the assistant model hf_assisted runs with
     peers: Mapping = field(default_factory=dict)  # "peer:<name>" -> a running `peer.Peer`
+    # (decoder, temperature) -> a draft-free decoder's state kept across prompts
+    # (`DecodeConfig.keep_across_prompts`; the warm-up's rows too, as the published codes keep)
+    states: dict = field(default_factory=dict)
 
 
 def run_method(method: str, models: BenchModels, prompt: BenchPrompt, config: DecodeConfig,
@@ -187,11 +191,22 @@ def run_method(method: str, models: BenchModels, prompt: BenchPrompt, config: De
         )
         result = None
     else:
-        draft = models.draft if get_decoder(method).drafts else None
-        result = generate(models.target, draft, prompt.ids, config)
+        draft = models.draft if get_decoder(method).needs_draft else None
+        result = generate(models.target, draft, prompt.ids, config, _kept_state(models, config))
         tokens = result.tokens
     synchronize(models.target)
     return tokens, time.perf_counter() - start, result
+
+
+def _kept_state(models: BenchModels, config: DecodeConfig):
+    """The state a draft-free decoder carries from prompt to prompt when its config keeps it
+    (one per decoder and temperature), else None: a fresh one per prompt."""
+    if not config.keep_across_prompts or config.decoder.new_state is None:
+        return None
+    key = (config.name, config.temperature)
+    if key not in models.states:
+        models.states[key] = new_state(models.target, config)
+    return models.states[key]
 
 
 def assisting_model(draft, assistant: HFModel | None) -> HFModel | None:
@@ -226,8 +241,10 @@ def run_bench(
     choices and the methods skipped, with why, for the report."""
     if not prompts:
         raise ValueError("no prompts to benchmark")
-    if draft is None and any(get_decoder(d).drafts for d in settings.decoders):
-        raise ValueError("every decoder but ar needs a draft model (--draft)")
+    needing = [d for d in settings.decoders if get_decoder(d).needs_draft]
+    if draft is None and needing:
+        raise ValueError(f"{', '.join(needing)} need a draft model (--draft); ar and the "
+                         "draft-free decoders run without one")
     methods, skipped, models = _methods(target, draft, settings, assistant, peers)
     parts = measure(target, draft, prompts, settings)
     # what each prompt's first pass costs beyond a round's one-token pass (in every bound)

@@ -48,12 +48,20 @@ def add_pool_arguments(parser: argparse.ArgumentParser, auto: bool = True) -> No
 
 def add_decoding_arguments(parser: argparse.ArgumentParser, max_new_tokens: int | None = None,
                            decoders: bool = True) -> None:
-    """--max-new-tokens --seed --top-k --depth (the candidate pool) and, with `decoders`,
-    --decoders (default: every registered decoder)."""
+    """--max-new-tokens --seed --top-k --depth (the candidate pool), the draft-free decoders'
+    --recycle-k --keep-across-prompts and, with `decoders`, --decoders (default: every
+    registered decoder)."""
     parser.add_argument("--max-new-tokens", type=int,
                         default=max_new_tokens or DECODE.max_new_tokens)
     parser.add_argument("--seed", type=int, default=DECODE.seed)
     add_pool_arguments(parser)
+    parser.add_argument("--recycle-k", type=int, default=DECODE.recycle_k,
+                        help="racer, recycle: the target's top-k next tokens kept per token")
+    parser.add_argument("--keep-across-prompts", action=argparse.BooleanOptionalAction,
+                        default=DECODE.keep_across_prompts,
+                        help="racer, recycle: carry what the target's rows taught them from one "
+                        "prompt to the next, as the published codes do (off: each prompt's trees "
+                        "depend on that prompt alone)")
     if decoders:
         parser.add_argument("--decoders", nargs="+", default=None, choices=decoder_names(),
                             help="default: every registered decoder (the learned ones when "
@@ -61,22 +69,23 @@ def add_decoding_arguments(parser: argparse.ArgumentParser, max_new_tokens: int 
 
 
 def add_reranker_argument(parser: argparse.ArgumentParser) -> None:
-    """--reranker FILE ...: trained rerankers of the learned rules (one file per rule)."""
+    """--reranker FILE ...: trained models of the learned rules (one file per rule)."""
     parser.add_argument("--reranker", nargs="+", default=[], metavar="FILE",
-                        help="reranker(s) from `targetrows train-reranker`, one per learned rule "
-                        "(learned_rerank, learned_stale_rerank): what lrerank and lrerank_stale "
-                        "score with")
+                        help="models from `targetrows train-reranker`, one per learned rule "
+                        "(learned_rerank, learned_stale_rerank, sequoia): what lrerank, "
+                        "lrerank_stale and sequoia score with")
 
 
 def rerankers_from(args: argparse.Namespace, temperatures=()) -> dict:
-    """{rule: Reranker} from --reranker (a rule named twice is an error). A model trained on
-    row logs at another temperature than one of `temperatures` still runs (every decoder is
-    lossless), with a warning: what it learned about acceptance may not carry over."""
-    from targetrows.core.rules.learned import Reranker
+    """{rule: model} from --reranker: rerankers, or Sequoia's acceptance vector (a rule named
+    twice is an error). A model trained on row logs at another temperature than one of
+    `temperatures` still runs (every decoder is lossless), with a warning: what it learned
+    about acceptance may not carry over."""
+    from targetrows.core.rules.learned import load_model
 
     out = {}
     for path in getattr(args, "reranker", None) or []:
-        model = Reranker.load(path)
+        model = load_model(path)
         if model.rule in out:
             raise ValueError(f"--reranker: two files for rule {model.rule!r}")
         trained = model.meta.get("temperature")
@@ -120,6 +129,7 @@ def decode_config(args: argparse.Namespace, decoder: str = "ar", budget: int | N
     return DecodeConfig(decoder=entry, budget=budget,
                         temperature=args.temperature if temperature is None else temperature,
                         max_new_tokens=args.max_new_tokens, pool=pool_from(args), seed=args.seed,
+                        recycle_k=args.recycle_k, keep_across_prompts=args.keep_across_prompts,
                         **fields)
 
 
@@ -140,10 +150,20 @@ def check_temperatures(temperatures, option: str = "--temperature") -> None:
 
 
 def check_draft(decoders, draft: str | None) -> None:
-    """Every decoder that drafts needs --draft (names are checked against the registry)."""
-    drafting = [d for d in decoders if get_decoder(d).drafts]
+    """Every decoder that drafts with a model needs --draft (names are checked against the
+    registry)."""
+    drafting = [d for d in decoders if get_decoder(d).needs_draft]
     if drafting and not draft:
-        raise ValueError(f"--draft is required for {', '.join(drafting)} (only ar runs without one)")
+        raise ValueError(f"--draft is required for {', '.join(drafting)} (ar and the draft-free "
+                         "decoders run without one)")
+
+
+def drop_unneeded_draft(args: argparse.Namespace, decoders) -> None:
+    """No draft is loaded when none of `decoders` drafts with one (ar, the draft-free
+    decoders): --draft and --draft-lookup are set aside (the pipeline passes its pair's draft
+    to every decode job)."""
+    if not any(get_decoder(d).needs_draft for d in decoders):
+        args.draft, args.draft_lookup = None, False
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, draft: bool = True) -> None:

@@ -42,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
     rerankers = common.rerankers_from(args)
     decoders = common.decoders_from(args, rerankers)
     common.check_draft(decoders, args.draft)
+    common.drop_unneeded_draft(args, decoders)
     target, draft, tokenizer = common.load_from_args(args)
     prompt_ids = encode_prompt(tokenizer, args.prompt)
     # the first tree decoder's config: every decoder's, with its own entry (ar's: no budget)

@@ -40,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
         read_questions(path)
     common.check_temperatures([args.temperature])
     common.check_draft([args.decoder], args.draft)
+    common.drop_unneeded_draft(args, [args.decoder])
     rerankers = common.rerankers_from(args)
     common.decoders_from(argparse.Namespace(decoders=[args.decoder]), rerankers)
     decode = common.decode_config(args).for_decoder(args.decoder, rerankers)

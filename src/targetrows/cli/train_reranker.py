@@ -1,6 +1,7 @@
-"""`targetrows train-reranker ROWLOG... --out DIR`: the learned rules' rerankers, fitted on row
-logs of one pair and temperature, cross-fitted by prompt (`targetrows.train.reranker`); writes
-DIR/<rule>.json and DIR/report.md (held-out expected accepted and paired gains)."""
+"""`targetrows train-reranker ROWLOG... --out DIR`: the learned rules' models, fitted on row logs
+of one pair and temperature, cross-fitted by prompt: the rerankers (`targetrows.train.reranker`)
+and Sequoia's acceptance vector (`targetrows.train.sequoia`); writes DIR/<rule>.json and
+DIR/report.md (held-out expected accepted and paired gains)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ import sys
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from targetrows.core.rules.learned import LEARNED_RULES
-    from targetrows.train.reranker import RerankerConfig
+    from targetrows.train.reranker import MODEL_RULES, RerankerConfig
 
     d = RerankerConfig()
     parser.add_argument("logs", nargs="+", metavar="ROWLOG", help="row logs from `record`")
     parser.add_argument("--out", required=True, help="folder for the models and the report")
-    parser.add_argument("--rules", nargs="+", default=list(LEARNED_RULES), choices=LEARNED_RULES)
+    parser.add_argument("--rules", nargs="+", default=list(LEARNED_RULES), choices=MODEL_RULES,
+                        help="the learned rules whose models to fit (sequoia: its acceptance "
+                        "vector)")
     parser.add_argument("--budgets", type=int, nargs="+", default=list(d.budgets),
                         help="budgets whose expected acceptance the fit maximises and the "
                         "report shows")

@@ -17,7 +17,7 @@ Their verification differs from ours (theirs is not lossless when sampling); eve
 here goes through our verification, so a decoder drafting with it stays lossless. A token never
 seen has no row (-1): its node gets no children, where both published tables hold zeros and
 propose token 0. `Recycler` holds the state of one decode: the table, the n-gram trie and what
-to keep across prompts. NOTES_issue44.md cites their code line by line.
+to keep across prompts. docs/prior-art.md cites their code line by line.
 """
 
 from __future__ import annotations
@@ -265,40 +265,65 @@ def racer_tree(context: Sequence[int], trie: NgramTrie, table: TokenTable, budge
     return paths.tree()
 
 
+def template_prefix(template: tuple[np.ndarray, np.ndarray], budget: int):
+    """A rank template's first `budget` non-root nodes (and its root): its nodes are in
+    breadth-first order, parents before children, so any prefix is a template too. How Token
+    Recycling's 80-node tree runs at a smaller budget."""
+    parents, ranks = template
+    keep = check_count(budget, "budget") + 1
+    return parents[:keep], ranks[:keep]
+
+
 class Recycler:
     """The state of a draft-free decode: the token table and, with `ngrams`, RACER's n-gram
-    trie. Both persist within a sequence. `start()` begins a new prompt: the table and the trie
-    are cleared unless `keep_across_prompts`. Both published codes keep them across prompts (and
-    their warm-up runs); our default does not, so each prompt's trees, and so its acceptance,
-    depend only on that prompt and a resumed or re-ordered run measures the same."""
+    trie, or with `template`, Token Recycling's static tree (`fill_template`) instead of
+    RACER's breadth-first growth. Both persist within a sequence. `start()` begins a new prompt:
+    the table and the trie are cleared unless `keep_across_prompts`. Both published codes keep
+    them across prompts (and their warm-up runs); our default does not, so each prompt's trees,
+    and so its acceptance, depend only on that prompt and a resumed or re-ordered run measures
+    the same. With `prompt_rows` (RACER's, not Token Recycling's), each prompt's own rows are
+    to be written first (`prompt_pending` says so until `observe_prompt` has)."""
 
     def __init__(self, vocab_size: int, k: int = 8, ngrams: bool = True, n: int = 10,
                  min_match: int = 2, breadth: int | None = None, accounting: str = "racer",
-                 keep_across_prompts: bool = False):
+                 keep_across_prompts: bool = False, template=None, prompt_rows: bool = False):
+        if template is not None and ngrams:
+            raise ValueError("a template tree is filled from the table alone: give ngrams=False")
         self.table = TokenTable(vocab_size, k)
         self.trie = NgramTrie(n, keep_across_sequences=keep_across_prompts) if ngrams else None
         self.min_match = min_match
         self.breadth = breadth
         self.accounting = accounting
         self.keep_across_prompts = keep_across_prompts
+        self.template = template
+        self.prompt_rows = prompt_rows
+        self.prompt_pending = False
 
     def start(self) -> None:
         if not self.keep_across_prompts:
             self.table.clear()
         if self.trie is not None:
             self.trie.start()
+        self.prompt_pending = self.prompt_rows
 
     def observe(self, tokens, topk_ids, topk_logp=None) -> None:
-        """Rows at a sequence of positions (the prompt's, in order): ``topk_ids[i]`` follows
-        ``tokens[i]``."""
+        """Rows at a sequence of positions, in order: ``topk_ids[i]`` follows ``tokens[i]``."""
         self.table.update(tokens, topk_ids, topk_logp)
+
+    def observe_prompt(self, prompt, topk_ids, topk_logp=None) -> None:
+        """The prompt's rows (``topk_ids[i]`` at ``prompt[:i + 1]``): RACER's first writes."""
+        self.observe(prompt, topk_ids, topk_logp)
+        self.prompt_pending = False
 
     def observe_tree(self, tree: Tree, topk_ids, topk_logp=None, nodes=None) -> None:
         """The rows of a verify pass over `tree` (`TokenTable.update_from_tree`)."""
         self.table.update_from_tree(tree, topk_ids, topk_logp, nodes)
 
     def tree(self, context: Sequence[int], budget: int) -> Tree:
-        """The draft under ``context[-1]``: `racer_tree`, or `table_tree` without n-grams."""
+        """The draft under ``context[-1]``: the template's first `budget` nodes filled from
+        the table; else `racer_tree`, or `table_tree` without n-grams."""
+        if self.template is not None:
+            return fill_template(self.table, context[-1], *template_prefix(self.template, budget))
         if self.trie is None:
             return table_tree(self.table, context[-1], budget, self.breadth)
         # the trie holds the history before the root, as RACER's does when it drafts

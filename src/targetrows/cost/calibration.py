@@ -9,6 +9,7 @@ depth (`targetrows.cost.rounds`) and takes the best.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -23,6 +24,7 @@ from targetrows.core.rules.root_pool import draft_rank
 from targetrows.core.tree import Tree
 from targetrows.core.verify import walk
 from targetrows.decoding.config import DecodeConfig
+from targetrows.decoding.loop import generate
 from targetrows.decoding.model import edge_probs
 from targetrows.decoding.registry import get_rule
 
@@ -97,7 +99,10 @@ def acceptance_curve(
     <= d hold depth d's largest trees, so one expansion at the deepest depth serves every
     depth. A tree after t0 is averaged over t0, which takes each first-level branch with the
     root row's probability (the branches of less likely t0s only as far as the union holds
-    them); a redrafted tree is predicted as the rule's tree at the root, plus t0.
+    them); a redrafted tree is predicted as the rule's tree at the root, plus t0. A shape
+    rule's trees (Sequoia's) are not nested from budget to budget: the union holds each
+    budget's, and each is shaped again on it, where every node keeps its rank among its
+    siblings (every tree in the union holds a node's better-ranked siblings with it).
     """
     rule = get_rule(config.decoder.rule)
     budgets = np.asarray(budgets, dtype=np.int64)
@@ -137,10 +142,12 @@ def _at_context(target, draft, rule, ctx: list[int], budgets: np.ndarray,
     rows = _rows_read(target, rule, cand, root, stale, temperature)
     t0 = int(target.draw(root, 0.0)[0]) if rule.commits_t0 else None
     walked = _largest_tree(draft_rank, cand, logq, largest, deepest)
+    # a shape rule's trees need not be nested: every budget's, else the largest holds them all
+    sizes = budgets.tolist() if rule.shape is not None else [largest]
     union = functools.reduce(np.union1d, [
         tree for d in set(candidates) for tree in (
             _largest_tree(draft_rank, cand, logq, largest, d),
-            _largest_tree(rule, cand, logq, largest, d, rows, t0, config.reranker))])
+            *(_largest_tree(rule, cand, logq, b, d, rows, t0, config.reranker) for b in sizes))])
     tree, tlogq = cand.subtree(union), logq[union]
     everywhere = np.arange(len(tree))  # every node's row: the walk may end at a leaf
     logits = target.logits(ctx, tree, everywhere)
@@ -156,6 +163,8 @@ def _at_context(target, draft, rule, ctx: list[int], budgets: np.ndarray,
     # depth d's pool: the union's nodes of depth <= d (level by level: a prefix)
     cuts = [int(np.searchsorted(tree.depth, d, side="right")) for d in candidates]
     batch = stack_pools([pools.truncated(c) for c in cuts])
+    # the union holds only some of each depth's pool: a shape rule reads the depth from here
+    batch = dataclasses.replace(batch, levels=np.asarray(candidates))
     width = batch.shape[1]
     reach_at = np.stack([np.where(np.arange(width) < c, reach[:width], 0.0) for c in cuts])
     # t0 takes each first-level node with the root row's probability: that node's reach
@@ -233,7 +242,7 @@ def auto_budget(
     entry = config.decoder
     if not entry.drafts:
         raise ValueError(f"decoder {entry.name} verifies no tree: it has no budget to pick")
-    if draft is None:
+    if entry.needs_draft and draft is None:
         raise ValueError(f"auto budget for {entry.name!r} needs a draft model")
     prompts = [list(p) for p in prompts]
     if not prompts or any(len(p) == 0 for p in prompts):
@@ -241,15 +250,20 @@ def auto_budget(
     pool = config.pool
     budgets = sorted({int(b) for b in search.budgets if 1 <= int(b) <= pool.size}) or [pool.size]
     depths = sorted(set(_check_depths(search.depths or range(1, pool.depth + 1), pool.depth)))
+    if not entry.needs_draft:  # no pool: one depth, the setting (it is recorded, not used)
+        budgets, depths = sorted({int(b) for b in search.budgets if b >= 1}), [pool.depth]
     overlap = config.overlap
     if overlap is None:
-        overlap = target.device != draft.device
+        overlap = draft is not None and target.device != draft.device
     if parts is None:  # the deepest pool's passes cover every shallower one's
         widths = entry.draft_widths(pool) + [1, pool.top_k]
-        parts = measure_parts(target, draft, prompts[0], target_sizes_for(budgets), widths,
-                              search.repeats)
-    committed, nodes = _mean_curves(target, draft, prompts, prompt_configs or [config] * len(
-        prompts), budgets, depths, search)
+        parts = measure_parts(target, draft if entry.needs_draft else None, prompts[0],
+                              target_sizes_for(budgets), widths, search.repeats)
+    configs = prompt_configs or [config] * len(prompts)
+    if entry.needs_draft:
+        committed, nodes = _mean_curves(target, draft, prompts, configs, budgets, depths, search)
+    else:
+        committed, nodes = _draft_free_curves(target, prompts, configs, budgets, search)
     # each (depth, budget) drafts `Decoder.pool_depth(depth, budget)` levels
     tps = np.stack([
         predicted_tokens_per_s(entry, c, n, parts, float(overlap),
@@ -257,7 +271,8 @@ def auto_budget(
         for d, c, n in zip(depths, committed, nodes, strict=True)
     ])
     # a budget above a shallow pool's size caps nothing: it is that pool at a smaller budget
-    sizes = np.array([replace(pool, depth=d).size for d in depths])
+    sizes = np.array([replace(pool, depth=d).size if entry.needs_draft else max(budgets)
+                      for d in depths])
     fits = np.asarray(budgets)[None, :] <= sizes[:, None]
     fits[:, 0] = True  # (the smallest budget stays, in case none fits)
     best_depth, best = best_depth_budget(depths, budgets, np.where(fits, tps, -np.inf))
@@ -274,6 +289,27 @@ def _mean_curves(target, draft, prompts, configs, budgets, depths, search: Budge
                                -(-search.contexts // len(prompts)), depths, search.gap)
               for p, c in zip(prompts, configs, strict=True)]
     return np.mean([c for c, _ in curves], axis=0), np.mean([n for _, n in curves], axis=0)
+
+
+def _draft_free_curves(target, prompts, configs, budgets, search: BudgetSearch):
+    """(committed, nodes) [1, budgets] of a draft-free decoder (racer, recycle), measured: its
+    trees come from what the target's rows taught it along the way, so no pool can be scored
+    for them. At each budget it decodes each prompt (as far along as the search's contexts and
+    gaps reach, shared out among the prompts) and its rounds are averaged, each run's last one
+    left out when there are others (it is cut at the tokens asked for)."""
+    if len(configs) != len(prompts):
+        raise ValueError(f"{len(configs)} prompt configs for {len(prompts)} prompts")
+    tokens = -(-search.contexts // len(prompts)) * (search.gap + 1)
+    committed, nodes = np.zeros((1, len(budgets))), np.zeros((1, len(budgets)))
+    for j, budget in enumerate(budgets):
+        rounds = []
+        for prompt, config in zip(prompts, configs, strict=True):
+            run = generate(target, None, prompt, replace(config, budget=budget,
+                                                         max_new_tokens=tokens)).rounds
+            rounds += run[:-1] if len(run) > 1 else run
+        committed[0, j] = np.mean([r.committed for r in rounds])
+        nodes[0, j] = np.mean([r.nodes for r in rounds])
+    return committed, nodes
 
 
 def _nested(table: np.ndarray) -> tuple[tuple[float, ...], ...]:

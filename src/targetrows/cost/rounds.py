@@ -47,7 +47,7 @@ def round_seconds(
     nodes = np.asarray(nodes, dtype=np.float64)
     if not entry.drafts:
         return np.full(nodes.shape, parts.target(1))
-    if parts.draft is None:
+    if entry.needs_draft and parts.draft is None:
         raise ValueError(f"decoder {entry.name!r} needs draft pass times")
     widths = entry.draft_widths(pool, budget)
     pass_s = [parts.draft(w) for w in widths]

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from targetrows.core.checks import check_budget, check_count, check_temperature
 from targetrows.core.pool import PoolShape
 from targetrows.core.rules.learned import Reranker
+from targetrows.core.rules.sequoia_model import AcceptanceVector
 
 from .budget import DEFAULT_BUDGET
 from .registry import Decoder, get_decoder
@@ -31,8 +32,15 @@ class DecodeConfig:
     # one-token pass buys one more token, faster than leaving the row to the next round's root
     # pass: docs/measurements.md); False commits t0 alone
     verify_empty: bool = True
-    # a learned rule's trained model (`targetrows.core.rules.learned.Reranker`)
-    reranker: Reranker | None = None
+    # a learned rule's trained model: a `targetrows.core.rules.learned.Reranker`, or Sequoia's
+    # `targetrows.core.rules.sequoia_model.AcceptanceVector`
+    reranker: Reranker | AcceptanceVector | None = None
+    # the draft-free decoders (racer, recycle): the target's top-k ids kept per token (RACER's
+    # and Token Recycling's 8), and whether what they learned carries over from one prompt to
+    # the next of a caller that keeps their state (both published codes do; off, each prompt's
+    # trees depend on that prompt alone, so a resumed or reordered run measures the same)
+    recycle_k: int = 8
+    keep_across_prompts: bool = False
 
     def __post_init__(self):
         entry = self.decoder if isinstance(self.decoder, Decoder) else get_decoder(self.decoder)
@@ -47,8 +55,12 @@ class DecodeConfig:
         check_count(self.max_new_tokens, "max_new_tokens")
         if not isinstance(self.pool, PoolShape):
             raise ValueError(f"pool must be a PoolShape, got {self.pool!r}")
+        check_count(self.recycle_k, "recycle_k")
+        if not isinstance(self.keep_across_prompts, bool):
+            raise ValueError(f"keep_across_prompts must be True or False, got "
+                             f"{self.keep_across_prompts!r}")
         if entry.learned and self.reranker is None:
-            raise ValueError(f"decoder {entry.name!r} scores with a trained reranker: give one "
+            raise ValueError(f"decoder {entry.name!r} scores with a trained model: give one "
                              "(--reranker FILE, from targetrows train-reranker)")
         if entry.learned and self.reranker.rule != entry.rule:
             raise ValueError(f"decoder {entry.name!r} runs rule {entry.rule!r}, but the "

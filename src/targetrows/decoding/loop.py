@@ -48,13 +48,17 @@ class DecodeResult:
 
 
 def generate(
-    target: Any, draft: Any | None, prompt_ids: Sequence[int], config: DecodeConfig
+    target: Any, draft: Any | None, prompt_ids: Sequence[int], config: DecodeConfig,
+    state: Any | None = None,
 ) -> DecodeResult:
-    """Decode from `prompt_ids` with `config.decoder`; lossless for every decoder."""
+    """Decode from `prompt_ids` with `config.decoder`; lossless for every decoder. `state`: a
+    draft-free decoder's state from `new_state` to carry on with (what a caller keeps to keep
+    what it learned across prompts, `DecodeConfig.keep_across_prompts`); by default a fresh
+    one."""
     decoder = config.decoder
     if len(prompt_ids) == 0:
         raise ValueError("the prompt is empty: it needs at least one token")
-    if decoder.drafts and draft is None:
+    if decoder.needs_draft and draft is None:
         raise ValueError(f"decoder {decoder.name!r} needs a draft model")
     overlap = config.overlap
     if overlap is None:
@@ -62,9 +66,12 @@ def generate(
     target.reset(config.seed)
     if draft is not None:
         draft.reset(config.seed)
+    if decoder.new_state is not None:
+        state = new_state(target, config) if state is None else state
+        state.start()
     context = [int(t) for t in prompt_ids]
     new: list[int] = []
-    rule = get_rule(decoder.rule) if decoder.drafts else None
+    rule = get_rule(decoder.rule) if decoder.rule is not None else None
     keep_last = rule is not None and "stale_row" in rule.reads
     store = RowStore(max_rows=8)  # rows by full context: only exact hits are reused
     result = DecodeResult(tokens=new)
@@ -74,11 +81,9 @@ def generate(
             t0 = time.perf_counter()
             stats = RoundStats()
             plan = decoder.plan(Round(target, draft, context, store, config, stats, executor,
-                                      rule))
-            tokens = list(plan.prefix)
-            if plan.tree is not None:
-                tokens += _verify(target, context + plan.prefix, plan.tree, store, config, stats,
-                                  keep_last)
+                                      rule, state))
+            tokens = list(plan.prefix) + _verified(target, context, plan, store, config, stats,
+                                                   keep_last)
             tokens, stop_reason = _truncate(tokens, config, len(new))
             new.extend(tokens)
             context.extend(tokens)
@@ -96,6 +101,26 @@ def generate(
     return result
 
 
+def new_state(target: Any, config: DecodeConfig) -> Any | None:
+    """A draft-free decoder's state for `target` (`Decoder.new_state`), to pass to `generate`
+    for every prompt a caller decodes; None for a decoder without one."""
+    make = config.decoder.new_state
+    return None if make is None else make(target.vocab_size, config)
+
+
+def _verified(target, context: list[int], plan, store: RowStore, config: DecodeConfig,
+              stats: RoundStats, keep_last: bool) -> list[int]:
+    """The plan's tree verified after its prefix (nothing without a tree), its rows handed to
+    the plan's observer."""
+    if plan.tree is None:
+        return []
+    tokens, rows, nodes = _verify(target, context + plan.prefix, plan.tree, store, config,
+                                  stats, keep_last)
+    if plan.observe is not None and len(nodes):
+        plan.observe(plan.tree, rows, nodes)
+    return tokens
+
+
 def _truncate(tokens: list[int], config: DecodeConfig, emitted: int) -> tuple[list[int], str]:
     """Cut a round's tokens at the first stop token (kept) or at max_new_tokens."""
     for i, tok in enumerate(tokens):
@@ -111,21 +136,24 @@ def _truncate(tokens: list[int], config: DecodeConfig, emitted: int) -> tuple[li
 
 
 def _verify(target, ctx: list[int], tree: Tree, store: RowStore, config: DecodeConfig,
-            stats: RoundStats, keep_last: bool = False) -> list[int]:
-    """One target pass over the tree, then the lossless walk: accepted path tokens + bonus.
-    With `keep_last`, the row at the last accepted node goes into the store under its full
-    context: the next round's stale row (its context less the bonus token)."""
+            stats: RoundStats, keep_last: bool = False) -> tuple[list[int], Any, range]:
+    """One target pass over the tree, then the lossless walk: (accepted path tokens + bonus,
+    the pass's rows, the nodes they are at). With `keep_last`, the row at the last accepted
+    node goes into the store under its full context: the next round's stale row (its context
+    less the bonus token)."""
     t = time.perf_counter()
     root_logits = store.get(ctx)
     if root_logits is None:  # the verify pass yields the root row too
-        rows = target.logits(ctx, tree, range(len(tree)))
+        nodes = range(len(tree))
+        rows = target.logits(ctx, tree, nodes)
         draws = target.draw(rows, config.temperature)
         stats.target_passes += 1
     else:  # exact root row from this context's root pass: only the other nodes need a pass
-        rows = None
+        rows, nodes = None, range(0)
         draws = target.draw(root_logits, config.temperature)
         if len(tree) > 1:
-            rows = target.logits(ctx, tree, range(1, len(tree)))
+            nodes = range(1, len(tree))
+            rows = target.logits(ctx, tree, nodes)
             draws = np.concatenate([draws, target.draw(rows, config.temperature)])
             stats.target_passes += 1
     stats.t_verify = time.perf_counter() - t
@@ -137,4 +165,4 @@ def _verify(target, ctx: list[int], tree: Tree, store: RowStore, config: DecodeC
         last = int(path[-1]) if len(path) else 0
         at = last if root_logits is None else last - 1
         store.put(ctx + accepted, rows[at : at + 1])
-    return accepted + [bonus]
+    return accepted + [bonus], rows, nodes

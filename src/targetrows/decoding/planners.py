@@ -1,21 +1,26 @@
 """How a decoder picks its round's tree: one planner per kind of tree (`Rule.tree`),
-`plan(round) -> Plan`.
+`plan(round) -> Plan`, and one for the draft-free decoders (`plan_recycle`).
 
 A planner drafts (through `targetrows.core.pool`), runs the root pass when its rule needs the
 exact root row or a first token t0, hands its rule the rows it reads, and applies the rule's
-selection (`Rule.select`). It never verifies: the round loop does that, the same way for every
-decoder, which is what keeps them all lossless. `targetrows.decoding.registry` maps each
-decoder to its rule, and so to its planner.
+selection (`Rule.select`). A draft-free planner grows its tree from the target's own past rows
+instead (`targetrows.core.recycle`). It never verifies: the round loop does that, the same way
+for every decoder, which is what keeps them all lossless. `targetrows.decoding.registry` maps
+each decoder to its rule, and so to its planner.
 """
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from targetrows.core.pool import expand_model, expand_under_guesses, pool_under
+from targetrows.core.recycle import TOKEN_RECYCLING_TEMPLATE, Recycler
 from targetrows.core.rules.rule import tree_after_t0
 from targetrows.core.tree import Tree
 
+from .model import synchronize
 from .round import Plan, Round, root_pass_alongside, timed_draft_work
 
 
@@ -115,6 +120,71 @@ def plan_redraft(r: Round) -> Plan:
         hit = timed_draft_work(r, redraft)
     cand, cand_logq = hit
     return Plan([t0], cand.subtree(r.rule.select(cand, cand_logq, cfg.budget)))
+
+
+# -- draft-free: trees from the target's own past rows (RACER, Token Recycling) ----------------
+
+# prompt positions whose rows one call asks for: a row is vocabulary-wide, so a long prompt's
+# come in parts (each part a plain causal pass after the part before, then committed)
+PROMPT_ROWS_AT_ONCE = 256
+
+
+def racer_state(vocab_size: int, config) -> Recycler:
+    """RACER's state: the table written from the prompt's rows and every verified node's, and
+    the n-gram trie of the history; its trees take n-gram continuations first and grow the
+    rest breadth-first through the table, charged as RACER charges them."""
+    return Recycler(vocab_size, k=min(config.recycle_k, vocab_size), ngrams=True,
+                    keep_across_prompts=config.keep_across_prompts, prompt_rows=True)
+
+
+def recycle_state(vocab_size: int, config) -> Recycler:
+    """Token Recycling's state: the table alone, written from every verified node's rows (not
+    the prompt's), filled into its static 80-node tree (the first B nodes at budget B)."""
+    return Recycler(vocab_size, k=min(config.recycle_k, vocab_size), ngrams=False,
+                    keep_across_prompts=config.keep_across_prompts,
+                    template=TOKEN_RECYCLING_TEMPLATE)
+
+
+def _prompt_rows(r: Round) -> None:
+    """The target's rows along the prompt (the round's context: a decode's first round), their
+    top-k ids written into the state's table: a chain tree of the prompt's tokens under its
+    first token, whose entries become the committed cache (`Model.commit`), so nothing is
+    computed twice; the last row, the root's, goes into the store for the verify pass."""
+    prompt, target, k = list(r.context), r.target, r.state.table.k
+    ids, logp = [], []
+    for start in range(0, len(prompt), PROMPT_ROWS_AT_ONCE):
+        end = min(start + PROMPT_ROWS_AT_ONCE, len(prompt))
+        chain = Tree(prompt[start:end], np.arange(-1, end - start - 1))
+        logits = target.logits(prompt[: start + 1], chain, range(end - start))
+        top = target.topk(logits, k)
+        ids.append(top[0])
+        logp.append(top[1])
+        target.commit(prompt[:end])
+        r.stats.target_passes += 1
+    r.store.put(prompt, logits[-1:])
+    r.state.observe_prompt(prompt, np.concatenate(ids), np.concatenate(logp))
+
+
+def plan_recycle(r: Round) -> Plan:
+    """A draft-free decoder's round (racer, recycle): no draft model; the tree grows from the
+    state's table (and RACER's n-grams) under the root. At a decode's first round a state that
+    reads the prompt's rows gets them first (a target pass, timed as the root pass: it gives
+    the root row too). The verify pass's rows at every node go back into the table
+    (`Plan.observe`). A tree without nodes (nothing seen yet) is still verified: one token."""
+    state, stats = r.state, r.stats
+    if state.prompt_pending:
+        t = time.perf_counter()
+        _prompt_rows(r)
+        synchronize(r.target)
+        stats.t_root = time.perf_counter() - t
+        stats.t_drafting += stats.t_root
+    tree = timed_draft_work(r, lambda: state.tree(r.context, r.config.budget))
+
+    def observe(verified: Tree, logits, nodes) -> None:
+        ids, logp = r.target.topk(logits, state.table.k)
+        state.observe_tree(verified, ids, logp, nodes)
+
+    return Plan([], tree, observe=observe)
 
 
 PLANNERS = {"pool": plan_pool, "pruned": plan_after_t0, "below_t0": plan_after_t0,

@@ -10,8 +10,9 @@ and its figures all read this file, and nothing else names a decoder.
 
 Adding a rule: write its scores in a module of `targetrows.core.rules` and add it below (or
 call `register` from your own code). Adding a decoder: one `Decoder(...)` entry naming its
-rule; name it in the pipeline config (its schema lists the decoders; a test checks that list
-against this registry).
+rule, or for a decoder without a draft model its planner and the state it keeps across rounds
+(`new_state`; `racer` and `recycle`); name it in the pipeline config (its schema lists the
+decoders; a test checks that list against this registry).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from targetrows.core.pool import PoolShape, pool_depth
-from targetrows.core.rules import after_t0, learned, root_pool
+from targetrows.core.rules import after_t0, learned, root_pool, sequoia_model
 from targetrows.core.rules.rule import Rule
 
 from . import planners
@@ -30,11 +31,18 @@ from . import planners
 class Decoder:
     name: str
     description: str
-    rule: str | None  # the selection rule its trees follow; None for ar (no tree)
+    # the selection rule its trees follow; None for ar (no tree) and the draft-free decoders
+    # (their trees come from their state, not from a draft's pool)
+    rule: str | None
     # the decoder it is compared with online; a matched cap ({matched: X} in the config) is
     # the budget whose trees are as large as the baseline's at X
     baseline: str | None = None
     planner: Callable | None = None  # plan(Round) -> Plan; None: its rule's kind of tree's
+    # a draft-free decoder's state across rounds, made once per decode:
+    # new_state(vocab_size, DecodeConfig) -> targetrows.core.recycle.Recycler
+    new_state: Callable | None = None
+    # a published method ours are compared with in the tables (docs/prior-art.md)
+    prior_art: bool = False
 
     @property
     def plan(self) -> Callable:
@@ -42,28 +50,50 @@ class Decoder:
             return self.planner
         return planners.PLANNERS[get_rule(self.rule).tree]
 
+    def _rule(self) -> Rule | None:
+        return None if self.rule is None else get_rule(self.rule)
+
     @property
     def drafts(self) -> bool:
+        """Verifies a tree of at most a budget's nodes each round (every decoder but ar): it
+        has a budget, and its budget conditions."""
+        return self.rule is not None or self.new_state is not None
+
+    @property
+    def needs_draft(self) -> bool:
+        """Drafts with a draft model: every tree decoder but the draft-free ones, whose trees
+        grow from the target's own past rows."""
         return self.rule is not None
 
     @property
     def commits_t0(self) -> bool:
-        return self.drafts and get_rule(self.rule).commits_t0
+        rule = self._rule()
+        return rule is not None and rule.commits_t0
 
     @property
     def learned(self) -> bool:
-        """Its rule scores with a trained reranker (`DecodeConfig.reranker`)."""
-        return self.drafts and get_rule(self.rule).learned
+        """Its rule scores with a trained model (`DecodeConfig.reranker`)."""
+        rule = self._rule()
+        return rule is not None and rule.learned
 
     @property
     def root_pass(self) -> bool:
         """Runs the separate root pass, alongside drafting (for t0 or the exact root row)."""
-        return self.drafts and get_rule(self.rule).needs_root_pass
+        rule = self._rule()
+        return rule is not None and rule.needs_root_pass
 
     @property
     def guesses_pool(self) -> bool:
         """Drafts pools under the draft's `guesses` likeliest first tokens (a redraft)."""
-        return self.drafts and get_rule(self.rule).tree == "redraft"
+        rule = self._rule()
+        return rule is not None and rule.tree == "redraft"
+
+    @property
+    def ours(self) -> bool:
+        """One of the rules this project proposes (a rule with baselines, not prior art): the
+        tables compare it with every prior-art decoder and rule."""
+        rule = self._rule()
+        return rule is not None and bool(rule.baselines) and not self.prior_art
 
     @property
     def gpus(self) -> int:
@@ -73,8 +103,8 @@ class Decoder:
     @property
     def verify_feeds(self) -> int:
         """Tokens the verify pass feeds besides the non-root nodes: the root when no root pass
-        cached it (draft_rank), t0 for a decoder that commits it; none for rerank, whose root
-        row the root pass already gave."""
+        cached it (draft_rank, the draft-free decoders), t0 for a decoder that commits it; none
+        for rerank, whose root row the root pass already gave."""
         if not self.drafts:
             return 1
         return 1 if (self.commits_t0 or not self.root_pass) else 0
@@ -82,19 +112,21 @@ class Decoder:
     @property
     def prunes_pool(self) -> bool:
         """Drafts a root pool cut to what its draft_rank tree of B nodes can use."""
-        return self.drafts and get_rule(self.rule).draft_ranked
+        rule = self._rule()
+        return rule is not None and rule.draft_ranked
 
     def pool_depth(self, depth: int, budget: int) -> int:
         """Pool levels a round drafts (`targetrows.core.pool.pool_depth`)."""
-        below = self.drafts and get_rule(self.rule).tree == "below_t0"
+        rule = self._rule()
+        below = rule is not None and rule.tree == "below_t0"
         return pool_depth(depth, budget, below_first=below)
 
     def draft_widths(self, pool: PoolShape, budget: int | None = None) -> list[int]:
         """New tokens per draft pass of one round's expansion of a pool of `pool.depth` levels:
         the root, then the top_k frontier nodes of each further level (at most B - 1 of them
         for a pool pruned to a B-node tree, `budget`); a guesses pool feeds the root, the
-        guesses, then guesses * top_k frontier nodes per level."""
-        if not self.drafts:
+        guesses, then guesses * top_k frontier nodes per level. None without a draft model."""
+        if not self.needs_draft:
             return []
         k, depth = pool.top_k, pool.depth
         if self.guesses_pool:
@@ -149,9 +181,14 @@ def rule_names(learned: bool = True) -> tuple[str, ...]:
     return tuple(n for n, r in RULES.items() if learned or not r.learned)
 
 
+def prior_art_decoders() -> tuple[str, ...]:
+    """The decoders of published methods the tables compare ours with (`Decoder.prior_art`)."""
+    return tuple(n for n, d in DECODERS.items() if d.prior_art)
+
+
 for _rule in (root_pool.draft_rank, root_pool.target_rerank, root_pool.stale_rerank,
               after_t0.pearl, after_t0.first_token, after_t0.first_token_redraft,
-              learned.learned_rerank, learned.learned_stale_rerank):
+              learned.learned_rerank, learned.learned_stale_rerank, sequoia_model.sequoia):
     register(_rule)
 
 for _decoder in (
@@ -167,5 +204,14 @@ for _decoder in (
             "root row (an extension)", "learned_rerank", baseline="rerank"),
     Decoder("lrerank_stale", "first-level branches scored by a reranker trained on row logs, "
             "without a root pass (an extension)", "learned_stale_rerank", baseline="draft_rank"),
+    Decoder("sequoia", "Sequoia's optimal tree shape for an acceptance vector fitted on row "
+            "logs, filled from the draft's pool (prior art)", "sequoia", baseline="draft_rank",
+            prior_art=True),
+    Decoder("racer", "draft-free: n-gram continuations of the history, then the target's "
+            "recycled top-k rows, breadth-first (RACER; prior art)", None,
+            planner=planners.plan_recycle, new_state=planners.racer_state, prior_art=True),
+    Decoder("recycle", "draft-free: the target's recycled top-k rows through a static tree "
+            "(Token Recycling; prior art)", None, planner=planners.plan_recycle,
+            new_state=planners.recycle_state, prior_art=True),
 ):
     register(_decoder)

@@ -10,6 +10,7 @@ devices (`root_pass_alongside`).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +40,9 @@ class Round:
     """What a planner may use: both models, the committed context, the row store (rows by
     full context: the root pass's and the last verify pass's), the decode settings, the
     round's statistics (to fill in), the executor the root pass runs on alongside drafting,
-    and the decoder's selection rule."""
+    the decoder's selection rule, and a draft-free decoder's state across rounds (what it
+    learned from the target's past rows: `targetrows.core.recycle.Recycler`, made once per
+    decode by `Decoder.new_state`)."""
 
     target: Any
     draft: Any | None
@@ -48,17 +51,22 @@ class Round:
     config: Any  # a DecodeConfig
     stats: RoundStats
     executor: Any
-    rule: Any = None  # a targetrows.core.rules.rule.Rule; None for ar
+    rule: Any = None  # a targetrows.core.rules.rule.Rule; None for ar and the draft-free
+    state: Any = None  # the draft-free decoders' Recycler; None for every other decoder
 
 
 @dataclass
 class Plan:
     """What a planner hands to verification: tokens committed before the tree (t0), and the
     tree, rooted at the last of context + prefix; None when there is nothing to verify (the
-    round commits the prefix alone)."""
+    round commits the prefix alone). `observe`, when given, is called after the verify pass
+    as ``observe(tree, logits, nodes)`` with the target's rows at `nodes` of the tree (all of
+    them, or all but the root when the root's row came from the store): how a draft-free
+    decoder's state learns from every verified node, accepted or not."""
 
     prefix: list[int]
     tree: Tree | None
+    observe: Callable[[Tree, Any, Sequence[int]], None] | None = None
 
 
 def root_pass_alongside(r: Round, draft_work):

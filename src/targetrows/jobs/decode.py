@@ -22,9 +22,10 @@ from collections.abc import Sequence
 
 from targetrows.core.atomic import remove_stale_temps
 from targetrows.cost.calibration import auto_budget
+from targetrows.cost.rounds import DEFAULT_BUDGETS
 from targetrows.decoding.budget import Auto, Budget, Fixed
 from targetrows.decoding.config import DecodeConfig
-from targetrows.decoding.loop import generate
+from targetrows.decoding.loop import generate, new_state
 from targetrows.specbench.answers import NO_TREE, answer_record, partial_records, write_jsonl_atomic
 from targetrows.specbench.chat import encode_conversation, stop_ids
 from targetrows.specbench.questions import Question, check_prompt, read_questions
@@ -44,9 +45,14 @@ def derive_seed(seed: int, question_id, turn: int, budget: int | None) -> int:
 
 def positions_needed(config: DecodeConfig) -> int:
     """Positions past the prompt a turn may reach: its new tokens, and for a tree decoder the
-    last round's t0 and tree (verified before the answer is cut to max_new_tokens)."""
-    extra = config.pool.depth + 1 if config.decoder.drafts else 0
-    return config.max_new_tokens + extra
+    last round's t0 and tree (verified before the answer is cut to max_new_tokens): a pool's
+    depth, or a draft-free tree's budget (a chain of B nodes at most; under `auto`, the
+    largest budget it may pick)."""
+    if not config.decoder.drafts:
+        return config.max_new_tokens
+    if config.decoder.needs_draft:
+        return config.max_new_tokens + config.pool.depth + 1
+    return config.max_new_tokens + max(config.budget or 0, *DEFAULT_BUDGETS) + 1
 
 
 def check_question(target, draft, question: Question, turn: int, ids, config: DecodeConfig):
@@ -54,8 +60,10 @@ def check_question(target, draft, question: Question, turn: int, ids, config: De
                  "shorten the prompt or lower --max-new-tokens")
 
 
-def decode_question(target, draft, tokenizer, question: Question, config: DecodeConfig):
-    """(answer texts, DecodeResults) for every turn of one question; errors name the question."""
+def decode_question(target, draft, tokenizer, question: Question, config: DecodeConfig,
+                    state=None):
+    """(answer texts, DecodeResults) for every turn of one question; errors name the question.
+    `state`: a draft-free decoder's state kept from question to question (`generate`)."""
     conversation, texts, results = [], [], []
     for turn, user in enumerate(question.turns):
         conversation.append(("user", user))
@@ -63,7 +71,7 @@ def decode_question(target, draft, tokenizer, question: Question, config: Decode
         check_question(target, draft, question, turn, ids, config)
         seed = derive_seed(config.seed, question.question_id, turn, config.budget)
         try:
-            result = generate(target, draft, ids, dataclasses.replace(config, seed=seed))
+            result = generate(target, draft, ids, dataclasses.replace(config, seed=seed), state)
         except ValueError as err:  # e.g. NaN logits, which name the position: add the prompt
             raise ValueError(f"question {question.question_id!r} turn {turn}: {err}") from err
         text = tokenizer.decode(result.tokens, skip_special_tokens=True)
@@ -90,9 +98,11 @@ class DecodeJobSettings:
     def fingerprint(self, prompts_digest: str) -> str:
         d, pool = self.decode, self.decode.pool
         reranker = "" if d.reranker is None else f"|{d.reranker.digest}"
+        recycled = ("" if d.decoder.new_state is None else
+                    f"|k{d.recycle_k}|{'kept' if d.keep_across_prompts else 'fresh'}")
         return (f"{self.model_id}|{self.draft_name}|{d.name}|{d.temperature}|"
                 f"{d.max_new_tokens}|{d.seed}|{pool.top_k}|{pool.depth}|{self.dtype}|"
-                f"{prompts_digest}{reranker}")
+                f"{prompts_digest}{reranker}{recycled}")
 
 
 @dataclasses.dataclass
@@ -165,7 +175,7 @@ def answer_files(target, draft, tokenizer, files: Sequence[tuple[str, str]],
     into its answers file (one line per question and condition), resuming from ``OUT.partial``.
     Each answers file appears complete under its name (temp file, then rename) as soon as its
     prompts are done."""
-    if not s.decode.decoder.drafts:
+    if not s.decode.decoder.needs_draft:
         draft = None
     opened = [_open_file(prompts, out, s) for prompts, out in files]
     for file in opened:  # first turns too long for the models fail before anything is written
@@ -174,8 +184,11 @@ def answer_files(target, draft, tokenizer, files: Sequence[tuple[str, str]],
             check_question(target, draft, q, 0, ids, s.decode)
     wants_auto = s.decode.decoder.drafts and any(isinstance(b, Auto) for b in s.budgets)
     auto = auto_condition(target, draft, tokenizer, opened, s) if wants_auto else None
+    # a draft-free decoder's state per condition, carried over every prompts file's questions
+    # when the config keeps it across prompts (else each question starts afresh anyway)
+    states = {c: new_state(target, s.decode) for c in conditions_of(s, auto)}
     for file in opened:
-        _answer_file(target, draft, tokenizer, file, conditions_of(s, auto), auto, s)
+        _answer_file(target, draft, tokenizer, file, conditions_of(s, auto), auto, s, states)
 
 
 def _finished(file: _File, keys: set, depth: int) -> dict:
@@ -191,7 +204,7 @@ def _finished(file: _File, keys: set, depth: int) -> dict:
 
 
 def _answer_file(target, draft, tokenizer, file: _File, conditions: list[Condition],
-                 auto: Condition | None, s: DecodeJobSettings) -> None:
+                 auto: Condition | None, s: DecodeJobSettings, states: dict) -> None:
     base, depth, fingerprint = s.decode, s.decode.pool.depth, file.fingerprint
     stops = frozenset(stop_ids(tokenizer, target))
     keys = {(str(q.question_id), b, d, fingerprint) for q in file.questions for b, d in conditions}
@@ -207,7 +220,8 @@ def _answer_file(target, draft, tokenizer, file: _File, conditions: list[Conditi
     bar = _progress(len(todo), s.progress, f"{base.name} {s.model_id}")
     for budget, at_depth, question in todo:
         config = _condition_config(base, budget, at_depth, question, stops)
-        texts, results = decode_question(target, draft, tokenizer, question, config)
+        texts, results = decode_question(target, draft, tokenizer, question, config,
+                                         states[budget, at_depth])
         condition = {"decoder": base.name, "budget": budget, "depth": at_depth,
                      "budget_auto": (budget, at_depth) == auto, "temperature": base.temperature,
                      "seed": base.seed, "fingerprint": fingerprint}

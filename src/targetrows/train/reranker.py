@@ -44,10 +44,13 @@ from targetrows.core.rules.learned import (
     branch_features,
 )
 from targetrows.core.rules.rule import pool_expected
+from targetrows.core.rules.sequoia_model import SEQUOIA, AcceptanceVector
 from targetrows.rowlog import format as rowlog
 from targetrows.rowlog.score import _Pools, score_log
+from targetrows.train.sequoia import fit_acceptance
 
 BASELINES = ("draft_rank", "stale_rerank", "target_rerank")
+MODEL_RULES = (*LEARNED_RULES, SEQUOIA)  # the rules whose models this command fits
 STEPS = (1.0, 0.5, 0.25, 0.1, 0.05)  # coordinate search steps, largest first
 
 
@@ -172,9 +175,12 @@ def prompt_folds(keys: Sequence[str], folds: int, seed: int) -> dict[str, int]:
 
 def train_reranker(logs: Sequence[rowlog.RowLog], rule: str,
                    config: RerankerConfig = RerankerConfig()) -> tuple[Reranker, dict]:
-    """The reranker of `rule` (cross-fitted) and its training summary."""
+    """The model of learned rule `rule` (cross-fitted) and its training summary: a reranker,
+    or for `sequoia` its acceptance vector (`targetrows.train.sequoia`)."""
+    if rule == SEQUOIA:
+        return fit_acceptance(logs, config.folds, config.seed)
     if rule not in LEARNED_RULES:
-        raise ValueError(f"--rule {rule!r}: choose one of {', '.join(LEARNED_RULES)}")
+        raise ValueError(f"--rule {rule!r}: choose one of {', '.join(MODEL_RULES)}")
     temps = {float(log.header.get("temperature", np.nan)) for log in logs}
     if len(temps) != 1:
         raise ValueError(f"row logs at several temperatures {sorted(temps)}: train one reranker "
@@ -240,6 +246,24 @@ def _fitted_line(meta: dict) -> str:
             f"folds; the model for new prompts is {model}.")
 
 
+def _model_lines(name: str, model, microseconds: float | None) -> list[str]:
+    """A model's section of report.md: what it was fitted on and what it learned (a
+    reranker's weights, or Sequoia's acceptance vector)."""
+    meta = model.meta
+    lines = [f"## {name}", "",
+             f"{meta['prompts']} prompts, {meta['positions']} positions, {meta['folds']} "
+             f"folds, seed {meta['seed']}, temperature {meta['temperature']:g}, fitted in "
+             f"{meta['train_seconds']} s"
+             + (f"; scoring a round's pool costs {microseconds:.0f} us"
+                if microseconds is not None else "") + ".", ""]
+    if isinstance(model, AcceptanceVector):
+        return lines + ["Acceptance by draft rank (Sequoia's p, fitted on every prompt):", "",
+                        "| rank | p |", "|---|---|",
+                        *[f"| {k} | {p:.3f} |" for k, p in enumerate(model.p, start=1)], ""]
+    return lines + [_fitted_line(meta), "", "| feature | weight |", "|---|---|",
+                    *[f"| {f} | {w:+.3f} |" for f, w in describe_weights(model)], ""]
+
+
 def write_report(folder: str, models: dict[str, Reranker], report: dict, logs: Sequence[str],
                  microseconds: dict[str, float] | None = None) -> None:
     """report.md (what each model uses; held-out expected accepted and gains) and report.csv
@@ -253,21 +277,11 @@ def write_report(folder: str, models: dict[str, Reranker], report: dict, logs: S
     means, gains = report["means"], report["gains"]
     budgets = sorted(set(means["budget"].tolist()))
     rules = list(dict.fromkeys(means["rule"].tolist()))
-    lines = ["# Learned rerankers", "",
+    lines = ["# Learned rules' models", "",
              f"Row logs: {', '.join(logs)}. Every prompt scored by the fold model trained "
              "without it.", ""]
     for name, model in models.items():
-        meta = model.meta
-        lines += [f"## {name}", "",
-                  f"{meta['prompts']} prompts, {meta['positions']} positions, "
-                  f"{meta['folds']} folds, seed {meta['seed']}, temperature "
-                  f"{meta['temperature']:g}, fitted in {meta['train_seconds']} s"
-                  + (f"; scoring a round's pool costs {microseconds[name]:.0f} us"
-                     if microseconds and name in microseconds else "") + ".", "",
-                  _fitted_line(meta), "",
-                  "| feature | weight |", "|---|---|"]
-        lines += [f"| {f} | {w:+.3f} |" for f, w in describe_weights(model)]
-        lines.append("")
+        lines += _model_lines(name, model, (microseconds or {}).get(name))
     lines += ["## Held-out expected accepted draft tokens per round", "",
               "| budget | " + " | ".join(rules) + " |", "|---" * (len(rules) + 1) + "|"]
     for b in budgets:

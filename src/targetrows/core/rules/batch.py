@@ -31,6 +31,9 @@ class PoolBatch:
     root_logp: np.ndarray | None = None  # [P, N] log root-row prob of each first-level token
     stale_logp: np.ndarray | None = None  # [P, N] the same under the previous context's row
     reranker: object | None = None  # a learned rule's model (`targetrows.core.rules.learned`)
+    # [P] the levels each pool was drafted to, where it holds only some of its nodes (the
+    # calibration's union of trees); None: each pool's deepest node says (a shape rule reads it)
+    levels: np.ndarray | None = None
 
     @classmethod
     def of_pool(cls, pool: Tree, logq: np.ndarray, root_logp=None, stale_logp=None,
@@ -99,7 +102,7 @@ class PoolBatch:
                          np.minimum(self.size, nodes),
                          None if self.root_logp is None else self.root_logp[:, cut],
                          None if self.stale_logp is None else self.stale_logp[:, cut],
-                         self.reranker)
+                         self.reranker, self.levels)
 
 
 def stack_pools(pools: list[PoolBatch]) -> PoolBatch:
@@ -117,10 +120,13 @@ def stack_pools(pools: list[PoolBatch]) -> PoolBatch:
             row += len(a)
         return out
 
+    levels = None
+    if all(p.levels is not None for p in pools):
+        levels = np.concatenate([p.levels for p in pools])
     return PoolBatch(pad("tokens", -1, np.int64), pad("parents", 0, np.int64),
                      pad("logq", -np.inf, np.float64), np.concatenate([p.size for p in pools]),
                      pad("root_logp", 0.0, np.float64), pad("stale_logp", 0.0, np.float64),
-                     pools[0].reranker)
+                     pools[0].reranker, levels)
 
 
 def top_order(score: np.ndarray, k: int) -> np.ndarray:

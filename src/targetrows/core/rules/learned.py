@@ -133,12 +133,12 @@ class Reranker:
             return cls(str(doc["rule"]), tuple(doc["features"]),
                        tuple(float(w) for w in doc["weights"]),
                        tuple(tuple(float(w) for w in f) for f in doc.get("folds", [])),
-                       _fold_of(doc.get("fold_of", {})), dict(doc.get("meta", {})))
+                       fold_of_from(doc.get("fold_of", {})), dict(doc.get("meta", {})))
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"reranker file {path}: {err}") from None
 
 
-def _fold_of(raw) -> dict:
+def fold_of_from(raw) -> dict:
     """A file's fold_of as {prompt key: fold}, refused by name when it is no mapping or a fold
     is not a whole number (truncating 1.5 would score a prompt with a model that saw it)."""
     if not isinstance(raw, Mapping):
@@ -149,6 +149,18 @@ def _fold_of(raw) -> dict:
             raise ValueError(f"fold_of gives {key!r} the fold {fold!r}, not a whole number")
         out[str(key)] = int(fold)
     return out
+
+
+def load_model(path: str):
+    """A learned rule's model file of either kind, by its format: a `Reranker` or Sequoia's
+    `AcceptanceVector` (`targetrows.core.rules.sequoia_model`)."""
+    from .sequoia_model import FORMAT as ACCEPTANCE_FORMAT
+    from .sequoia_model import AcceptanceVector, read_json
+
+    doc = read_json(path, "model")
+    if isinstance(doc, dict) and doc.get("format") == ACCEPTANCE_FORMAT:
+        return AcceptanceVector.load(path)
+    return Reranker.load(path)
 
 
 def branch_features(batch: PoolBatch, names: tuple[str, ...]) -> np.ndarray:

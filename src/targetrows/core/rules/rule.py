@@ -48,7 +48,13 @@ class Rule:
     reads: tuple[str, ...] = ()  # rows the scores read (ROWS); a pool without one still scores
     baselines: tuple[str, ...] = ()  # the rules the tables compare it with (paired gains)
     paper: bool = True  # one of the paper's rules (an extension says False)
-    learned: bool = False  # scores with a trained reranker (`targetrows.core.rules.learned`)
+    learned: bool = False  # scores with a trained model (`DecodeConfig.reranker`)
+    prior_art: bool = False  # a published method the tables compare ours with
+    # a rule whose tree is a fixed shape rather than the top B by score (Sequoia's):
+    # shape(batch, budget) -> [P, N] bool, each pool's root included, ancestor-closed; a shape
+    # node the pool lacks is simply absent, so the tree can be smaller than B, and the shapes
+    # of two budgets need not be nested (so `expected` asks for each budget's)
+    shape: Callable[[PoolBatch, int], np.ndarray] | None = None
 
     def __post_init__(self):
         if self.tree not in TREES:
@@ -59,6 +65,9 @@ class Rule:
         if self.tree == "redraft" and self.reads:
             raise ValueError(f"rule {self.name!r}: a redraft's pool is drafted under t0, where "
                              "no target row is known yet; it can read none")
+        if self.shape is not None and self.tree != "pool":
+            raise ValueError(f"rule {self.name!r}: a shape rule builds a root-pool tree "
+                             f"(tree 'pool'), not {self.tree!r}")
 
     @property
     def commits_t0(self) -> bool:
@@ -90,6 +99,8 @@ class Rule:
         budget = check_budget(budget)
         logq = _check_logq(pool, logq)
         batch = PoolBatch.of_pool(pool, logq, root_logp, stale_logp, reranker)
+        if self.shape is not None:
+            return np.flatnonzero(self._shape(batch, budget)[0])
         score = self._scores(batch)[0]
         if self.tree in ("pool", "redraft"):
             return _top_nodes(score, budget)
@@ -117,6 +128,10 @@ class Rule:
         counts what is accepted below it and averages over t0. A `redraft` rule is scored on
         the pools it is given as a root-pool rule: pass it the pools drafted under t0."""
         budgets = np.asarray(budgets, dtype=np.int64)
+        if self.shape is not None:  # one shape per budget: they need not be nested
+            masks = [self._shape(batch, int(b))[:, 1:] for b in budgets]
+            return (np.stack([(reach[:, 1:] * m).sum(axis=1) for m in masks], axis=1),
+                    np.stack([m.sum(axis=1) for m in masks], axis=1).astype(np.float64))
         _, n = batch.shape
         k = min(int(budgets.max()), n - 1)
         col = np.minimum(budgets, k) - 1
@@ -142,6 +157,20 @@ class Rule:
                              "selection would not be ancestor-closed; scores must not rise "
                              "from a node to its children")
         return score
+
+    def _shape(self, batch: PoolBatch, budget: int) -> np.ndarray:
+        """The rule's shape at `budget`, checked: each pool's root, ancestor-closed, no
+        padding, at most `budget` non-root nodes (a shape that breaks this is refused)."""
+        mask = np.asarray(self.shape(batch, check_budget(budget)), dtype=bool)
+        if mask.shape != batch.shape:
+            raise ValueError(f"rule {self.name!r}: a shape of {mask.shape} for pools of "
+                             f"{batch.shape}")
+        kept_parent = np.take_along_axis(mask, np.maximum(batch.parents, 0), 1)
+        if (not mask[:, 0].all() or np.any(mask & ~kept_parent) or np.any(mask & (batch.tokens < 0))
+                or np.any(mask[:, 1:].sum(axis=1) > budget)):
+            raise ValueError(f"rule {self.name!r}: a shape must hold each pool's root and at "
+                             f"most {budget} pool nodes, every one with its parent")
+        return mask
 
     def _after_t0(self, batch, score, reach, t0, k, col):
         p, n = batch.shape

@@ -16,18 +16,19 @@ logged pools: the share of the root's reach that goes to its rank-k child (greed
 target's argmax is the rank-k token; sampling: the target's expected probability of it, which
 is what our verification accepts it with).
 
-When p never rises with the rank, the optimal shape is also the top-B nodes by that value
-(no node is worth more than its parent or its better-ranked sibling), so ranking pool nodes by
-it (`positional_logvalue`, `sequoia_rule`) is a `Rule` like the others. It departs from the
-shape where the pool lacks a shape node (the rule spends that slot on the next pool node, the
-shape drops it) and where p rises somewhere (the rule may take a rank without the ranks before
-it). A `Rule` is one ordering of the pool read at every budget, so it cannot drop a node it
-ranks; the shape itself, budget by budget, is `shape_mask`, and NOTES_issue44.md proposes the
-small change to `Rule` that would run it.
+The rule (`sequoia_rule`) is that shape, budget by budget, filled from the pool: a `Rule` with
+a `shape` (`targetrows.core.rules.rule`), so the tree can be smaller than B and the shapes of
+two budgets need not be nested. Its depth limit is each pool's own depth (a shape deeper than
+the pool only loses nodes). Its scores, the log positional value of each pool node
+(`positional_logvalue`), rank the pool as the shape would when p never rises with the rank: then
+the optimal shape is the top-B nodes by that value. p is fixed, or read from a model fitted on
+row logs (`targetrows.core.rules.sequoia_model`, the registered `sequoia` rule). Where this
+departs from Sequoia's code: docs/prior-art.md.
 """
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from dataclasses import dataclass
 
@@ -203,7 +204,18 @@ def shape_mask(batch: PoolBatch, shape: Shape) -> np.ndarray:
     return at < size
 
 
-def positional_logvalue(batch: PoolBatch, p, max_depth: int) -> np.ndarray:
+def node_depth(batch: PoolBatch) -> np.ndarray:
+    """[P, N] each pool node's depth (0 at the root and at padding), one step per node slot."""
+    rows, n = batch.shape
+    depth = np.zeros((rows, n), dtype=np.int64)
+    r = np.arange(rows)
+    valid = batch.tokens >= 0
+    for i in range(1, n):  # parents come first
+        depth[:, i] = np.where(valid[:, i], depth[r, np.maximum(batch.parents[:, i], 0)] + 1, 0)
+    return depth
+
+
+def positional_logvalue(batch: PoolBatch, p, max_depth: int | None = None) -> np.ndarray:
     """[P, N] log of each pool node's positional value, the product of p[rank] along its path
     (0 at the root; -inf below max_depth, past rank len(p) and at padding): it never rises from
     a node to its child, and ranks siblings by draft rank when p never rises with the rank."""
@@ -215,27 +227,70 @@ def positional_logvalue(batch: PoolBatch, p, max_depth: int) -> np.ndarray:
     edge = np.where(valid, edge, -np.inf)
     rows, n = batch.shape
     value = np.zeros((rows, n))
-    depth = np.zeros((rows, n), dtype=np.int64)
     r = np.arange(rows)
     for i in range(1, n):  # parents come first: one vectorised step per node slot
-        parent = np.maximum(batch.parents[:, i], 0)
-        value[:, i] = value[r, parent] + edge[:, i]
-        depth[:, i] = depth[r, parent] + 1
-    return np.where(depth > max_depth, -np.inf, value)
+        value[:, i] = value[r, np.maximum(batch.parents[:, i], 0)] + edge[:, i]
+    if max_depth is None:
+        return value
+    return np.where(node_depth(batch) > max_depth, -np.inf, value)
 
 
-def sequoia_rule(p, max_depth: int, name: str = "sequoia") -> Rule:
-    """A `Rule` that verifies the top-B pool nodes by positional value: Sequoia's optimal shape
-    whenever p never rises with the rank and the pool holds the shape, else the best the pool
-    offers under the same value (see the module docstring)."""
-    p = check_acceptance(p).copy()
-    max_depth = check_count(max_depth, "max_depth")
+@functools.lru_cache(maxsize=4096)
+def _cached_shape(p: tuple[float, ...], budget: int, max_depth: int) -> Shape:
+    return optimal_shape(np.array(p), budget, max_depth)
+
+
+def shape_of_pools(batch: PoolBatch, p, budget: int, max_depth: int | None = None) -> np.ndarray:
+    """[P, N] the optimal shape for `budget` nodes filled from each pool (`shape_mask`), at
+    most each pool's own depth (its deepest node, or `batch.levels`; and `max_depth`) deep:
+    pools of one depth share one shape, and a shape is computed once per (p, budget, depth)."""
+    p = tuple(float(x) for x in check_acceptance(p))
+    deepest = node_depth(batch).max(axis=1) if batch.levels is None else np.asarray(batch.levels)
+    if max_depth is not None:
+        deepest = np.minimum(deepest, max_depth)
+    mask = np.zeros(batch.shape, dtype=bool)
+    mask[:, 0] = True  # a pool of its root alone keeps the root
+    for d in np.unique(deepest[deepest > 0]).tolist():
+        rows = np.flatnonzero(deepest == d)
+        part = PoolBatch(batch.tokens[rows], batch.parents[rows], batch.logq[rows],
+                         batch.size[rows])
+        mask[rows] = shape_mask(part, _cached_shape(p, int(budget), int(d)))
+    return mask
+
+
+def fitted_p(batch: PoolBatch) -> np.ndarray:
+    """The acceptance vector of the model the pools carry (`batch.reranker`, an
+    `AcceptanceVector`)."""
+    model = batch.reranker
+    if getattr(model, "p", None) is None:
+        raise ValueError("sequoia shapes its tree with an acceptance vector fitted on row logs: "
+                         "none was given (targetrows train-reranker --rules sequoia; "
+                         "--reranker FILE)")
+    return np.asarray(model.p, dtype=np.float64)
+
+
+def sequoia_rule(p=None, max_depth: int | None = None, name: str = "sequoia") -> Rule:
+    """Sequoia's optimal shape filled from the pool, as a shape `Rule`, at most `max_depth`
+    levels below the root (None: the pool's depth). `p`: a fixed acceptance vector; None: the
+    rule reads p from the fitted model the pools carry (`fitted_p`: a learned rule)."""
+    fixed = None if p is None else check_acceptance(p).copy()
+    if max_depth is not None:
+        max_depth = check_count(max_depth, "max_depth")
+
+    def p_of(batch: PoolBatch) -> np.ndarray:
+        return fitted_p(batch) if fixed is None else fixed
 
     def scores(batch: PoolBatch) -> np.ndarray:
-        return positional_logvalue(batch, p, max_depth)
+        return positional_logvalue(batch, p_of(batch), max_depth)
 
-    return Rule(name, f"top-B pool nodes by Sequoia's positional value (depth <= {max_depth})",
-                scores, baselines=("draft_rank",), paper=False)
+    def shape(batch: PoolBatch, budget: int) -> np.ndarray:
+        return shape_of_pools(batch, p_of(batch), budget, max_depth)
+
+    source = "a fixed acceptance vector" if fixed is not None else "an acceptance vector " \
+        "fitted on row logs"
+    return Rule(name, f"Sequoia's optimal tree shape for {source}, filled from the pool "
+                "(prior art)", scores, baselines=("draft_rank",), paper=False,
+                learned=fixed is None, prior_art=True, shape=shape)
 
 
 def acceptance_vector(batch: PoolBatch, reach, max_rank: int, at: str = "root") -> np.ndarray:
