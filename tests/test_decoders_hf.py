@@ -85,12 +85,13 @@ def test_greedy_identity_with_generate(pair):
 def test_caches_equal_a_fresh_prefill(pair):
     arch, target_hf, drafts = pair
     target, draft = HFModel(target_hf, name="target"), HFModel(drafts["noisy"], name="draft")
-    for decoder in ("draft_rank", "fts", "pearl", "rerank"):
+    for decoder in ("draft_rank", "fts", "pearl", "rerank", "sequoia", "racer", "recycle"):
         cfg = decode_config(decoder, budget=12, max_new_tokens=30, pool=PoolShape(top_k=3, depth=4))
-        prompt = PROMPTS[0]
-        result = generate(target, draft, prompt, cfg)
+        prompt = PROMPTS[3]
+        uses_draft = cfg.decoder.needs_draft
+        result = generate(target, draft if uses_draft else None, prompt, cfg)
         committed = prompt + result.tokens
-        for model in (target, draft):
+        for model in (target, draft) if uses_draft else (target,):
             cached = model.cached_tokens
             assert cached.tolist() == committed[: len(cached)]
             assert len(cached) >= len(committed) - 2  # compacted in place, not re-prefilled
@@ -100,6 +101,36 @@ def test_caches_equal_a_fresh_prefill(pair):
             for layer, ref in zip(cache.layers, fresh.past_key_values.layers, strict=True):
                 torch.testing.assert_close(layer.keys, ref.keys, rtol=1e-9, atol=1e-9)
                 torch.testing.assert_close(layer.values, ref.values, rtol=1e-9, atol=1e-9)
+
+
+def test_racers_prompt_rows_are_the_prefills_and_become_its_cache(pair, monkeypatch):
+    """RACER's first round asks the target for its rows along the prompt (chain trees, in parts
+    here): their top-k ids are a prefill's, the cache then holds the prompt as a prefill's, and
+    the verify pass feeds the tree alone (the root's row came from the prompt pass)."""
+    from targetrows.decoding import planners
+    from targetrows.decoding.loop import new_state
+
+    monkeypatch.setattr(planners, "PROMPT_ROWS_AT_ONCE", 4)
+    arch, target_hf, _ = pair
+    target = HFModel(target_hf, name="target")
+    prompt = PROMPTS[3] + PROMPTS[0]  # 9 tokens: parts of 4, 4 and 1
+    config = DecodeConfig("racer", budget=6, max_new_tokens=1, recycle_k=5)
+    state = new_state(target, config)
+    fed = []
+    forward = target._forward
+    monkeypatch.setattr(target, "_forward", lambda feed, mask: fed.append(len(feed.ids)) or
+                        forward(feed, mask))
+    result = generate(target, None, prompt, config, state)
+    with torch.no_grad():
+        rows = target_hf(torch.tensor([prompt])).logits[0]
+    want = torch.topk(torch.log_softmax(rows, -1), 5).indices.numpy()
+    seen = {t: i for i, t in enumerate(prompt)}  # a token's last position writes its row
+    for token, i in seen.items():
+        assert state.table.ids[token].tolist() == want[i].tolist(), (arch, token)
+    # then the verify pass: the tree's nodes, without the root
+    assert fed[:3] == [4, 4, 1] and fed[3] == result.rounds[0].nodes > 0
+    cached = target.cached_tokens.tolist()
+    assert cached[: len(prompt)] == prompt
 
 
 @pytest.mark.slow

@@ -158,9 +158,13 @@ def load_model(path: str):
     from .sequoia_model import AcceptanceVector, read_json
 
     doc = read_json(path, "model")
-    if isinstance(doc, dict) and doc.get("format") == ACCEPTANCE_FORMAT:
+    found = doc.get("format") if isinstance(doc, dict) else None
+    if found == ACCEPTANCE_FORMAT:
         return AcceptanceVector.load(path)
-    return Reranker.load(path)
+    if found == FORMAT:
+        return Reranker.load(path)
+    raise ValueError(f"model file {path} is neither a {FORMAT} nor a {ACCEPTANCE_FORMAT} file "
+                     f"(format {found!r}): targetrows train-reranker writes them")
 
 
 def branch_features(batch: PoolBatch, names: tuple[str, ...]) -> np.ndarray:
