@@ -436,7 +436,12 @@ def test_default_dag_end_to_end_on_tiny_models_survives_an_interrupt(tmp_path):
     assert len(acc) == len(rule_names()) * len(cfg["score"]["budgets"]) * len(cfg["temperatures"])
     gain = pd.read_csv(work / "results" / "tables" / "online_gain.csv")
     fts = gain[(gain["decoder"] == "fts") & (gain["metric"] == "nodes") & ~gain["auto"]]
-    assert sorted(fts["baseline_budget"]) == sorted([3, 8, 8] * len(cfg["temperatures"]))
+    assert sorted(fts.loc[fts["baseline"] == "pearl", "baseline_budget"]) == sorted(
+        [3, 8, 8] * len(cfg["temperatures"]))
+    # and each of ours over each prior-art decoder, at the same budget
+    prior = fts[fts["baseline"] != "pearl"]
+    assert set(prior["baseline"]) == {"sequoia", "racer", "recycle"}
+    assert (prior["baseline_budget"] == prior["budget"]).all()
     assert gain["auto"].sum() > 0  # auto picks compared with the baseline's auto picks
     # every temperature-0 answer of every decoder but ar compared with ar's, on the CPU in
     # float32 (the test config's dtype auto on a CPU without bfloat16 units) or bfloat16
@@ -448,6 +453,7 @@ def test_default_dag_end_to_end_on_tiny_models_survives_an_interrupt(tmp_path):
     assert (online.loc[online["decoder"] == "ar", "speedup"] == 1).all()
     gains = pd.read_csv(work / "results" / "tables" / "relative_gains.csv")
     assert {"first_token", "target_rerank"} <= set(gains["rule"])
+    assert "target_rerank" in set(gains.loc[gains["baseline"] == "sequoia", "rule"])
     finite = gains.dropna(subset=["lo", "hi"])  # NaN where the baseline accepted nothing
     assert len(finite) and (finite["lo"] <= finite["hi"]).all()
 

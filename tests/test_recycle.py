@@ -44,7 +44,7 @@ def random_table(rng, vocab, k, seen=1.0) -> TokenTable:
 def published_token_bin(adj: dict, next_token: int, max_num_draft: int, top_k: int) -> list:
     """RACER's TokenBin::retrieve (automaton.cpp:78-121), with `adj` a dict token -> row and a
     token without a row treated like their `token >= adj_matrix.size()`: a leaf (their zero
-    rows, which propose token 0, are a departure NOTES_issue44.md records). Returns the
+    rows, which propose token 0, are a departure docs/prior-art.md records). Returns the
     candidates: root-to-leaf token lists, the root included."""
     if next_token not in adj:
         return [[next_token]]

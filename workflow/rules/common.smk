@@ -296,13 +296,15 @@ def decode_answers():
 
 
 def decode_inputs(wildcards):
-    """Target, draft and every task's prompts (in config order, as the answers), the reranker
-    of a learned decoder, and for a matched cap the baseline's runs and the row logs."""
+    """Target, draft (none for a draft-free decoder: its jobs wait for no draft training) and
+    every task's prompts (in config order, as the answers), the model of a learned decoder, and
+    for a matched cap the baseline's runs and the row logs."""
     inputs = {
         "target": model_dir(wildcards.target),
-        "draft": model_dir(DRAFT_OF[wildcards.target]),
         "prompts": [prompts_file(task) for task in config["tasks"]],
     }
+    if DECODERS[wildcards.decoder].needs_draft:
+        inputs["draft"] = model_dir(DRAFT_OF[wildcards.target])
     if DECODERS[wildcards.decoder].learned:
         inputs["reranker"] = reranker_files(wildcards, [DECODERS[wildcards.decoder].rule])
     if matched_at(wildcards.decoder):
@@ -316,6 +318,11 @@ def decode_inputs(wildcards):
         )
         inputs["rows"] = expand("results/rows/{target}/{task}/T{temperature}.npz", **tasks)
     return inputs
+
+
+def decode_drafts(input):
+    """The draft folder a decode job loads, as a list: none for a draft-free decoder."""
+    return [input.draft] if "draft" in input.keys() else []
 
 
 def decode_priority(decoder, cfg=config):
@@ -339,7 +346,9 @@ def placement_for(target, decoder=None, dtype="auto"):
     says so; never more GPUs than resources.gpus_per_job."""
     res = config["resources"]
     own = decoder is not None and DECODERS[decoder].gpus > 1 and res["draft_own_gpu"]
-    placed = place(model_gb(target, dtype), model_gb(DRAFT_OF[target], dtype), res["gpu_memory_gb"], own)
+    drafted = decoder is None or DECODERS[decoder].needs_draft  # a draft-free job loads none
+    draft_gb = model_gb(DRAFT_OF[target], dtype) if drafted else 0.0
+    placed = place(model_gb(target, dtype), draft_gb, res["gpu_memory_gb"], own)
     cap = res["gpus_per_job"]
     if cap and placed.target_cards > cap:
         raise WorkflowError(

@@ -21,7 +21,7 @@ rule decode:
     threads: config["threads"]["decode"]
     resources:
         gpu=lambda w: gpu_request(placement_for(w.target, w.decoder, config["decode"]["dtype"]).gpus),
-        mem_mb=lambda w, input: job_mem_mb("decode", [input.target, input.draft]),
+        mem_mb=lambda w, input: job_mem_mb("decode", [input.target, *decode_drafts(input)]),
         runtime=job_runtime("decode"),
     params:
         budgets=lambda w: decode_budgets(w.decoder),

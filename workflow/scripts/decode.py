@@ -29,11 +29,13 @@ def budgets_of(decoder: str, conditions: list[dict]) -> list:
 def command(smk, budgets: list):
     budget_args = ["--budgets", *map(str, budgets)] if budgets else []
     reranker = ["--reranker", *smk.input.reranker] if "reranker" in smk.input.keys() else []
+    # a draft-free decoder's job has no draft (its decode drops --draft-lookup from args too)
+    draft = ["--draft", smk.input.draft] if "draft" in smk.input.keys() else []
 
     def argv(target_device: str, draft_device: str) -> list[str]:
         return [
             sys.executable, "-m", "targetrows.cli", "decode",
-            "--target", smk.input.target, "--draft", smk.input.draft,
+            "--target", smk.input.target, *draft,
             "--target-device", target_device, "--draft-device", draft_device,
             "--dtype", smk.params.dtype,
             "--prompts", *smk.input.prompts, "--decoder", smk.wildcards.decoder,

@@ -59,7 +59,10 @@ def relative_gains(gains: pd.DataFrame):
     pairs, temps = sorted(gains["pair"].unique()), sorted(gains["temperature"].unique())
     fig, axes = plt.subplots(len(temps), len(pairs), squeeze=False, sharex=True,
                              figsize=(3.6 * len(pairs), 2.8 * len(temps)))
-    palette = dict(zip(sorted(gains["comparison"].unique()), sns.color_palette(), strict=False))
+    names = sorted(gains["comparison"].unique())
+    # more comparisons than the default palette's 10 colours (the prior art's): evenly spaced
+    palette = dict(zip(names, sns.color_palette(None if len(names) <= 10 else "husl",
+                                                len(names)), strict=True))
     for i, temp in enumerate(temps):
         for j, pair in enumerate(pairs):
             ax = axes[i, j]

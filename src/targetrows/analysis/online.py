@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from targetrows.decoding.budget import Auto, Matched, parse_budget
-from targetrows.decoding.registry import DECODERS, get_decoder
+from targetrows.decoding.registry import DECODERS, get_decoder, prior_art_decoders
 from targetrows.pipeline.conditions import read_conditions
 
 from . import stats
@@ -192,13 +192,15 @@ def per_prompt(decoding: pd.DataFrame) -> pd.DataFrame:
 def online_gains(decoding: pd.DataFrame, plan: pd.DataFrame, n_boot: int, seed: int):
     """Each decoder over its baseline, condition by condition: a condition is compared with the
     baseline's run at its `baseline_budget` and `baseline_depth` (the same budget, the budget a
-    matched cap was matched at, or the baseline's own auto choice). Per metric (`METRICS`), the
+    matched cap was matched at, or the baseline's own auto choice); and each of our decoders
+    over each prior-art decoder that ran (`against_prior_art`). Per metric (`METRICS`), the
     ratio of per-prompt values summed over prompts minus 1, with a 95% bootstrap interval
     resampled by prompt; `n_undefined` counts the replicates whose baseline total was zero
     (dropped from the interval)."""
     runs = per_prompt(decoding[decoding["rounds"] > 0])
     values = {"accepted": "accepted_pr", "nodes": "nodes_pr", "tokens_per_s": "tokens_per_s"}
     out = []
+    plan = pd.concat([plan, against_prior_art(plan)], ignore_index=True)
     compared = plan[plan["baseline"].notna() & plan["baseline"].isin(runs["decoder"])
                     & plan["baseline_budget"].notna()]
     for row in compared.itertuples(index=False):
@@ -235,6 +237,21 @@ def online_gains(decoding: pd.DataFrame, plan: pd.DataFrame, n_boot: int, seed: 
                 "n_undefined": int(g["n_undefined"][0]), "n_prompts": int(g["n_prompts"][0]),
             })
     return pd.DataFrame(out)
+
+
+def against_prior_art(plan: pd.DataFrame) -> pd.DataFrame:
+    """Our decoders' conditions (`Decoder.ours`) once more for each prior-art decoder in the
+    plan (`Decoder.prior_art`), as its baseline: its run at the same budget (a matched cap: the
+    cap it ran at), or for an auto condition the prior-art decoder's own auto pick."""
+    ran = set(plan["decoder"])
+    prior = [d for d in prior_art_decoders() if d in ran]
+    ours = plan[[d in DECODERS and DECODERS[d].ours for d in plan["decoder"]]]
+    if not prior or ours.empty:
+        return plan.iloc[:0]
+    frames = [ours.assign(baseline=p, baseline_budget=ours["budget"]) for p in prior]
+    both = pd.concat(frames, ignore_index=True)
+    return _baseline_runs(pd.concat([plan[plan["decoder"].isin(prior)], both],
+                                    ignore_index=True)).iloc[-len(both):]
 
 
 def consistency(acc: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:

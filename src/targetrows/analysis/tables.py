@@ -6,7 +6,8 @@ identified by task and prompt id, the bootstrap's resampling unit):
 expected_accepted  expected accepted draft tokens per verify pass by pair, temperature, rule and
                    budget, with mean non-root nodes and tokens committed per pass.
 relative_gains     paired gains with 95% bootstrap CIs (`stats.paired_gain`) of each rule over
-                   each of its baselines (`Rule.baselines` in the registry).
+                   each of its baselines (`Rule.baselines` in the registry), and of each of
+                   our rules over each prior-art rule (`Rule.prior_art`: sequoia).
 equal_size         the same at the baseline's mean tree size (`stats.equal_size_gain`), for the
                    rules whose trees are not their budget's size (those that commit t0).
 
@@ -16,9 +17,11 @@ online             tokens/s, speedup over ar and accepted draft tokens per round
                    prompt), non-root nodes and tokens committed per round, by decoder and
                    condition (a budget, a matched cap, or the cost model's auto pick).
 online_gain        each decoder over its baseline (`Decoder.baseline`), condition by condition
-                   (a matched cap against the budget it was matched at): accepted draft tokens
-                   per round, non-root nodes per round and tokens/s, paired by prompt, with 95%
-                   CIs and the count of undefined bootstrap replicates.
+                   (a matched cap against the budget it was matched at), and each of our
+                   decoders over each prior-art decoder (`Decoder.prior_art`: sequoia, racer,
+                   recycle) at the same condition: accepted draft tokens per round, non-root
+                   nodes per round and tokens/s, paired by prompt, with 95% CIs and the count
+                   of undefined bootstrap replicates.
 consistency        each decoder online against the scored expectation of its rule, same budget.
 
 From the drift rows (results/drift/<target>.csv, `targetrows drift`; `targetrows.analysis.drift`):
@@ -58,9 +61,15 @@ def score_groups(paths: list[str]) -> list[dict[str, np.ndarray]]:
 
 
 def comparisons(present) -> list[tuple[str, str]]:
-    """(rule, baseline) for each registered rule and each of its baselines scored too."""
-    return [(r.name, b) for r in RULES.values() for b in r.baselines
-            if {r.name, b} <= set(present)]
+    """(rule, baseline) for each registered rule and each of its baselines scored too, then
+    each of our rules (one with baselines, not prior art) over each prior-art rule scored
+    (`Rule.prior_art`: Sequoia's)."""
+    present = set(present)
+    pairs = [(r.name, b) for r in RULES.values() for b in r.baselines if {r.name, b} <= present]
+    prior = [r.name for r in RULES.values() if r.prior_art and r.name in present]
+    ours = [r.name for r in RULES.values()
+            if r.baselines and not r.prior_art and r.name in present]
+    return pairs + [(r, p) for r in ours for p in prior if (r, p) not in pairs]
 
 
 def row_log_tables(paths: list[str], n_boot: int, seed: int):
@@ -167,7 +176,8 @@ def write_online_tables(decoding: pd.DataFrame, plan: pd.DataFrame, folder: str,
     else:
         shown = gain
     write_table(gain, shown, f"{folder}/online_gain",
-                "Online: each decoder's run over its baseline's run it is compared with (a "
+                "Online: each decoder's run over the runs it is compared with, its baseline's "
+                "and each prior-art decoder's (a "
                 "matched cap against the budget it was matched at, an auto pick against the "
                 "baseline's auto pick): relative gain in accepted "
                 "draft tokens per round, non-root nodes per round and tokens/s (95% CI by "

@@ -15,7 +15,7 @@ candidates, which the tree built from them merges (`targetrows.core.recycle`).
 
 We look each suffix up from the trie's root (at most n walks of at most n steps) instead of
 running RACER's Aho-Corasick automaton; that finds every matching suffix, which their
-automaton is meant to (NOTES_issue44.md says where theirs can miss some). Ties between equal
+automaton is meant to (docs/prior-art.md says where theirs can miss some). Ties between equal
 counts, which RACER leaves to hash and pointer order, are broken here by a fixed key
 (`rank_key`), so the result is deterministic and a brute force can reproduce it.
 """

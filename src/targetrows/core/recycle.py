@@ -30,8 +30,10 @@ from .checks import check_count
 from .ngram_trie import NgramTrie
 from .tree import Tree
 
-# Token Recycling's default template ("2.2.2"): the number of children of each node, level by
-# level, nodes in breadth-first order and children in rank order (80 non-root nodes).
+# Token Recycling's default template ("2.2.2"), data from github.com/Luowaterbi/TokenRecycling
+# at commit 1b4c05c, model/recycling/tree_template_.py:3-10 (its 80 rank paths), re-encoded here
+# as the number of children of each node, level by level, nodes in breadth-first order and
+# children in rank order (80 non-root nodes; tests/test_recycle.py checks the shape).
 TOKEN_RECYCLING_BRANCHES = (
     (8,),
     (8, 4, 3, 2, 1, 1, 1, 1),
