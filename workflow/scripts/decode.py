@@ -29,8 +29,9 @@ def budgets_of(decoder: str, conditions: list[dict]) -> list:
 def command(smk, budgets: list):
     budget_args = ["--budgets", *map(str, budgets)] if budgets else []
     reranker = ["--reranker", *smk.input.reranker] if "reranker" in smk.input.keys() else []
-    # a draft-free decoder's job has no draft (its decode drops --draft-lookup from args too)
+    # a draft-free decoder's job has no draft, so nothing for prompt lookup to mix into
     draft = ["--draft", smk.input.draft] if "draft" in smk.input.keys() else []
+    extra = [a for a in smk.params.args if draft or a != "--draft-lookup"]
 
     def argv(target_device: str, draft_device: str) -> list[str]:
         return [
@@ -43,7 +44,7 @@ def command(smk, budgets: list):
             "--max-new-tokens", str(smk.params.max_new_tokens), "--seed", str(smk.params.seed),
             "--top-k", str(smk.params.top_k), "--depth", str(smk.params.depth),
             "--model-id", smk.wildcards.target, "--no-progress",
-            *reranker, *smk.params.trust, *smk.params.chat, *smk.params.args,
+            *reranker, *smk.params.trust, *smk.params.chat, *extra,
             "--out", *smk.output.answers,
         ]
     return argv

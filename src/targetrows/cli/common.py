@@ -159,10 +159,10 @@ def check_draft(decoders, draft: str | None) -> None:
 
 
 def drop_unneeded_draft(args: argparse.Namespace, decoders) -> None:
-    """No draft is loaded when none of `decoders` drafts with one (ar, the draft-free
-    decoders): --draft and --draft-lookup are set aside (the pipeline passes its pair's draft
-    to every decode job)."""
-    if not any(get_decoder(d).needs_draft for d in decoders):
+    """A --draft given is not loaded when none of `decoders` drafts with one (ar, the
+    draft-free decoders), and --draft-lookup, which would wrap it, goes with it; --draft-lookup
+    without --draft is still the error `load_from_args` names."""
+    if args.draft and not any(get_decoder(d).needs_draft for d in decoders):
         args.draft, args.draft_lookup = None, False
 
 

@@ -248,10 +248,7 @@ def auto_budget(
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("auto budget needs prompts to time and calibrate on, none of them empty")
     pool = config.pool
-    budgets = sorted({int(b) for b in search.budgets if 1 <= int(b) <= pool.size}) or [pool.size]
-    depths = sorted(set(_check_depths(search.depths or range(1, pool.depth + 1), pool.depth)))
-    if not entry.needs_draft:  # no pool: one depth, the setting (it is recorded, not used)
-        budgets, depths = sorted({int(b) for b in search.budgets if b >= 1}), [pool.depth]
+    budgets, depths = _candidates(entry, pool, search)
     overlap = config.overlap
     if overlap is None:
         overlap = draft is not None and target.device != draft.device
@@ -278,6 +275,17 @@ def auto_budget(
     best_depth, best = best_depth_budget(depths, budgets, np.where(fits, tps, -np.inf))
     return BudgetChoice(best, best_depth, tuple(budgets), tuple(depths), _nested(tps),
                         _nested(committed), _nested(nodes), parts)
+
+
+def _candidates(entry, pool, search: BudgetSearch) -> tuple[list[int], list[int]]:
+    """The budgets and pool depths tried: those of the search that fit the pool; for a
+    draft-free decoder every budget and one depth, the setting's (recorded, not used: it
+    drafts no pool)."""
+    if not entry.needs_draft:
+        return sorted({int(b) for b in search.budgets if b >= 1}), [pool.depth]
+    budgets = sorted({int(b) for b in search.budgets if 1 <= int(b) <= pool.size}) or [pool.size]
+    depths = sorted(set(_check_depths(search.depths or range(1, pool.depth + 1), pool.depth)))
+    return budgets, depths
 
 
 def _mean_curves(target, draft, prompts, configs, budgets, depths, search: BudgetSearch):
