@@ -125,7 +125,7 @@ class Decoder:
         """New tokens per draft pass of one round's expansion of a pool of `pool.depth` levels:
         the root, then the top_k frontier nodes of each further level (at most B - 1 of them
         for a pool pruned to a B-node tree, `budget`); a guesses pool feeds the root, the
-        guesses, then guesses * top_k frontier nodes per level. None without a draft model."""
+        guesses, then guesses * top_k frontier nodes per level; none without a draft model."""
         if not self.needs_draft:
             return []
         k, depth = pool.top_k, pool.depth
