@@ -91,6 +91,7 @@ def test_bench_end_to_end(pair, prompts_file, tmp_path):
         assert float(r["tokens_per_s"]) > 0 and 0 < int(r["new_tokens"]) <= 8
         if r["method"] not in bench.HF_METHODS:
             assert float(r["bound_tokens_per_s"]) > 0 and int(r["rounds"]) >= 1
+            assert float(r["predicted_tokens_per_s"]) > 0
             assert float(r["mean_t_round"]) >= float(r["mean_t_verify"])
         if r["method"] not in bench.HF_METHODS and r["method"] != "ar":
             assert r["budget"] == "6"
@@ -109,6 +110,7 @@ def test_bench_end_to_end(pair, prompts_file, tmp_path):
         "x HF lookup",
         "prompt lookup tokens 10",
         "## Part times",
+        "measured/predicted [min-max]",
         "## Goals",
         "machine:",
         "versions:",
@@ -281,6 +283,8 @@ def _rows():
                     bound_tokens_per_s=tps / 0.95,
                     bound_speedup=1.2,
                     measured_over_bound=0.95 if method == "ar" else 0.8,
+                    predicted_tokens_per_s=tps / 0.9,
+                    measured_over_predicted=(0.9 if method == "ar" else 0.8) * (1 + int(qid) / 10),
                 )
             out.append(row)
     return out
@@ -316,7 +320,12 @@ def test_summary_and_goals_by_hand():
     assert met["ar measured >= 90% of bound (T=0)"] is True
     assert met["fts measured >= 90% of bound (T=0)"] is False
     assert met["fts bookkeeping < 5% of a round (T=0)"] is True
+    # measured / predicted: ar 0.99 and 1.08 (median 1.035), fts 0.88 and 0.96 (median 0.92)
+    assert summary["ar"]["of_predicted"] == pytest.approx(1.035)
+    assert met["ar measured within 15% of the cost model's prediction (T=0)"] is True
+    assert value["fts measured within 15% of the cost model's prediction (T=0)"] == "92%"
     table = bench_report.summary_markdown(list(summary.values()), settings)
+    assert "| 104% [99%-108%] |" in table
     assert "| fts |" in table and "1.56" in table  # the median ratio to HF assisted
     assert "| hf_prompt_lookup |" in table and "| 0.81 |" in table  # fts against prompt lookup
 
@@ -426,3 +435,24 @@ def test_calibration_spread_predicts_and_measures_with_a_head_and_lookup(pair, h
     assert len(rows) == len(spread.PLACEMENTS)
     assert all(1.0 <= float(r[4]) <= 3.0 for r in rows)
     assert "measured on 4 prompts (2 of each file" in text
+
+
+def test_a_runs_predicted_speed_by_hand():
+    """A run's prediction: the prompt's first pass, then rounds at the acceptance the cost
+    model's choice predicted, priced by the part times given (the prompt's context's)."""
+    from targetrows.core.pool import PoolShape
+    from targetrows.cost.calibration import BudgetChoice
+    from targetrows.cost.parttimes import PartTimes, PassCurve
+    from targetrows.decoding.config import DecodeConfig
+
+    parts = PartTimes(PassCurve((1, 9), (0.010, 0.018)), PassCurve((1, 41), (0.0021, 0.0061)), 100)
+    settings = bench.BenchSettings(decode=DecodeConfig(pool=PoolShape(4, 3)),
+                                   decoders=("ar", "draft_rank"), budget=8)
+    ar = {"method": "ar", "new_tokens": 20}
+    assert bench._predicted(ar, None, parts, 0.05, settings) == pytest.approx(20 / (0.05 + 0.2))
+    choice = BudgetChoice(8, 2, (8,), (2,), ((0.0,),), ((2.0,),), ((8.0,),), parts, 100, 0.0)
+    # depth 2: draft passes of 1 and 4 tokens (4.5 ms), a verify pass of 9 (18 ms): 2 tokens
+    # per 22.5 ms, 10 rounds for 20 tokens
+    dr = {"method": "draft_rank", "new_tokens": 20}
+    assert bench._predicted(dr, choice, parts, 0.05, settings) == pytest.approx(
+        20 / (0.05 + 10 * 0.0225))

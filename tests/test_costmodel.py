@@ -283,7 +283,78 @@ def test_mean_parts_averages_two_timings():
     assert both.draft is DRAFT
     with pytest.raises(ValueError, match="sizes"):
         parttimes.mean_parts(PARTS, parttimes.PartTimes(parttimes.PassCurve((1, 2), (0.1, 0.2)),
-                                                        None, 1))
+                                                        None, 100))
+    with pytest.raises(ValueError, match="different contexts"):
+        parttimes.mean_parts(PARTS, parttimes.PartTimes(TARGET, None, 101))
+
+
+def test_part_times_at_a_context_are_linear_between_the_two_timed():
+    """Attention reads the whole context: a pass at 500 cached tokens costs more than at 100,
+    and a run's mean context in between is priced on the line through the two timings."""
+    far = parttimes.PartTimes(parttimes.PassCurve((1, 9, 17), (0.030, 0.050, 0.070)),
+                              parttimes.PassCurve((1, 41), (0.0041, 0.0101)), 500)
+    both = parttimes.PartTimes(TARGET, DRAFT, 100, longer=far)
+    mid = both.at(300)
+    assert mid.context_len == 300 and mid.longer is None
+    assert mid.target.seconds == pytest.approx((0.020, 0.034, 0.048))
+    assert mid.draft.seconds == pytest.approx((0.0031, 0.0081))
+    assert both.at(40).target.seconds == pytest.approx(TARGET.seconds)  # held below the shorter
+    assert both.at(900).target.seconds == pytest.approx((0.050, 0.082, 0.114))  # on along the line
+    assert PARTS.at(900) is PARTS  # timed at one context: those times
+    halves = parttimes.mean_parts(both, both)
+    assert halves.longer.target.seconds == pytest.approx(far.target.seconds)
+    with pytest.raises(ValueError, match="longer context"):
+        parttimes.PartTimes(TARGET, DRAFT, 100, longer=parttimes.PartTimes(TARGET, DRAFT, 100))
+
+
+def test_a_draft_that_refeeds_pays_for_the_tokens_the_last_round_committed():
+    """An EAGLE-3 head feeds the previous round's committed tokens again (from the target's
+    features) in its first pass: that pass is as wide as they are; a standalone draft's first
+    pass feeds the bonus token alone, whatever was committed."""
+    head = parttimes.PartTimes(TARGET, DRAFT, 100, draft_refeeds=True)
+    pool = PoolShape(4, 3)
+    # draft_rank: passes of widths [fed back, 4, 4], verify feeds root + 8 nodes = 18 ms
+    by_hand = (0.0021 + 0.0024 + 0.0024) + 0.018
+    got = rounds.round_seconds("draft_rank", head, [8], [3], 0.0, pool, fed_back=[2])
+    assert got[0] == pytest.approx(by_hand + 0.0001)  # the first pass: 2 tokens, not 1
+    assert rounds.round_seconds("draft_rank", PARTS, [8], [3], 0.0, pool, fed_back=[2])[0] == \
+        pytest.approx(by_hand)
+    # the bound feeds each round what the round before it committed (the first: one token)
+    stats = [RoundStats(committed=c, nodes=8, draft_passes=3) for c in (3, 1, 4)]
+    b = rounds.bound("draft_rank", head, stats, pool)
+    firsts = [0.0021, 0.0023, 0.0021]  # widths 1, 3, 1
+    seconds = [f + 0.0048 + 0.018 for f in firsts]
+    assert b.round_seconds == pytest.approx(np.mean(seconds))
+    assert b.tokens_per_s == pytest.approx(8 / sum(seconds))
+    # and the prediction feeds back what it predicts a round commits
+    tps = rounds.predicted_tokens_per_s("draft_rank", [3.0], [8], head, 0.0, pool)
+    assert tps[0] == pytest.approx(3.0 / (0.0023 + 0.0048 + 0.018))
+
+
+def test_auto_budget_times_at_the_runs_mean_context():
+    """By default the passes are timed at the prompts' mean length plus half the new tokens,
+    the mean context of the runs the budget is for."""
+    pair = ToyPair(vocab_size=24, seed=3, closeness=0.8)
+    seen = []
+    real = parttimes.time_passes
+
+    def spy(model, context, sizes, repeats=3, seed=0):
+        seen.append(len(context))
+        return real(model, context, sizes, 1, seed)
+
+    prompts = [[1, 2, 3], [7, 7, 7, 7], [5]]  # mean length 8/3
+    config = DecodeConfig("draft_rank", pool=PoolShape(3, 2), max_new_tokens=10)
+    search = BudgetSearch(budgets=(1, 2), contexts=1)
+    import unittest.mock as mock
+    with mock.patch.object(parttimes, "time_passes", spy):
+        choice = calibration.auto_budget(pair.target, pair.draft, config, prompts, search)
+        assert seen == [8, 8]  # round(8/3 + 10/2): the target's passes, then the draft's
+        assert choice.context_len == 8
+        seen.clear()
+        calibration.auto_budget(pair.target, pair.draft, config, prompts, search,
+                                context_len=30)
+        assert seen == [30, 30]
+    assert parttimes.timing_context(prompts, 10) == [1, 2, 3, 7, 7, 7, 7, 5, 1, 2]
 
 
 def test_calibration_prompts_average_each_prompts_curve():

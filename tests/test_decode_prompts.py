@@ -238,13 +238,16 @@ def test_an_auto_pick_of_a_learned_decoder_calibrates_each_prompt_out_of_fold(tm
     files = []
     for task, qid in (("mt_bench", 1), ("gsm8k", 7)):
         path = tmp_path / f"{task}.jsonl"
-        path.write_text(json.dumps({"question_id": qid, "category": task, "turns": ["hi"]}))
+        more = [{"question_id": 99, "category": task, "turns": ["x" * 40]}] if qid == 7 else []
+        path.write_text("\n".join(json.dumps(q) for q in [
+            {"question_id": qid, "category": task, "turns": ["hi"]}, *more]))
         files.append(job._open_file(str(path), str(tmp_path / f"{task}.out"),
                                     job.DecodeJobSettings(DecodeConfig("fts"))))
     seen = {}
 
     def fake_auto_budget(target, draft, config, prompts, prompt_configs=None, **kw):
         seen["weights"] = [c.reranker.weights for c in prompt_configs]
+        seen["prompts"], seen["context_len"] = prompts, kw["context_len"]
 
         class Choice:
             budget, depth = 5, 2
@@ -259,8 +262,13 @@ def test_an_auto_pick_of_a_learned_decoder_calibrates_each_prompt_out_of_fold(tm
         chat_template = None
 
         def __call__(self, text):
-            return {"input_ids": [1, 2, 3]}
+            return {"input_ids": [1] * len(text)}
 
-    settings = job.DecodeJobSettings(DecodeConfig("lrerank", reranker=model), budgets=(Auto(),))
+    settings = job.DecodeJobSettings(DecodeConfig("lrerank", reranker=model, max_new_tokens=30),
+                                     budgets=(Auto(),))
     assert job.auto_condition(None, None, Tokenizer(), files, settings) == (5, 2)
     assert seen["weights"] == [folds[0], folds[1]]
+    # calibrated on each file's first question, timed at the mean context of every question
+    hi, long = (len(job.encode_conversation(Tokenizer(), [("user", t)])) for t in ("hi", "x" * 40))
+    assert [len(p) for p in seen["prompts"]] == [hi, hi]
+    assert seen["context_len"] == round((2 * hi + long) / 3 + 15)

@@ -124,6 +124,35 @@ def test_target_features_follow_the_cache(llama_target, tmp_path):
         torch.testing.assert_close(feats, want, rtol=1e-10, atol=1e-10)
 
 
+def test_a_head_is_timed_one_pass_per_size_and_refeeds_what_a_round_committed(llama_target,
+                                                                               tmp_path):
+    """The cost model's draft pass times are one head pass each (the timed nodes are one level),
+    and the head declares that a round's committed tokens are fed again in its next first pass:
+    the width of that pass is what the previous round committed."""
+    from targetrows.cost import parttimes
+
+    target, draft = _draft(llama_target, save_tiny_head(tmp_path / "h", llama_target.config))
+    widths = []
+    real = draft.head.step
+
+    def step(h, embedded, *args):
+        widths.append(len(embedded))
+        return real(h, embedded, *args)
+
+    draft.head.step = step
+    parttimes.time_passes(draft, PROMPTS[1], [1, 3, 6], repeats=1)
+    assert widths[-3:] == [1, 3, 6]  # the last repeat: one pass of each size
+    assert draft.refeeds_committed
+    result = generate(target, draft, PROMPTS[1],
+                      decode_config("draft_rank", budget=6, max_new_tokens=12,
+                                    pool=PoolShape(top_k=3, depth=2)))
+    widths.clear()
+    ctx = PROMPTS[1] + result.tokens
+    draft.commit(ctx[:-3])  # three tokens committed since: fed again, in one pass
+    draft.logits(ctx, Tree.root_only(ctx[-1]), [0])
+    assert widths == [3]
+
+
 @pytest.mark.parametrize("layout, written, inputs", [
     ("eagle", {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [3, 0, 1]}}, [1, 2, 4]),
     ("speculators", {"eagle_aux_hidden_state_layer_ids": [4, 0, 1]}, [0, 1, 4]),

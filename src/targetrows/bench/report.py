@@ -24,6 +24,7 @@ MIN_HEAD_VS_AR = 1.4  # the same with the draft alone
 MIN_BEST_VS_LOOKUP = 2.0  # the best decoder against HF prompt lookup decoding
 MIN_BEST_VS_PEER = 1.0  # the best decoder against each peer engine (--peer)
 MIN_OF_BOUND = 0.9  # measured speed against the zero-overhead bound
+MAX_PREDICTION_ERROR = 0.15  # measured speed against the cost model's prediction, either way
 MAX_BOOKKEEPING = 0.05  # share of a round
 PER_ROUND_MS = ("t_draft", "t_root", "t_verify")
 RATIO_HEADS = {  # the ratio columns: our ar and each Hugging Face baseline
@@ -154,6 +155,12 @@ def summarize(rows: list[dict], settings) -> list[dict]:
             s["bound_tps"] = float(np.median([r["bound_tokens_per_s"] for r in timed]))
             s["bound_speedup"] = float(np.median([r["bound_speedup"] for r in timed]))
             s["of_bound"] = float(np.median([r["measured_over_bound"] for r in timed]))
+        predicted = [r for r in group if r.get("predicted_tokens_per_s", "") != ""]
+        if predicted:
+            s["predicted_tps"] = float(np.median([r["predicted_tokens_per_s"] for r in predicted]))
+            ratios = np.array([r["measured_over_predicted"] for r in predicted], dtype=float)
+            s["of_predicted"] = float(np.median(ratios))
+            s["of_predicted_range"] = (float(ratios.min()), float(ratios.max()))
         out.append(s)
     return out
 
@@ -181,6 +188,8 @@ def summary_markdown(summary: list[dict], settings) -> str:
         "bound tokens/s",
         "bound speedup",
         "measured/bound",
+        "predicted tokens/s",
+        "measured/predicted [min-max]",
         "= HF greedy",
     )
     parts = []
@@ -217,6 +226,8 @@ def summary_markdown(summary: list[dict], settings) -> str:
                         _f(s.get("bound_tps"), "{:.1f}"),
                         _f(s.get("bound_speedup")),
                         _f(s.get("of_bound"), "{:.0%}"),
+                        _f(s.get("predicted_tps"), "{:.1f}"),
+                        _of_predicted(s),
                         s["same_as_hf"] or "-",
                     ]
                 )
@@ -224,6 +235,13 @@ def summary_markdown(summary: list[dict], settings) -> str:
             )
         parts.append("\n".join(lines))
     return "\n\n".join(parts)
+
+
+def _of_predicted(s: dict) -> str:
+    if "of_predicted" not in s:
+        return "-"
+    low, high = s["of_predicted_range"]
+    return f"{s['of_predicted']:.0%} [{low:.0%}-{high:.0%}]"
 
 
 def _best(candidates: list[dict], key: str):
@@ -279,6 +297,11 @@ def goals(summary: list[dict], settings, lookup: bool = False) -> list[tuple[str
                     s["of_bound"] >= MIN_OF_BOUND,
                 )
             )
+        if "of_predicted" in s:
+            out.append((f"{s['method']} measured within {MAX_PREDICTION_ERROR:.0%} of the cost "
+                        f"model's prediction (T={s['temperature']:g})",
+                        _f(s["of_predicted"], "{:.0%}"),
+                        abs(s["of_predicted"] - 1) <= MAX_PREDICTION_ERROR))
         if "bookkeeping_share" in s:
             out.append(
                 (
@@ -300,7 +323,9 @@ def markdown(head: dict, summary: list[dict], context: dict, settings) -> str:
         "tokens/round counts every committed token (t0 included); accepted/round counts "
         "accepted draft tokens; time split: per-round means. Bound: zero-overhead speed from "
         "the part times below (each prompt's first pass included) with the run's acceptance "
-        "and achieved overlap. "
+        "and achieved overlap. Predicted: the cost model's speed for the run before it ran "
+        "(what --budget auto maximises): the acceptance calibrated for its condition, the part "
+        "times at the prompt's mean context and its first pass, no overhead. "
         "hf_assisted: `generate(assistant_model=...)`; hf_prompt_lookup: "
         "`generate(prompt_lookup_num_tokens=N, max_matching_ngram_size="
         f"{PROMPT_LOOKUP_NGRAM})`, candidates copied from the context, no draft model; "
@@ -324,25 +349,8 @@ def markdown(head: dict, summary: list[dict], context: dict, settings) -> str:
                   "prompt token ids; their time is their own generate call's.", ""]
     for method, why in context.get("skipped", {}).items():
         lines += [f"Not run: {method}: {why}.", ""]
-    parts = context["parts"]
-    lines += [
-        f"## Part times (median seconds per pass, {parts.context_len} cached context tokens)",
-        "",
-        "| new tokens | " + " | ".join(map(str, parts.target.sizes)) + " |",
-        "|" + "---|" * (len(parts.target.sizes) + 1),
-        "| target ms | " + " | ".join(f"{t * 1e3:.1f}" for t in parts.target.seconds) + " |",
-    ]
-    if context.get("prompt_s"):
-        lines += ["", "Each prompt's first pass beyond a one-token pass (in the bounds), ms: "
-                  + ", ".join(f"{t * 1e3:.0f}" for t in context["prompt_s"]) + "."]
-    if parts.draft is not None:
-        lines += [
-            "",
-            "| draft pass width | " + " | ".join(map(str, parts.draft.sizes)) + " |",
-            "|" + "---|" * (len(parts.draft.sizes) + 1),
-            "| draft ms | " + " | ".join(f"{t * 1e3:.1f}" for t in parts.draft.seconds) + " |",
-        ]
-    if context["choices"]:
+    lines += _part_times(context["parts"], context.get("prompt_s"))
+    if context["choices"] and isinstance(settings.budget, Auto):
         lines += ["", "## Budgets and depths picked by `--budget auto`", ""]
         for (decoder, temp), choice in context["choices"].items():
             lines.append(f"- {decoder}, T={temp:g}: {choice.describe()}")
@@ -351,6 +359,34 @@ def markdown(head: dict, summary: list[dict], context: dict, settings) -> str:
         mark = "not measured" if met is None else ("met" if met else "NOT met")
         lines.append(f"- {goal}: {value} -> {mark}")
     return "\n".join(lines) + "\n"
+
+
+def _part_times(parts, prompt_s) -> list[str]:
+    """The part times as tables, one row per context timed at."""
+    timings = [parts] + ([parts.longer] if parts.longer is not None else [])
+    contexts = " and ".join(str(p.context_len) for p in timings)
+    lines = [f"## Part times (median seconds per pass, {contexts} cached context tokens; "
+             "each prompt's runs are priced at its own mean context, linear in between)", ""]
+
+    def table(what, curves):
+        sizes = curves[0][1].sizes
+        out = ["", f"| {what} | " + " | ".join(map(str, sizes)) + " |",
+               "|" + "---|" * (len(sizes) + 1)]
+        for n_ctx, curve in curves:
+            out.append(f"| ms at {n_ctx} | " + " | ".join(f"{t * 1e3:.1f}" for t in curve.seconds)
+                       + " |")
+        return out
+
+    lines += table("target pass, new tokens", [(p.context_len, p.target) for p in timings])[1:]
+    if prompt_s:
+        lines += ["", "Each prompt's first pass beyond a one-token pass (in the bounds), ms: "
+                  + ", ".join(f"{t * 1e3:.0f}" for t in prompt_s) + "."]
+    if parts.draft is not None:
+        lines += table("draft pass width", [(p.context_len, p.draft) for p in timings])
+        if parts.draft_refeeds:
+            lines += ["", "The draft feeds each round's committed tokens again in its next "
+                      "round's first pass (priced at that width)."]
+    return lines
 
 
 def csv_text(rows: list[dict]) -> str:

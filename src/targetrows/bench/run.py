@@ -29,8 +29,16 @@ from targetrows.core.checks import check_count, check_temperature
 from targetrows.core.pool import PoolShape
 from targetrows.core.rows import greedy
 from targetrows.cost.calibration import BudgetSearch, auto_budget
-from targetrows.cost.parttimes import mean_parts, measure_parts, target_sizes_for, time_prompt_pass
-from targetrows.cost.rounds import DEFAULT_BUDGETS, bound
+from targetrows.cost.parttimes import (
+    draft_sizes_for,
+    mean_context_len,
+    mean_parts,
+    measure_parts,
+    target_sizes_for,
+    time_prompt_pass,
+    timing_context,
+)
+from targetrows.cost.rounds import DEFAULT_BUDGETS, bound, predicted_tokens_per_s
 from targetrows.decoding.budget import Auto, Budget, Fixed, Matched, parse_budget
 from targetrows.decoding.config import DecodeConfig
 from targetrows.decoding.loop import generate, new_state
@@ -115,45 +123,54 @@ class BenchSettings:
 
 
 def pick_budgets(target, draft, prompts: Sequence[BenchPrompt], settings: BenchSettings, parts):
-    """{(decoder, temperature): (budget, depth)} (ar: no budget) and the auto choices made (for
-    the report): --budget auto picks both, calibrated at three contexts 12 greedy tokens apart
-    along the first prompt of each category (what a draft gets right differs from task to task,
-    and a reply's first tokens are its easiest; benchmarks/calibration_spread.py compares
-    placements); otherwise every decoder runs at --budget and --depth."""
+    """{(decoder, temperature): (budget, depth)} (ar: no budget) and the cost model's choice
+    behind each tree decoder's plan (`auto_budget`, calibrated at three contexts 12 greedy
+    tokens apart along the first prompt of each category: what a draft gets right differs from
+    task to task, and a reply's first tokens are its easiest; benchmarks/calibration_spread.py
+    compares placements): --budget auto runs its pick; a number runs at that budget and
+    --depth, the choice then searching that one condition for the acceptance it predicts
+    (each run's predicted speed, `_predicted`)."""
     first_of_each: dict[str, tuple[int, ...]] = {}
     for p in prompts:
         first_of_each.setdefault(p.category, p.ids)
+    context_len = mean_context_len([len(p.ids) for p in prompts], settings.decode.max_new_tokens)
     plans, choices = {}, {}
     depth = settings.pool.depth
     for name in settings.decoders:
         for temp in settings.temperatures:
             if not get_decoder(name).drafts:
                 plans[name, temp] = (None, depth)
-            elif isinstance(settings.budget, Fixed):
-                plans[name, temp] = (settings.budget.nodes, depth)
-            else:
-                search = BudgetSearch(contexts=3 * len(first_of_each), gap=12)
-                choice = auto_budget(target, draft, settings.run_config(name, temp, 1, depth, 0),
-                                     list(first_of_each.values()), search, parts)
-                plans[name, temp], choices[name, temp] = (choice.budget, choice.depth), choice
+                continue
+            search = BudgetSearch(contexts=3 * len(first_of_each), gap=12)
+            if isinstance(settings.budget, Fixed):
+                search = replace(search, budgets=(settings.budget.nodes,), depths=(depth,))
+            choice = auto_budget(target, draft, settings.run_config(name, temp, 1, depth, 0),
+                                 list(first_of_each.values()), search, parts,
+                                 context_len=context_len)
+            choices[name, temp] = choice
+            fixed = isinstance(settings.budget, Fixed)
+            plans[name, temp] = (settings.budget.nodes, depth) if fixed else (choice.budget,
+                                                                               choice.depth)
     return plans, choices
 
 
 def measure(target, draft, prompts: Sequence[BenchPrompt], settings: BenchSettings):
-    """Part times at the mean context of the runs: the prompts' mean length plus half the new
-    tokens (attention grows with the context, so the first prompt alone would misprice them)."""
-    ids = [t for p in prompts for t in p.ids]
-    want = round(len(ids) / len(prompts)) + settings.decode.max_new_tokens // 2
-    ctx = (ids * (want // len(ids) + 1))[:want]
+    """Part times at the shortest and the longest of the runs' mean contexts (a prompt's length
+    plus half the new tokens: attention grows with the context, so one prompt's would misprice
+    the others); `PartTimes.at` gives each prompt's own."""
+    half = settings.decode.max_new_tokens // 2
+    lengths = sorted(len(p.ids) + half for p in prompts)
+    ids = [p.ids for p in prompts]
     candidates = (settings.budget.nodes,) if isinstance(settings.budget, Fixed) else DEFAULT_BUDGETS
     pool = settings.pool
     trees = any(get_decoder(d).drafts for d in settings.decoders)
     uses_draft = draft is not None and any(get_decoder(d).needs_draft for d in settings.decoders)
     sizes = target_sizes_for([min(b, pool.size) for b in candidates]) if trees else [1]
-    widths = {1, pool.guesses, pool.top_k, pool.guesses * pool.top_k}
-    return measure_parts(
-        target, draft if uses_draft else None, ctx, sizes, sorted(widths), settings.repeats
-    )
+    widths = draft_sizes_for([pool.guesses, pool.top_k, pool.guesses * pool.top_k],
+                             pool.depth + 2)
+    longer = timing_context(ids, lengths[-1]) if lengths[-1] > lengths[0] else None
+    return measure_parts(target, draft if uses_draft else None, timing_context(ids, lengths[0]),
+                         sizes, widths, settings.repeats, longer)
 
 
 @dataclass(frozen=True)
@@ -262,7 +279,7 @@ def run_bench(
     runs = _interleaved_runs(models, prompts, settings, methods, config_for, progress)
     # part times before and after the runs, averaged: drift of a shared machine shows in both
     parts = mean_parts(parts, measure(target, draft, prompts, settings))
-    rows = _with_bounds(runs, parts, prompt_s, settings)
+    rows = _with_cost_model(runs, parts, prompt_s, choices, settings)
     context = {"parts": parts, "prompt_s": prompt_s, "plans": plans, "choices": choices,
                "methods": methods, "skipped": skipped}
     return rows, context
@@ -312,21 +329,44 @@ def _interleaved_runs(models: BenchModels, prompts, settings: BenchSettings, met
     return runs
 
 
-def _with_bounds(runs, parts, prompt_s, settings: BenchSettings) -> list[dict]:
+def _with_cost_model(runs, parts, prompt_s, choices, settings: BenchSettings) -> list[dict]:
     """The rows, each of our decoders' with the zero-overhead bound of its run
-    (`targetrows.cost.rounds.bound`) and the share of it measured."""
+    (`targetrows.cost.rounds.bound`) and the share of it measured, and the speed the cost model
+    predicted for it (`_predicted`) and the share of that measured. Part times are each
+    prompt's own (`PartTimes.at` its mean context)."""
     rows = []
     for row, result, i in runs:
+        at = parts.at(row["prompt_tokens"] + row["new_tokens"] / 2)
         if result is not None and result.rounds:
             depth = row["depth"] or settings.pool.depth
             drafted = get_decoder(row["method"]).pool_depth(depth, row["budget"] or depth)
-            b = bound(row["method"], parts, result.rounds, replace(settings.pool, depth=drafted),
+            b = bound(row["method"], at, result.rounds, replace(settings.pool, depth=drafted),
                       prompt_s[i], budget=row["budget"])
             row.update(overlap=b.overlap, bound_tokens_per_s=b.tokens_per_s,
                        bound_speedup=b.speedup,
                        measured_over_bound=row["tokens_per_s"] / b.tokens_per_s)
+        if row["method"] in settings.decoders and row["new_tokens"] > 0:
+            predicted = _predicted(row, choices.get((row["method"], row["temperature"])), at,
+                                   prompt_s[i], settings)
+            row.update(predicted_tokens_per_s=predicted,
+                       measured_over_predicted=row["tokens_per_s"] / predicted)
         rows.append(row)
     return rows
+
+
+def _predicted(row, choice, parts, prompt_s: float, settings: BenchSettings) -> float:
+    """The speed the cost model predicted for a run before it ran: the acceptance its choice
+    predicted (ar: one token per target step), part times at the prompt's context, and the
+    prompt's first pass, over the tokens the run wrote."""
+    if choice is None:
+        per_s = 1.0 / parts.target(1)
+    else:
+        committed, nodes = choice.picked()
+        pool = replace(settings.pool, depth=choice.depth)
+        per_s = float(predicted_tokens_per_s(row["method"], [committed], [nodes], parts,
+                                             choice.overlap, pool, [choice.budget])[0])
+    new = row["new_tokens"]
+    return new / (prompt_s + new / per_s)
 
 
 def _parting(target, prompt_ids, reference, tokens) -> dict:

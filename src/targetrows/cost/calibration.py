@@ -28,7 +28,14 @@ from targetrows.decoding.loop import generate
 from targetrows.decoding.model import edge_probs
 from targetrows.decoding.registry import get_rule
 
-from .parttimes import PartTimes, measure_parts, target_sizes_for
+from .parttimes import (
+    PartTimes,
+    draft_sizes_for,
+    mean_context_len,
+    measure_parts,
+    target_sizes_for,
+    timing_context,
+)
 from .rounds import DEFAULT_BUDGETS, best_depth_budget, predicted_tokens_per_s
 
 
@@ -55,7 +62,14 @@ class BudgetChoice:
     tokens_per_s: tuple[tuple[float, ...], ...]  # predicted, [depth][budget]
     committed: tuple[tuple[float, ...], ...]  # predicted tokens per round
     nodes: tuple[tuple[float, ...], ...]  # predicted non-root nodes verified per round
-    parts: PartTimes
+    parts: PartTimes  # as timed (`PartTimes.at` gives them at any context)
+    context_len: int  # the mean context the predictions are for
+    overlap: float  # share of the root pass hidden behind drafting, as predicted
+
+    def picked(self) -> tuple[float, float]:
+        """(tokens committed, nodes verified) per round predicted at the pick."""
+        at = self.depths.index(self.depth), self.budgets.index(self.budget)
+        return self.committed[at[0]][at[1]], self.nodes[at[0]][at[1]]
 
     def at_depth(self, depth: int) -> tuple[float, ...]:
         """Predicted tokens/s by budget at one candidate depth."""
@@ -224,14 +238,17 @@ def auto_budget(
     search: BudgetSearch = BudgetSearch(),
     parts: PartTimes | None = None,
     prompt_configs: Sequence[DecodeConfig] | None = None,
+    context_len: int | None = None,
 ) -> BudgetChoice:
     """The budget and pool depth that maximise predicted tokens/s for `config`'s decoder and
     temperature on this pair and machine; `config.pool.depth` is the deepest pool tried. Each
     level costs a draft pass, which a shallower pool saves when deep nodes are seldom accepted.
 
-    Times target passes against tree size and the draft's passes at the first prompt (unless
-    `parts` is given), predicts acceptance per depth and budget (`acceptance_curve`, at
-    `search.contexts` contexts in all, ceil(contexts / len(prompts)) along each prompt,
+    Times target passes against tree size and the draft's passes at `context_len` cached tokens
+    (default: the prompts' mean length plus half `config.max_new_tokens`, the mean context of
+    runs like them; `parts` given: those times, at that context), predicts acceptance per
+    depth and budget (`acceptance_curve`, at `search.contexts` contexts in all,
+    ceil(contexts / len(prompts)) along each prompt,
     `search.gap` greedy tokens apart; the prompts' curves averaged), and takes the best. How
     much a draft gets right differs from prompt to prompt and task to task (most for a draft
     with prompt lookup mixed in, which gains where replies copy), hence several prompts. The
@@ -252,10 +269,15 @@ def auto_budget(
     overlap = config.overlap
     if overlap is None:
         overlap = draft is not None and target.device != draft.device
+    if context_len is None:
+        context_len = mean_context_len([len(p) for p in prompts], config.max_new_tokens)
     if parts is None:  # the deepest pool's passes cover every shallower one's
-        widths = entry.draft_widths(pool) + [1, pool.top_k]
-        parts = measure_parts(target, draft if entry.needs_draft else None, prompts[0],
-                              target_sizes_for(budgets), widths, search.repeats)
+        widths = draft_sizes_for(entry.draft_widths(pool) + [pool.top_k],
+                                 pool.depth + 1 + entry.commits_t0)
+        parts = measure_parts(target, draft if entry.needs_draft else None,
+                              timing_context(prompts, context_len), target_sizes_for(budgets),
+                              widths, search.repeats)
+    timed, parts = parts, parts.at(context_len)
     configs = prompt_configs or [config] * len(prompts)
     if entry.needs_draft:
         committed, nodes = _mean_curves(target, draft, prompts, configs, budgets, depths, search)
@@ -274,7 +296,7 @@ def auto_budget(
     fits[:, 0] = True  # (the smallest budget stays, in case none fits)
     best_depth, best = best_depth_budget(depths, budgets, np.where(fits, tps, -np.inf))
     return BudgetChoice(best, best_depth, tuple(budgets), tuple(depths), _nested(tps),
-                        _nested(committed), _nested(nodes), parts)
+                        _nested(committed), _nested(nodes), timed, context_len, float(overlap))
 
 
 def _candidates(entry, pool, search: BudgetSearch) -> tuple[list[int], list[int]]:

@@ -1,5 +1,7 @@
 """What the passes of a round cost on this machine: a forward pass of the target or the draft
-timed against the number of new tokens it feeds, on top of a cached context.
+timed against the number of new tokens it feeds, on top of a cached context, at one or two
+context lengths (attention reads the whole context, so a pass at 1,000 tokens costs more than
+one at 100: `PartTimes.at` interpolates).
 
 `targetrows.cost.rounds` turns these part times into round times and the zero-overhead bound
 of each decoder, `targetrows.cost.calibration` into the budget that fits the hardware.
@@ -50,6 +52,37 @@ class PartTimes:
     target: PassCurve  # target pass over q new tokens
     draft: PassCurve | None  # draft pass over w new tokens
     context_len: int  # committed tokens in the cache when they were timed
+    # the draft feeds a round's committed tokens again in its next round's first pass (an
+    # EAGLE-3 head, from the target's features); a standalone draft kept the entries its pool
+    # fed, and its first pass feeds the bonus token alone
+    draft_refeeds: bool = False
+    longer: PartTimes | None = None  # the same passes timed at a longer context
+
+    def __post_init__(self):
+        if self.longer is not None and self.longer.context_len <= self.context_len:
+            raise ValueError(f"part times at a longer context must be at more than "
+                             f"{self.context_len} tokens, got {self.longer.context_len}")
+
+    def at(self, context_len: float) -> PartTimes:
+        """The part times at a mean context of `context_len` tokens: linear in the context
+        between the two timings (attention's cost is), held at the shorter one's below it and
+        extended along the line above the longer one. Timed at one context: those times."""
+        if self.longer is None:
+            return self
+        far = self.longer
+        share = max(0.0, (context_len - self.context_len) / (far.context_len - self.context_len))
+
+        def between(near: PassCurve | None, long: PassCurve | None) -> PassCurve | None:
+            if near is None or long is None:
+                return near
+            if near.sizes != long.sizes:
+                raise ValueError(f"cannot interpolate pass curves over sizes {near.sizes} and "
+                                 f"{long.sizes}")
+            seconds = np.add(near.seconds, share * np.subtract(long.seconds, near.seconds))
+            return PassCurve(near.sizes, tuple(isotonic(np.maximum(seconds, 0.0).tolist())))
+
+        return PartTimes(between(self.target, far.target), between(self.draft, far.draft),
+                         round(context_len), self.draft_refeeds)
 
 
 # -- timing ------------------------------------------------------------------------------------
@@ -63,6 +96,8 @@ def time_passes(
 
     The whole context is cached first, so a pass feeds exactly the n nodes; after each pass the
     model drops them again (commit of the same context), so every pass starts from one cache.
+    The n nodes are the root's children: one pass for every model (an EAGLE-3 head feeds a
+    tree one level per pass, and a round's draft passes are each one level of its pool).
     Each repeat times every size once, in turn: on a shared machine a slow spell then slows one
     sample of every size, which the median drops, instead of every sample of one size (which
     would make that size look dearer than a larger one, and mislead --budget auto).
@@ -75,7 +110,7 @@ def time_passes(
     model.reset(seed)
     model.logits(ctx, Tree.root_only(ctx[-1]), [0])
     model.commit(ctx)
-    trees = {n: _random_tree(rng, ctx[-1], n, model.vocab_size) for n in sizes}
+    trees = {n: _one_level(rng, ctx[-1], n, model.vocab_size) for n in sizes}
     _timed_pass(model, ctx, trees[sizes[-1]])  # warm-up: allocator and kernels at full size
     samples: dict[int, list[float]] = {n: [] for n in sizes}
     for _ in range(repeats):
@@ -93,7 +128,7 @@ def time_prompt_pass(model, prompt: Sequence[int], repeats: int = 3) -> float:
     if not ctx:
         raise ValueError("time_prompt_pass needs a non-empty prompt")
     root = Tree.root_only(ctx[-1])
-    one = _random_tree(np.random.default_rng(0), ctx[-1], 1, model.vocab_size)
+    one = _one_level(np.random.default_rng(0), ctx[-1], 1, model.vocab_size)
     full, step = [], []
     for _ in range(repeats + 1):  # the first of each is a warm-up
         model.reset(0)
@@ -129,14 +164,10 @@ def _timed_pass(model, ctx: list[int], tree: Tree) -> float:
     return elapsed
 
 
-def _random_tree(rng: np.random.Generator, root: int, n: int, vocab: int) -> Tree:
-    """A random tree of n non-root nodes (distinct tokens, so siblings never collide)."""
-    parents = np.array([-1] + [int(rng.integers(i)) for i in range(1, n + 1)])
-    if n < vocab:
-        tokens = rng.choice(vocab, size=n, replace=False)
-    else:  # more nodes than tokens: a chain has no siblings at all
-        tokens, parents = rng.integers(vocab, size=n), np.arange(-1, n)
-    return Tree(np.concatenate([[root], tokens]), parents)
+def _one_level(rng: np.random.Generator, root: int, n: int, vocab: int) -> Tree:
+    """n random tokens under the root (distinct while the vocabulary allows)."""
+    tokens = rng.choice(vocab, size=n, replace=n > vocab)
+    return Tree(np.concatenate([[root], tokens]), np.array([-1] + [0] * n))
 
 
 def measure_parts(
@@ -146,19 +177,44 @@ def measure_parts(
     target_sizes: Sequence[int],
     draft_sizes: Sequence[int] = (),
     repeats: int = 3,
+    longer: Sequence[int] | None = None,
 ) -> PartTimes:
-    """Time target passes (and draft passes, with a draft) at `context`."""
+    """Time target passes (and draft passes, with a draft) at `context`, and at the `longer`
+    context too where one is given (for `PartTimes.at`)."""
     tcurve = time_passes(target, context, target_sizes, repeats)
     dcurve = (
         time_passes(draft, context, draft_sizes, repeats)
         if draft is not None and draft_sizes
         else None
     )
-    return PartTimes(tcurve, dcurve, len(context))
+    refeeds = bool(getattr(draft, "refeeds_committed", False))
+    far = None
+    if longer is not None and len(longer) > len(context):
+        far = measure_parts(target, draft, longer, target_sizes, draft_sizes, repeats)
+    return PartTimes(tcurve, dcurve, len(context), refeeds, far)
+
+
+def timing_context(prompts: Sequence[Sequence[int]], length: int) -> list[int]:
+    """A context of `length` tokens to time passes at: the prompts' tokens, repeated as needed
+    (a pass's cost depends on how many tokens are cached, not on which)."""
+    ids = [int(t) for p in prompts for t in p]
+    if not ids or length < 1:
+        raise ValueError(f"a timing context needs prompt tokens and a length >= 1, got "
+                         f"{len(ids)} tokens and length {length}")
+    return (ids * (length // len(ids) + 1))[:length]
+
+
+def mean_context_len(prompt_lens: Sequence[int], new_tokens: int) -> int:
+    """The mean context the runs decode at: the prompts' mean length plus half the new tokens
+    (a round's cost grows linearly with the context, so its mean over a run is the cost at the
+    run's mean context)."""
+    if len(prompt_lens) == 0:
+        raise ValueError("mean_context_len needs at least one prompt")
+    return max(1, round(float(np.mean(prompt_lens)) + new_tokens / 2))
 
 
 def mean_parts(a: PartTimes, b: PartTimes) -> PartTimes:
-    """Two timings of the same sizes averaged (say, before and after a benchmark)."""
+    """Two timings of the same sizes and contexts averaged (say, before and after a benchmark)."""
 
     def mean(x: PassCurve | None, y: PassCurve | None) -> PassCurve | None:
         if x is None or y is None:
@@ -167,7 +223,11 @@ def mean_parts(a: PartTimes, b: PartTimes) -> PartTimes:
             raise ValueError(f"cannot average pass curves over sizes {x.sizes} and {y.sizes}")
         return PassCurve(x.sizes, tuple(isotonic((np.add(x.seconds, y.seconds) / 2).tolist())))
 
-    return PartTimes(mean(a.target, b.target), mean(a.draft, b.draft), a.context_len)
+    if a.context_len != b.context_len or (a.longer is None) != (b.longer is None):
+        raise ValueError("cannot average part times timed at different contexts")
+    longer = mean_parts(a.longer, b.longer) if a.longer is not None else None
+    return PartTimes(mean(a.target, b.target), mean(a.draft, b.draft), a.context_len,
+                     a.draft_refeeds, longer)
 
 
 def target_sizes_for(budgets: Sequence[int]) -> list[int]:
@@ -176,3 +236,9 @@ def target_sizes_for(budgets: Sequence[int]) -> list[int]:
     top = max(budgets) + 1
     grid = {1, 2} | {2**i for i in range(1, 12) if 2**i <= top}
     return sorted(grid | {b for b in budgets} | {b + 1 for b in budgets})
+
+
+def draft_sizes_for(widths: Sequence[int], most_committed: int) -> list[int]:
+    """Draft pass sizes to time: a round's pass widths (`Decoder.draft_widths`) and every size
+    up to the most tokens a round commits (the first pass of a draft that feeds them again)."""
+    return sorted({int(w) for w in widths} | set(range(1, most_committed + 1)))

@@ -35,6 +35,7 @@ def round_seconds(
     pool: PoolShape,
     budget: int | None = None,
     verify_empty: bool = True,
+    fed_back=1,
 ) -> np.ndarray:
     """Zero-overhead seconds of rounds that verified `nodes` non-root nodes with `draft_passes`
     draft passes each (arrays, one entry per round), drafting pools of `pool.depth` levels.
@@ -42,20 +43,26 @@ def round_seconds(
     the other (0 on one device). `budget`: the rounds' budget, for a decoder whose pool is
     pruned to it (its passes are narrower, and a round may stop before the last level).
     `verify_empty`: as `DecodeConfig.verify_empty` (an empty tree after t0 verified for its
-    bonus token)."""
+    bonus token). `fed_back`: tokens the previous round committed (per round, or one number),
+    which the first draft pass feeds again where the draft does so (`PartTimes.draft_refeeds`:
+    an EAGLE-3 head); other drafts' first pass feeds the bonus token alone."""
     entry = get_decoder(decoder)
     nodes = np.asarray(nodes, dtype=np.float64)
     if not entry.drafts:
         return np.full(nodes.shape, parts.target(1))
-    if entry.needs_draft and parts.draft is None:
+    if not entry.needs_draft:  # draft-free: its tree is built on the host, then verified
+        return parts.target(nodes + entry.verify_feeds)
+    if parts.draft is None:
         raise ValueError(f"decoder {entry.name!r} needs draft pass times")
     widths = entry.draft_widths(pool, budget)
-    pass_s = [parts.draft(w) for w in widths]
+    first = np.asarray(fed_back, dtype=np.float64) if parts.draft_refeeds else np.array(1.0)
+    first = np.broadcast_to(parts.draft(np.maximum(first, 1.0)), nodes.shape)
+    later = np.cumsum([0.0, *(parts.draft(w) for w in widths[1:])])
     if entry.prunes_pool:  # the passes each round took (it may stop early), at most as wide
         done = np.clip(np.asarray(draft_passes, dtype=np.int64), 0, len(widths))
-        drafting = np.cumsum([0.0, *pass_s])[done]
+        drafting = np.where(done > 0, first + later[np.maximum(done - 1, 0)], 0.0)
     else:
-        drafting = float(sum(pass_s))
+        drafting = first + later[-1]
     verify = parts.target(nodes + entry.verify_feeds)
     if entry.commits_t0 and not verify_empty:  # an empty tree after t0 is not verified
         verify = np.where(nodes > 0, verify, 0.0)
@@ -103,8 +110,12 @@ def bound(
     if not rounds:
         raise ValueError("bound needs at least one round")
     overlap = overlap_achieved(rounds)
+    # each round's first draft pass feeds what the round before committed (the first round's
+    # draft pass over the prompt is left out, as the target's is unless `prompt_s` says)
+    fed_back = [1] + [r.committed for r in rounds[:-1]]
     seconds = round_seconds(decoder, parts, [r.nodes for r in rounds],
-                            [r.draft_passes for r in rounds], overlap, pool, budget)
+                            [r.draft_passes for r in rounds], overlap, pool, budget,
+                            fed_back=fed_back)
     tps = sum(r.committed for r in rounds) / (prompt_s + float(np.sum(seconds)))
     return Bound(tps, tps * parts.target(1), overlap, float(np.mean(seconds)))
 
@@ -127,11 +138,13 @@ def predicted_tokens_per_s(
     entry = get_decoder(decoder)
     caps = [None] * nodes.size if budgets is None else list(budgets)
     seconds = []
-    for n, b in zip(nodes.ravel(), caps, strict=True):
+    committed = np.broadcast_to(np.asarray(committed, dtype=np.float64), nodes.shape)
+    for n, c, b in zip(nodes.ravel(), committed.ravel(), caps, strict=True):
         drafted = pool if b is None else replace(pool, depth=entry.pool_depth(pool.depth, b))
         passes = len(entry.draft_widths(drafted))
-        seconds.append(round_seconds(decoder, parts, [n], [passes], overlap, drafted, b)[0])
-    return np.asarray(committed, dtype=np.float64) / np.array(seconds).reshape(nodes.shape)
+        seconds.append(round_seconds(decoder, parts, [n], [passes], overlap, drafted, b,
+                                     fed_back=c)[0])
+    return committed / np.array(seconds).reshape(nodes.shape)
 
 
 def best_budget(budgets: Sequence[int], tokens_per_s: Sequence[float]) -> int:

@@ -172,6 +172,10 @@ class Eagle3Draft(TorchRows):
     vocabulary, so pools, rules and row logs treat the head like any draft. The target is made
     to keep the head's feature layers (`HFModel.keep_features`)."""
 
+    # a round's committed tokens are fed again, from the target's features, in the next round's
+    # first pass (the cost model prices that pass by the tokens fed: `PartTimes.draft_refeeds`)
+    refeeds_committed = True
+
     def __init__(self, head: Eagle3Head, target: HFModel, feature_layers: Sequence[int],
                  name: str = "eagle3"):
         self.head = head.eval()

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 
 from targetrows.core.atomic import remove_stale_temps
 from targetrows.cost.calibration import auto_budget
+from targetrows.cost.parttimes import mean_context_len
 from targetrows.cost.rounds import DEFAULT_BUDGETS
 from targetrows.decoding.budget import Auto, Budget, Fixed
 from targetrows.decoding.config import DecodeConfig
@@ -140,7 +141,8 @@ def auto_condition(target, draft, tokenizer, files: list[_File],
                    s: DecodeJobSettings) -> Condition:
     """The (budget, depth) of the `Auto` condition, one for every prompts file: an interrupted
     run's choice (timings differ from run to run, so a resumed run keeps it), else the cost
-    model's pick (`auto_budget`), timed and calibrated on each file's first question."""
+    model's pick (`auto_budget`), timed at the mean context of the job's runs and calibrated on
+    each file's first question."""
     depth = s.decode.pool.depth
     for file in files:
         for record in file.interrupted:
@@ -154,7 +156,10 @@ def auto_condition(target, draft, tokenizer, files: list[_File],
     # a learned rule calibrates each prompt with the fold model that never saw it, as it decodes
     configs = [_condition_config(s.decode, s.decode.budget, 0, q, s.decode.stop_ids)
                for q in firsts]
-    choice = auto_budget(target, draft, s.decode, ids, prompt_configs=configs)
+    lengths = [len(encode_conversation(tokenizer, [("user", q.turns[0])]))
+               for file in files for q in file.questions]
+    choice = auto_budget(target, draft, s.decode, ids, prompt_configs=configs,
+                         context_len=mean_context_len(lengths, s.decode.max_new_tokens))
     print(f"{s.decode.name}: {choice.describe()}", file=sys.stderr)
     return choice.budget, choice.depth
 
