@@ -11,6 +11,7 @@ import pytest
 from test_score import toy_log
 
 from targetrows.cli import main
+from targetrows.core.rules import learned
 from targetrows.core.rules.learned import STALE_FEATURES, Reranker
 from targetrows.decoding.config import DecodeConfig
 from targetrows.rowlog import format as rowlog
@@ -87,7 +88,7 @@ def test_a_search_that_does_not_hold_out_of_sample_leaves_the_baseline(logs, mon
     start[names.index("root_logp")] = 1.0
 
     def held_out_gain(search) -> float:  # the gate, worked out here from the inner folds
-        inner = rr.prompt_folds(keys, 2, config.seed + 1)
+        inner = learned.prompt_folds(keys, 2, config.seed + 1)
         gain = 0.0
         for j in range(2):
             train = rr._data(logs, {k for k, f in inner.items() if f != j}, names, budgets)

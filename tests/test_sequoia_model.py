@@ -15,7 +15,7 @@ from test_score import toy_log
 from targetrows import Tree, expected_accepted, expected_accepted_greedy
 from targetrows.cli import main
 from targetrows.core.pool import PoolShape
-from targetrows.core.rules.learned import load_model
+from targetrows.core.rules.fitted import load_fitted
 from targetrows.core.rules.sequoia import optimal_shape, sibling_ranks
 from targetrows.core.rules.sequoia_model import AcceptanceVector
 from targetrows.core.toy import ToyPair
@@ -162,7 +162,7 @@ def test_acceptance_files_are_json_and_a_bad_one_is_refused_by_name(tmp_path):
                              fold_of={"t/q0": 0, "t/q1": 1}, meta={"temperature": 1.0})
     path = tmp_path / "sequoia.json"
     model.save(str(path))
-    assert AcceptanceVector.load(str(path)) == model == load_model(str(path))
+    assert AcceptanceVector.load(str(path)) == model == load_fitted(str(path))
     assert model.digest == AcceptanceVector.load(str(path)).digest
     doc = json.loads(path.read_text())
     assert doc["format"] == "targetrows-acceptance"
@@ -181,15 +181,15 @@ def test_acceptance_files_are_json_and_a_bad_one_is_refused_by_name(tmp_path):
         bad = tmp_path / "bad.json"
         bad.write_text(json.dumps(dict(doc, **change)))
         with pytest.raises(ValueError, match=message) as err:
-            load_model(str(bad))
+            load_fitted(str(bad))
         assert str(bad) in str(err.value)
     with pytest.raises(ValueError, match="not a targetrows-acceptance file"):
         AcceptanceVector.load(_write(tmp_path, dict(doc, format="x")))
     (tmp_path / "torn.json").write_text(path.read_text()[:30])
     with pytest.raises(ValueError, match="not JSON"):
-        load_model(str(tmp_path / "torn.json"))
+        load_fitted(str(tmp_path / "torn.json"))
     with pytest.raises(FileNotFoundError, match="train-reranker"):
-        load_model(str(tmp_path / "missing.json"))
+        load_fitted(str(tmp_path / "missing.json"))
     with pytest.raises(ValueError, match="runs rule 'learned_rerank'"):
         DecodeConfig("lrerank", reranker=model)
     with pytest.raises(ValueError, match="none was given"):

@@ -81,11 +81,11 @@ def rerankers_from(args: argparse.Namespace, temperatures=()) -> dict:
     twice is an error). A model trained on row logs at another temperature than one of
     `temperatures` still runs (every decoder is lossless), with a warning: what it learned
     about acceptance may not carry over."""
-    from targetrows.core.rules.learned import load_model
+    from targetrows.core.rules.fitted import load_fitted
 
     out = {}
     for path in getattr(args, "reranker", None) or []:
-        model = load_model(path)
+        model = load_fitted(path)
         if model.rule in out:
             raise ValueError(f"--reranker: two files for rule {model.rule!r}")
         trained = model.meta.get("temperature")

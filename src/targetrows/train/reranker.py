@@ -42,6 +42,7 @@ from targetrows.core.rules.learned import (
     STALE_FEATURES,
     Reranker,
     branch_features,
+    prompt_folds,
 )
 from targetrows.core.rules.rule import pool_expected
 from targetrows.core.rules.sequoia_model import SEQUOIA, AcceptanceVector
@@ -164,13 +165,6 @@ def fit_checked(logs, keys: Sequence[str], rule: str, names: tuple[str, ...], bu
     if gain <= 1e-9:
         return start, False
     return fit(data, names, start, budgets, config.sweeps), True
-
-
-def prompt_folds(keys: Sequence[str], folds: int, seed: int) -> dict[str, int]:
-    """Each prompt key's fold: a seeded shuffle dealt round-robin (folds as even as can be)."""
-    order = sorted(set(keys))
-    rng = np.random.default_rng(seed)
-    return {key: i % folds for i, key in enumerate(rng.permutation(order).tolist())}
 
 
 def train_reranker(logs: Sequence[rowlog.RowLog], rule: str,

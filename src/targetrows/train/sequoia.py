@@ -13,7 +13,7 @@ replacement (docs/prior-art.md).
 
 Each position's vector is a sum over its pool's first level, so the vectors of a set of prompts
 are sums of per-prompt sums: one pass over the logs gives every fold's p. Prompts are dealt
-into folds by the rerankers' seeded shuffle (`targetrows.train.reranker.prompt_folds`), and
+into folds by the rerankers' seeded shuffle (`targetrows.core.rules.learned.prompt_folds`), and
 fold k's p is fitted without fold k's prompts.
 """
 
@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from targetrows.core.rules.learned import prompt_folds
 from targetrows.core.rules.sequoia import sibling_ranks
 from targetrows.core.rules.sequoia_model import SEQUOIA, AcceptanceVector
 from targetrows.rowlog import format as rowlog
@@ -66,7 +67,6 @@ def fit_acceptance(logs: Sequence[rowlog.RowLog], folds: int = 2,
     """Sequoia's acceptance vector over the logs' pools (one temperature), cross-fitted by
     prompt, and its training summary (the keys `targetrows.train.reranker.write_report`
     reads)."""
-    from targetrows.train.reranker import prompt_folds
 
     temps = {float(log.header.get("temperature", np.nan)) for log in logs}
     if len(temps) != 1:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -119,14 +119,7 @@ class Reranker:
     def load(cls, path: str) -> Reranker:
         """A reranker file (JSON, no pickle); a malformed or foreign file is refused naming the
         file and what is wrong."""
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"reranker file {path} does not exist (targetrows "
-                                    "train-reranker writes one)")
-        try:
-            with open(path, encoding="utf-8") as f:
-                doc = json.load(f)
-        except (OSError, ValueError) as err:
-            raise ValueError(f"reranker file {path}: not JSON ({err})") from None
+        doc = read_json(path, "reranker")
         check_format(doc, FORMAT, VERSION, f"reranker file {path}",
                      "train it again with targetrows train-reranker")
         try:
@@ -136,6 +129,26 @@ class Reranker:
                        fold_of_from(doc.get("fold_of", {})), dict(doc.get("meta", {})))
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"reranker file {path}: {err}") from None
+
+
+def read_json(path: str, what: str) -> dict:
+    """A model file's JSON document; a missing file or one that is not JSON is refused by
+    name."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{what} file {path} does not exist (targetrows train-reranker "
+                                "writes one)")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{what} file {path}: not JSON ({err})") from None
+
+
+def prompt_folds(keys: Sequence[str], folds: int, seed: int) -> dict[str, int]:
+    """Each prompt key's fold: a seeded shuffle dealt round-robin (folds as even as can be)."""
+    order = sorted(set(keys))
+    rng = np.random.default_rng(seed)
+    return {key: i % folds for i, key in enumerate(rng.permutation(order).tolist())}
 
 
 def fold_of_from(raw) -> dict:
@@ -149,22 +162,6 @@ def fold_of_from(raw) -> dict:
             raise ValueError(f"fold_of gives {key!r} the fold {fold!r}, not a whole number")
         out[str(key)] = int(fold)
     return out
-
-
-def load_model(path: str):
-    """A learned rule's model file of either kind, by its format: a `Reranker` or Sequoia's
-    `AcceptanceVector` (`targetrows.core.rules.sequoia_model`)."""
-    from .sequoia_model import FORMAT as ACCEPTANCE_FORMAT
-    from .sequoia_model import AcceptanceVector, read_json
-
-    doc = read_json(path, "model")
-    found = doc.get("format") if isinstance(doc, dict) else None
-    if found == ACCEPTANCE_FORMAT:
-        return AcceptanceVector.load(path)
-    if found == FORMAT:
-        return Reranker.load(path)
-    raise ValueError(f"model file {path} is neither a {FORMAT} nor a {ACCEPTANCE_FORMAT} file "
-                     f"(format {found!r}): targetrows train-reranker writes them")
 
 
 def branch_features(batch: PoolBatch, names: tuple[str, ...]) -> np.ndarray:

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..atomic import atomic_write_text
 from ..checks import check_format
-from .learned import fold_of_from
+from .learned import fold_of_from, read_json
 from .sequoia import check_acceptance, sequoia_rule
 
 FORMAT = "targetrows-acceptance"
@@ -102,16 +101,3 @@ def _floats(values) -> list[float]:
                                            for v in values):
         raise ValueError(f"expected a list of probabilities, got {values!r}")
     return [float(v) for v in values]
-
-
-def read_json(path: str, what: str) -> dict:
-    """A model file's JSON document; a missing file or one that is not JSON is refused by
-    name."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{what} file {path} does not exist (targetrows train-reranker "
-                                "writes one)")
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError) as err:
-        raise ValueError(f"{what} file {path}: not JSON ({err})") from None
