@@ -13,19 +13,11 @@ from collections import defaultdict
 
 import numpy as np
 
+from targetrows.bench.goals import cell, goals
 from targetrows.core.atomic import atomic_write_text
 from targetrows.decoding.budget import Auto
 from targetrows.hf.baselines import PROMPT_LOOKUP_NGRAM
 
-# the speed goals at temperature 0 (ratios: medians of per-prompt ratios)
-MIN_AR_VS_HF = 0.95  # our ar against HF generate()
-MIN_BEST_VS_AR = 1.8  # the best decoder against our ar, with prompt lookup mixed into the draft
-MIN_HEAD_VS_AR = 1.4  # the same with the draft alone
-MIN_BEST_VS_LOOKUP = 2.0  # the best decoder against HF prompt lookup decoding
-MIN_BEST_VS_PEER = 1.0  # the best decoder against each peer engine (--peer)
-MIN_OF_BOUND = 0.9  # measured speed against the zero-overhead bound
-MAX_PREDICTION_ERROR = 0.15  # measured speed against the cost model's prediction, either way
-MAX_BOOKKEEPING = 0.05  # share of a round
 PER_ROUND_MS = ("t_draft", "t_root", "t_verify")
 RATIO_HEADS = {  # the ratio columns: our ar and each Hugging Face baseline
     "ar": "x ar",
@@ -126,115 +118,110 @@ def summarize(rows: list[dict], settings) -> list[dict]:
                 if speed.get((temp, base, r["question_id"]), 0) > 0
             ]
             s[f"vs_{base}"] = float(np.median(ratios)) if ratios else float("nan")
-        compared = [r for r in group if r["same_as_hf_generate"] != ""]
-        same = sum(bool(r["same_as_hf_generate"]) for r in compared)
-        ties = sum(str(r.get("near_tie", "")) == "True" for r in compared)
-        s["same_as_hf"] = f"{same}/{len(compared)}" if compared else ""
-        s["identical"], s["near_ties"], s["compared"] = same, ties, len(compared)
-        s["partings"] = [(r["question_id"], r["parting"], r["gap_steps"], r["tie_threshold_steps"])
-                         for r in compared if r.get("parting", "") != ""]
-        if ties:
-            s["same_as_hf"] += f" (+{ties} near-tie{'s' * (ties > 1)})"
-        timed = [r for r in group if r.get("rounds")]
-        if timed:
-            for key in (
-                "committed",
-                "accepted",
-                "nodes",
-                "t_draft",
-                "t_root",
-                "t_verify",
-                "t_bookkeeping",
-                "t_round",
-            ):
-                s[key] = _pooled(timed, key)
-            s["bookkeeping_share"] = (
-                s["t_bookkeeping"] / s["t_round"] if s["t_round"] else float("nan")
-            )
-            s["overlap"] = float(np.median([r["overlap"] for r in timed]))
-            s["bound_tps"] = float(np.median([r["bound_tokens_per_s"] for r in timed]))
-            s["bound_speedup"] = float(np.median([r["bound_speedup"] for r in timed]))
-            s["of_bound"] = float(np.median([r["measured_over_bound"] for r in timed]))
-        predicted = [r for r in group if r.get("predicted_tokens_per_s", "") != ""]
-        if predicted:
-            s["predicted_tps"] = float(np.median([r["predicted_tokens_per_s"] for r in predicted]))
-            ratios = np.array([r["measured_over_predicted"] for r in predicted], dtype=float)
-            s["of_predicted"] = float(np.median(ratios))
-            s["of_predicted_range"] = (float(ratios.min()), float(ratios.max()))
+        s.update(_agreement(group))
+        s.update(_round_times([r for r in group if r.get("rounds")]))
+        s.update(_prediction([r for r in group if r.get("predicted_tokens_per_s", "") != ""]))
         out.append(s)
     return out
 
 
-def _f(value, fmt="{:.2f}"):
-    if value is None or value == "" or (isinstance(value, float) and np.isnan(value)):
-        return "-"
-    return fmt.format(value)
+def _agreement(group: list[dict]) -> dict:
+    """How many of a method's runs match HF greedy token for token, and where the others part."""
+    compared = [r for r in group if r["same_as_hf_generate"] != ""]
+    same = sum(bool(r["same_as_hf_generate"]) for r in compared)
+    ties = sum(str(r.get("near_tie", "")) == "True" for r in compared)
+    label = f"{same}/{len(compared)}" if compared else ""
+    if ties:
+        label += f" (+{ties} near-tie{'s' * (ties > 1)})"
+    partings = [(r["question_id"], r["parting"], r["gap_steps"], r["tie_threshold_steps"])
+                for r in compared if r.get("parting", "") != ""]
+    return {"same_as_hf": label, "identical": same, "near_ties": ties,
+            "compared": len(compared), "partings": partings}
+
+
+def _round_times(timed: list[dict]) -> dict:
+    """Per-round means pooled over the timed runs, the overlap and the zero-overhead bound."""
+    if not timed:
+        return {}
+    keys = ("committed", "accepted", "nodes", "t_draft", "t_root", "t_verify",
+            "t_bookkeeping", "t_round")
+    s = {key: _pooled(timed, key) for key in keys}
+    s["bookkeeping_share"] = s["t_bookkeeping"] / s["t_round"] if s["t_round"] else float("nan")
+    s["overlap"] = float(np.median([r["overlap"] for r in timed]))
+    s["bound_tps"] = float(np.median([r["bound_tokens_per_s"] for r in timed]))
+    s["bound_speedup"] = float(np.median([r["bound_speedup"] for r in timed]))
+    s["of_bound"] = float(np.median([r["measured_over_bound"] for r in timed]))
+    return s
+
+
+def _prediction(predicted: list[dict]) -> dict:
+    """The cost model's predicted speed and the measured speed's ratio to it (median, range)."""
+    if not predicted:
+        return {}
+    ratios = np.array([r["measured_over_predicted"] for r in predicted], dtype=float)
+    return {"predicted_tps": float(np.median([r["predicted_tokens_per_s"] for r in predicted])),
+            "of_predicted": float(np.median(ratios)),
+            "of_predicted_range": (float(ratios.min()), float(ratios.max()))}
+
+
+SUMMARY_HEAD = (
+    "method",
+    "budget",
+    "depth",
+    "tokens/s median [min-max]",
+    *RATIO_HEADS.values(),
+    "tokens/round",
+    "accepted/round",
+    "nodes/round",
+    "draft ms",
+    "root ms",
+    "verify ms",
+    "bookkeeping ms (share)",
+    "bound tokens/s",
+    "bound speedup",
+    "measured/bound",
+    "predicted tokens/s",
+    "measured/predicted [min-max]",
+    "= HF greedy",
+)
 
 
 def summary_markdown(summary: list[dict], settings) -> str:
-    head = (
-        "method",
-        "budget",
-        "depth",
-        "tokens/s median [min-max]",
-        *RATIO_HEADS.values(),
-        "tokens/round",
-        "accepted/round",
-        "nodes/round",
-        "draft ms",
-        "root ms",
-        "verify ms",
-        "bookkeeping ms (share)",
-        "bound tokens/s",
-        "bound speedup",
-        "measured/bound",
-        "predicted tokens/s",
-        "measured/predicted [min-max]",
-        "= HF greedy",
-    )
+    """One table per temperature, a row per method (columns: SUMMARY_HEAD)."""
     parts = []
     for temp in settings.temperatures:
-        lines = [
-            f"### Temperature {temp:g}",
-            "",
-            "| " + " | ".join(head) + " |",
-            "|" + "---|" * len(head),
-        ]
-        for s in (s for s in summary if s["temperature"] == temp):
-            ms = {k: _f(s[k] * 1e3 if k in s else None, "{:.1f}") for k in PER_ROUND_MS}
-            book = (
-                "-"
-                if "t_bookkeeping" not in s
-                else f"{s['t_bookkeeping'] * 1e3:.1f} ({s['bookkeeping_share']:.1%})"
-            )
-            lines.append(
-                "| "
-                + " | ".join(
-                    [
-                        s["method"],
-                        str(s["budget"]) or "-",
-                        str(s["depth"]) or "-",
-                        f"{s['tps_median']:.1f} [{s['tps_min']:.1f}-{s['tps_max']:.1f}]",
-                        *(_f(s[f"vs_{base}"]) for base in RATIO_HEADS),
-                        _f(s.get("committed")),
-                        _f(s.get("accepted")),
-                        _f(s.get("nodes"), "{:.1f}"),
-                        ms["t_draft"],
-                        ms["t_root"],
-                        ms["t_verify"],
-                        book,
-                        _f(s.get("bound_tps"), "{:.1f}"),
-                        _f(s.get("bound_speedup")),
-                        _f(s.get("of_bound"), "{:.0%}"),
-                        _f(s.get("predicted_tps"), "{:.1f}"),
-                        _of_predicted(s),
-                        s["same_as_hf"] or "-",
-                    ]
-                )
-                + " |"
-            )
+        lines = [f"### Temperature {temp:g}", "", "| " + " | ".join(SUMMARY_HEAD) + " |",
+                 "|" + "---|" * len(SUMMARY_HEAD)]
+        lines += ["| " + " | ".join(_summary_cells(s)) + " |"
+                  for s in summary if s["temperature"] == temp]
         parts.append("\n".join(lines))
     return "\n\n".join(parts)
+
+
+def _summary_cells(s: dict) -> list[str]:
+    ms = {k: cell(s[k] * 1e3 if k in s else None, "{:.1f}") for k in PER_ROUND_MS}
+    book = ("-" if "t_bookkeeping" not in s
+            else f"{s['t_bookkeeping'] * 1e3:.1f} ({s['bookkeeping_share']:.1%})")
+    return [
+        s["method"],
+        str(s["budget"]) or "-",
+        str(s["depth"]) or "-",
+        f"{s['tps_median']:.1f} [{s['tps_min']:.1f}-{s['tps_max']:.1f}]",
+        *(cell(s[f"vs_{base}"]) for base in RATIO_HEADS),
+        cell(s.get("committed")),
+        cell(s.get("accepted")),
+        cell(s.get("nodes"), "{:.1f}"),
+        ms["t_draft"],
+        ms["t_root"],
+        ms["t_verify"],
+        book,
+        cell(s.get("bound_tps"), "{:.1f}"),
+        cell(s.get("bound_speedup")),
+        cell(s.get("of_bound"), "{:.0%}"),
+        cell(s.get("predicted_tps"), "{:.1f}"),
+        _of_predicted(s),
+        s["same_as_hf"] or "-",
+    ]
 
 
 def _of_predicted(s: dict) -> str:
@@ -242,76 +229,6 @@ def _of_predicted(s: dict) -> str:
         return "-"
     low, high = s["of_predicted_range"]
     return f"{s['of_predicted']:.0%} [{low:.0%}-{high:.0%}]"
-
-
-def _best(candidates: list[dict], key: str):
-    finite = [s for s in candidates if np.isfinite(s.get(key, np.nan))]
-    return max(finite, key=lambda s: s[key]) if finite else None
-
-
-def goals(summary: list[dict], settings, lookup: bool = False) -> list[tuple[str, str, bool | None]]:
-    """(goal, what was measured, met? None when it could not be measured). `lookup`: prompt
-    lookup is mixed into the draft (the best decoder's goal over ar is then the higher one)."""
-    out = []
-    ours = [s for s in summary if not s["method"].startswith(("hf_", "peer:"))]
-
-    def goal(text, best, key, need):
-        v = np.nan if best is None else best[key]
-        measured = "-" if best is None else f"{best['method']} {_f(v)}x"
-        out.append((text, measured, None if best is None else bool(v >= need)))
-
-    for temp in settings.temperatures:
-        at = {s["method"]: s for s in summary if s["temperature"] == temp}
-        if "ar" in at:
-            goal(f"ar >= {MIN_AR_VS_HF}x HF generate (T={temp:g})", at["ar"], "vs_hf_generate",
-                 MIN_AR_VS_HF)
-        spec = [s for s in ours if s["temperature"] == temp and s["method"] != "ar"]
-        if temp != 0 or not spec:
-            continue
-        need = MIN_BEST_VS_AR if lookup else MIN_HEAD_VS_AR
-        goal(f"best decoder >= {need}x our ar (T=0, draft{' + lookup' if lookup else ' alone'})",
-             _best(spec, "vs_ar"), "vs_ar", need)
-        goal(f"best decoder >= {MIN_BEST_VS_LOOKUP}x HF prompt lookup (T=0)",
-             _best(spec, "vs_hf_prompt_lookup"), "vs_hf_prompt_lookup", MIN_BEST_VS_LOOKUP)
-        same = [s for s in at.values() if s["same_as_hf"]]
-        if same:  # a difference at a near-tie is the target's own rounding, not a loss
-            off = [f"{s['method']} {s['same_as_hf']}" for s in same
-                   if s["identical"] + s["near_ties"] < s["compared"]]
-            ties = sum(s["near_ties"] for s in same)
-            out.append(("every method token-identical to HF greedy, or parted from it at a "
-                        "near-tie (T=0)", ", ".join(off) or f"{len(same)} methods, all identical"
-                        + (f" but for {ties} near-tie{'s' * (ties > 1)}" if ties else ""),
-                        not off))
-        best = _best(spec, "tps_median")
-        for peer in (s for s in at.values() if s["method"].startswith("peer:")):
-            v = best["tps_median"] / peer["tps_median"]
-            out.append((f"best decoder >= {MIN_BEST_VS_PEER}x {peer['method']} (T=0, median "
-                        "tokens/s)", f"{best['method']} {_f(v)}x", bool(v >= MIN_BEST_VS_PEER)))
-    for s in ours:
-        if "of_bound" in s:
-            out.append(
-                (
-                    f"{s['method']} measured >= {MIN_OF_BOUND:.0%} of bound "
-                    f"(T={s['temperature']:g})",
-                    _f(s["of_bound"], "{:.0%}"),
-                    s["of_bound"] >= MIN_OF_BOUND,
-                )
-            )
-        if "of_predicted" in s:
-            out.append((f"{s['method']} measured within {MAX_PREDICTION_ERROR:.0%} of the cost "
-                        f"model's prediction (T={s['temperature']:g})",
-                        _f(s["of_predicted"], "{:.0%}"),
-                        abs(s["of_predicted"] - 1) <= MAX_PREDICTION_ERROR))
-        if "bookkeeping_share" in s:
-            out.append(
-                (
-                    f"{s['method']} bookkeeping < {MAX_BOOKKEEPING:.0%} of a round "
-                    f"(T={s['temperature']:g})",
-                    _f(s["bookkeeping_share"], "{:.1%}"),
-                    s["bookkeeping_share"] < MAX_BOOKKEEPING,
-                )
-            )
-    return out
 
 
 def markdown(head: dict, summary: list[dict], context: dict, settings) -> str:

@@ -271,12 +271,8 @@ def auto_budget(
         overlap = draft is not None and target.device != draft.device
     if context_len is None:
         context_len = mean_context_len([len(p) for p in prompts], config.max_new_tokens)
-    if parts is None:  # the deepest pool's passes cover every shallower one's
-        widths = draft_sizes_for(entry.draft_widths(pool) + [pool.top_k],
-                                 pool.depth + 1 + entry.commits_t0)
-        parts = measure_parts(target, draft if entry.needs_draft else None,
-                              timing_context(prompts, context_len), target_sizes_for(budgets),
-                              widths, search.repeats)
+    if parts is None:
+        parts = _time_parts(target, draft, entry, pool, prompts, context_len, budgets, search)
     timed, parts = parts, parts.at(context_len)
     configs = prompt_configs or [config] * len(prompts)
     if entry.needs_draft:
@@ -289,14 +285,31 @@ def auto_budget(
                                replace(pool, depth=d), budgets)
         for d, c, n in zip(depths, committed, nodes, strict=True)
     ])
-    # a budget above a shallow pool's size caps nothing: it is that pool at a smaller budget
+    best_depth, best = best_depth_budget(depths, budgets,
+                                         np.where(_fits(entry, pool, depths, budgets), tps, -np.inf))
+    return BudgetChoice(best, best_depth, tuple(budgets), tuple(depths), _nested(tps),
+                        _nested(committed), _nested(nodes), timed, context_len, float(overlap))
+
+
+def _time_parts(target, draft, entry, pool, prompts, context_len: int, budgets, search):
+    """Part times for every candidate: target passes of each budget's tree sizes and the
+    deepest pool's draft passes (which cover every shallower one's), at `context_len`."""
+    widths = draft_sizes_for(entry.draft_widths(pool) + [pool.top_k],
+                             pool.depth + 1 + entry.commits_t0)
+    return measure_parts(target, draft if entry.needs_draft else None,
+                         timing_context(prompts, context_len), target_sizes_for(budgets),
+                         widths, search.repeats)
+
+
+def _fits(entry, pool, depths, budgets) -> np.ndarray:
+    """(depth, budget) -> whether the budget fits that depth's pool. A budget above a shallow
+    pool's size caps nothing: it is that pool at a smaller budget, so it is not a candidate.
+    The smallest budget stays, in case none fits."""
     sizes = np.array([replace(pool, depth=d).size if entry.needs_draft else max(budgets)
                       for d in depths])
     fits = np.asarray(budgets)[None, :] <= sizes[:, None]
-    fits[:, 0] = True  # (the smallest budget stays, in case none fits)
-    best_depth, best = best_depth_budget(depths, budgets, np.where(fits, tps, -np.inf))
-    return BudgetChoice(best, best_depth, tuple(budgets), tuple(depths), _nested(tps),
-                        _nested(committed), _nested(nodes), timed, context_len, float(overlap))
+    fits[:, 0] = True
+    return fits
 
 
 def _candidates(entry, pool, search: BudgetSearch) -> tuple[list[int], list[int]]:
