@@ -7,6 +7,10 @@ written for every rule that has a `benchmark:`), summed per rule, beside the run
 
 The rules' sums add up to more than the wall time wherever jobs ran side by side (two at a time
 on two cores); the head's build (replies, then training) runs alone and is most of the path.
+The report names the CPU, the instruction set torch's kernels use and the dtype `dtype: auto`
+picks, as this script sees them: run it with the environment the run had (ATEN_CPU_CAPABILITY
+and ONEDNN_MAX_CPU_ISA when they held the run to AVX2). It ends with the run's draft-agreement
+tables (results/tables/draft_agreement_*.md): what the head that run trained reaches.
 """
 
 from __future__ import annotations
@@ -39,10 +43,40 @@ def job_seconds(run: Path) -> dict[str, list[tuple[str, float]]]:
     return dict(out)
 
 
+def cpu_line() -> str:
+    """The CPU's name, the instruction set torch's CPU kernels run at (ATEN_CPU_CAPABILITY can
+    hold it below the CPU's) and the dtype that `dtype: auto` gives the target on it."""
+    name = "unknown CPU"
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            name = next((line.split(":", 1)[1].strip() for line in f
+                         if line.startswith("model name")), name)
+    try:
+        import torch
+
+        from targetrows.hf.loading import resolve_dtype
+    except ImportError:
+        return f"- CPU: {name}"
+    dtype = str(resolve_dtype("auto", "cpu")).removeprefix("torch.")
+    return (f"- CPU: {name}; torch kernels at {torch.backends.cpu.get_cpu_capability()}; "
+            f"`dtype: auto` runs {dtype}")
+
+
+def agreement_tables(run: Path) -> list[str]:
+    """The run's draft-agreement tables, each under the head's name."""
+    lines = []
+    for table in sorted((run / "results" / "tables").glob("draft_agreement_*.md")):
+        head = table.stem.removeprefix("draft_agreement_")
+        lines += ["", f"The head {head}'s agreement with the target "
+                  f"(results/tables/{table.name}):", "", table.read_text().rstrip()]
+    return lines
+
+
 def report(run: Path, wall: float | None, command: str) -> str:
     jobs = job_seconds(run)
     lines = [f"- command: `{command or '(not given)'}`",
-             f"- machine: {platform.platform()}, {len(os.sched_getaffinity(0))} CPUs"]
+             f"- machine: {platform.platform()}, {len(os.sched_getaffinity(0))} CPUs",
+             cpu_line()]
     if wall:
         lines.append(f"- wall time of the whole run: {wall / 60:.1f} minutes")
     lines += ["", "| stage | jobs | minutes, all jobs | minutes, longest job |",
@@ -58,6 +92,7 @@ def report(run: Path, wall: float | None, command: str) -> str:
         secs = [s for _, s in times]
         lines.append(f"| {RULES.get(folder, folder)} | {len(secs)} | {sum(secs) / 60:.1f} | "
                      f"{max(secs) / 60:.1f} |")
+    lines += agreement_tables(run)
     return "\n".join(lines) + "\n"
 
 

@@ -149,11 +149,16 @@ def test_model_files_are_json_and_a_bad_one_is_refused_by_name(tmp_path):
         DecodeConfig("lrerank_stale")
 
 
+def written(logs, folder) -> list[str]:
+    """`logs` written as row-log files in `folder`: their paths."""
+    paths = [str(folder / f"log{i}.npz") for i in range(len(logs))]
+    for path, log in zip(paths, logs, strict=True):
+        rowlog.write(path, log)
+    return paths
+
+
 def test_train_reranker_command_and_the_commands_that_read_it(logs, tmp_path, capsys):
-    paths = []
-    for i, log in enumerate(logs):
-        paths.append(str(tmp_path / f"log{i}.npz"))
-        rowlog.write(paths[-1], log)
+    paths = written(logs, tmp_path)
     out = tmp_path / "rr"
     assert main(["train-reranker", *paths, "--budgets", "1", "2", "4", "--n-boot", "200",
                  "--out", str(out)]) == 0

@@ -9,7 +9,7 @@ import json
 
 import numpy as np
 import pytest
-from test_reranker import logs, scrambled  # noqa: F401 (a fixture)
+from test_reranker import logs, scrambled, written  # noqa: F401 (a fixture)
 from test_score import toy_log
 
 from targetrows import Tree, expected_accepted, expected_accepted_greedy
@@ -203,10 +203,7 @@ def _write(tmp_path, doc) -> str:
 
 
 def test_train_reranker_fits_sequoia_and_the_commands_read_it(logs, tmp_path):  # noqa: F811
-    paths = []
-    for i, log in enumerate(logs):
-        paths.append(str(tmp_path / f"log{i}.npz"))
-        rowlog.write(paths[-1], log)
+    paths = written(logs, tmp_path)
     out = tmp_path / "models"
     assert main(["train-reranker", *paths, "--rules", "sequoia", "--budgets", "1", "2", "4",
                  "--n-boot", "200", "--out", str(out)]) == 0

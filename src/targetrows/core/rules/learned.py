@@ -55,8 +55,23 @@ STALE_FEATURES = tuple(k for k, (_, root) in FEATURES.items() if not root)
 ALL_FEATURES = tuple(FEATURES)
 
 
+class FittedFile:
+    """A fitted rule's file, from its JSON text (`to_json`): saved whole or not at all, and
+    named in answer files by a digest of that text."""
+
+    def to_json(self) -> str:
+        raise NotImplementedError
+
+    def save(self, path: str) -> None:
+        atomic_write_text(path, self.to_json())
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
+
+
 @dataclass(frozen=True)
-class Reranker:
+class Reranker(FittedFile):
     """A trained branch scorer: weights over named features (`FEATURES`). `folds` and `fold_of`
     hold cross-fitted models: ``folds[k]`` was trained without the prompts whose key ``fold_of``
     maps to k, so every training prompt can be scored by a model that never saw it."""
@@ -107,13 +122,6 @@ class Reranker:
                            "folds": [list(w) for w in self.folds],
                            "fold_of": dict(self.fold_of), "meta": dict(self.meta)},
                           indent=1, sort_keys=False) + "\n"
-
-    def save(self, path: str) -> None:
-        atomic_write_text(path, self.to_json())
-
-    @property
-    def digest(self) -> str:
-        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
 
     @classmethod
     def load(cls, path: str) -> Reranker:

@@ -14,14 +14,12 @@ scorer use for both kinds of model.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ..atomic import atomic_write_text
 from ..checks import check_format
-from .learned import fold_of_from, read_json
+from .learned import FittedFile, fold_of_from, read_json
 from .sequoia import check_acceptance, sequoia_rule
 
 FORMAT = "targetrows-acceptance"
@@ -32,7 +30,7 @@ sequoia = sequoia_rule(name=SEQUOIA)  # p from the model its pools carry: a lear
 
 
 @dataclass(frozen=True)
-class AcceptanceVector:
+class AcceptanceVector(FittedFile):
     """`p[k - 1]`: the acceptance probability of a node's rank-k child, fitted on row logs.
     ``folds[j]`` was fitted without the prompts whose key ``fold_of`` maps to j."""
 
@@ -73,13 +71,6 @@ class AcceptanceVector:
                            "p": list(self.p), "folds": [list(p) for p in self.folds],
                            "fold_of": dict(self.fold_of), "meta": dict(self.meta)},
                           indent=1) + "\n"
-
-    def save(self, path: str) -> None:
-        atomic_write_text(path, self.to_json())
-
-    @property
-    def digest(self) -> str:
-        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
 
     @classmethod
     def load(cls, path: str) -> AcceptanceVector:
