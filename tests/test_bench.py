@@ -115,8 +115,11 @@ def test_bench_end_to_end(pair, prompts_file, tmp_path):
         "machine:",
         "versions:",
         "command:",
+        # RACER's first pass ranks the target's rows at every prompt position: priced as such
+        "racer's first pass, which ranks the target's rows at every prompt position",
     ):
         assert needle in report
+    assert "recycle's first pass" not in report  # Token Recycling reads no prompt rows
 
 
 def test_a_peer_engine_is_timed_beside_our_decoders(pair, prompts_file, tmp_path, capsys):
@@ -456,3 +459,17 @@ def test_a_runs_predicted_speed_by_hand():
     dr = {"method": "draft_rank", "new_tokens": 20}
     assert bench._predicted(dr, choice, parts, 0.05, settings) == pytest.approx(
         20 / (0.05 + 10 * 0.0225))
+
+
+def test_goals_against_baselines_that_did_not_run_are_not_measured():
+    """--no-hf: no HF baseline ran, so ar's goal against HF generate and the best decoder's
+    against HF prompt lookup are unmeasured, not failed."""
+    settings = bench.BenchSettings(decoders=("ar", "fts"), budget=4)
+    rows = [r for r in _rows() if not r["method"].startswith(("hf_", "peer:"))]
+    for r in rows:
+        r["same_as_hf_generate"] = ""
+    found = bench_report.goals(bench_report.summarize(rows, settings), settings)
+    met = {goal: ok for goal, _, ok in found}
+    assert met["ar >= 0.95x HF generate (T=0)"] is None
+    assert met["best decoder >= 2.0x HF prompt lookup (T=0)"] is None
+    assert met["best decoder >= 1.4x our ar (T=0, draft alone)"] is False

@@ -46,8 +46,9 @@ def goals(summary: list[dict], settings, lookup: bool = False) -> list[Goal]:
 
 
 def _goal(text: str, best: dict | None, key: str, need: float) -> Goal:
-    """The goal that the best summary's `key` reaches `need`."""
-    if best is None:
+    """The goal that the best summary's `key` reaches `need` (not measured where it has none:
+    a baseline that did not run)."""
+    if best is None or not np.isfinite(best.get(key, np.nan)):
         return (text, "-", None)
     return (text, f"{best['method']} {cell(best[key])}x", bool(best[key] >= need))
 

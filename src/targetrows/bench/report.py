@@ -238,7 +238,10 @@ def markdown(head: dict, summary: list[dict], context: dict, settings) -> str:
     lines += [
         "Ratios are medians of per-prompt ratios (methods interleaved prompt by prompt). "
         "tokens/round counts every committed token (t0 included); accepted/round counts "
-        "accepted draft tokens; time split: per-round means. Bound: zero-overhead speed from "
+        "accepted draft tokens; time split: per-round means, a decode's first pass over the "
+        "prompt in the round that made it (an EAGLE-3 head reads the target's features of the "
+        "prompt, so its first draft makes that pass: draft ms; RACER reads the prompt's rows "
+        "first: root ms). Bound: zero-overhead speed from "
         "the part times below (each prompt's first pass included) with the run's acceptance "
         "and achieved overlap. Predicted: the cost model's speed for the run before it ran "
         "(what --budget auto maximises): the acceptance calibrated for its condition, the part "
@@ -266,7 +269,8 @@ def markdown(head: dict, summary: list[dict], context: dict, settings) -> str:
                   "prompt token ids; their time is their own generate call's.", ""]
     for method, why in context.get("skipped", {}).items():
         lines += [f"Not run: {method}: {why}.", ""]
-    lines += _part_times(context["parts"], context.get("prompt_s"))
+    lines += _part_times(context["parts"], context.get("prompt_s"),
+                         context.get("prompt_rows_s", {}))
     if context["choices"] and isinstance(settings.budget, Auto):
         lines += ["", "## Budgets and depths picked by `--budget auto`", ""]
         for (decoder, temp), choice in context["choices"].items():
@@ -278,7 +282,7 @@ def markdown(head: dict, summary: list[dict], context: dict, settings) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _part_times(parts, prompt_s) -> list[str]:
+def _part_times(parts, prompt_s, prompt_rows_s) -> list[str]:
     """The part times as tables, one row per context timed at."""
     timings = [parts] + ([parts.longer] if parts.longer is not None else [])
     contexts = " and ".join(str(p.context_len) for p in timings)
@@ -298,6 +302,10 @@ def _part_times(parts, prompt_s) -> list[str]:
     if prompt_s:
         lines += ["", "Each prompt's first pass beyond a one-token pass (in the bounds), ms: "
                   + ", ".join(f"{t * 1e3:.0f}" for t in prompt_s) + "."]
+    for method, seconds in prompt_rows_s.items():
+        lines += ["", f"{method}'s first pass, which ranks the target's rows at every prompt "
+                  "position, beyond a one-token pass, ms: "
+                  + ", ".join(f"{t * 1e3:.0f}" for t in seconds) + "."]
     if parts.draft is not None:
         lines += table("draft pass width", [(p.context_len, p.draft) for p in timings])
         if parts.draft_refeeds:

@@ -264,8 +264,10 @@ def run_bench(
                          "draft-free decoders run without one")
     methods, skipped, models = _methods(target, draft, settings, assistant, peers)
     parts = measure(target, draft, prompts, settings)
-    # what each prompt's first pass costs beyond a round's one-token pass (in every bound)
+    # what each prompt's first pass costs beyond a round's one-token pass (in every bound); a
+    # decoder that reads the target's rows at every prompt position first (RACER) pays more
     prompt_s = [time_prompt_pass(target, p.ids, settings.repeats) for p in prompts]
+    prompt_rows_s = prompt_rows_seconds(target, prompts, settings)
     plans, choices = pick_budgets(target, draft, prompts, settings, parts)
 
     def config_for(method, temp, seed, max_new_tokens=None):
@@ -279,8 +281,10 @@ def run_bench(
     runs = _interleaved_runs(models, prompts, settings, methods, config_for, progress)
     # part times before and after the runs, averaged: drift of a shared machine shows in both
     parts = mean_parts(parts, measure(target, draft, prompts, settings))
-    rows = _with_cost_model(runs, parts, prompt_s, choices, settings)
-    context = {"parts": parts, "prompt_s": prompt_s, "plans": plans, "choices": choices,
+    first_s = {m: prompt_rows_s.get(m, prompt_s) for m in methods}
+    rows = _with_cost_model(runs, parts, first_s, choices, settings)
+    context = {"parts": parts, "prompt_s": prompt_s, "prompt_rows_s": prompt_rows_s,
+               "plans": plans, "choices": choices,
                "methods": methods, "skipped": skipped}
     return rows, context
 
@@ -329,11 +333,30 @@ def _interleaved_runs(models: BenchModels, prompts, settings: BenchSettings, met
     return runs
 
 
-def _with_cost_model(runs, parts, prompt_s, choices, settings: BenchSettings) -> list[dict]:
+def prompt_rows_seconds(target, prompts: Sequence[BenchPrompt],
+                        settings: BenchSettings) -> dict[str, list[float]]:
+    """{decoder: each prompt's first pass beyond a one-token pass, seconds} for the decoders
+    whose state reads the target's top-k rows at every prompt position first (RACER's): that
+    pass (`time_prompt_pass` with `rows_k`), timed once per k."""
+    out, by_k = {}, {}
+    for name in settings.decoders:
+        config = settings.run_config(name, settings.temperatures[0], 1, settings.pool.depth, 0)
+        state = new_state(target, config)
+        if getattr(state, "prompt_rows", False):
+            k = state.table.k
+            if k not in by_k:
+                by_k[k] = [time_prompt_pass(target, p.ids, settings.repeats, k) for p in prompts]
+            out[name] = by_k[k]
+    return out
+
+
+def _with_cost_model(runs, parts, first_s: dict[str, list[float]], choices,
+                     settings: BenchSettings) -> list[dict]:
     """The rows, each of our decoders' with the zero-overhead bound of its run
     (`targetrows.cost.rounds.bound`) and the share of it measured, and the speed the cost model
     predicted for it (`_predicted`) and the share of that measured. Part times are each
-    prompt's own (`PartTimes.at` its mean context)."""
+    prompt's own (`PartTimes.at` its mean context); `first_s[method][i]`: what prompt i's first
+    pass costs that method beyond a one-token pass."""
     rows = []
     for row, result, i in runs:
         at = parts.at(row["prompt_tokens"] + row["new_tokens"] / 2)
@@ -341,13 +364,13 @@ def _with_cost_model(runs, parts, prompt_s, choices, settings: BenchSettings) ->
             depth = row["depth"] or settings.pool.depth
             drafted = get_decoder(row["method"]).pool_depth(depth, row["budget"] or depth)
             b = bound(row["method"], at, result.rounds, replace(settings.pool, depth=drafted),
-                      prompt_s[i], budget=row["budget"])
+                      first_s[row["method"]][i], budget=row["budget"])
             row.update(overlap=b.overlap, bound_tokens_per_s=b.tokens_per_s,
                        bound_speedup=b.speedup,
                        measured_over_bound=row["tokens_per_s"] / b.tokens_per_s)
         if row["method"] in settings.decoders and row["new_tokens"] > 0:
             predicted = _predicted(row, choices.get((row["method"], row["temperature"])), at,
-                                   prompt_s[i], settings)
+                                   first_s[row["method"]][i], settings)
             row.update(predicted_tokens_per_s=predicted,
                        measured_over_predicted=row["tokens_per_s"] / predicted)
         rows.append(row)

@@ -17,6 +17,7 @@ import numpy as np
 
 from targetrows.core.tree import Tree
 from targetrows.decoding.model import synchronize
+from targetrows.decoding.planners import prompt_rows
 
 
 @dataclass(frozen=True)
@@ -121,9 +122,12 @@ def time_passes(
     return PassCurve(tuple(sizes), tuple(isotonic(seconds)))
 
 
-def time_prompt_pass(model, prompt: Sequence[int], repeats: int = 3) -> float:
+def time_prompt_pass(model, prompt: Sequence[int], repeats: int = 3,
+                     rows_k: int | None = None) -> float:
     """Median seconds of a pass over the whole `prompt` from an empty cache (the first pass of
-    any decoding), less a one-token pass on top of it (what a round's part times count)."""
+    any decoding), less a one-token pass on top of it (what a round's part times count).
+    `rows_k`: the first pass of a decoder that reads the target's top-`rows_k` rows at every
+    prompt position (RACER's, `decoding.planners.prompt_rows`), which costs more."""
     ctx = [int(t) for t in prompt]
     if not ctx:
         raise ValueError("time_prompt_pass needs a non-empty prompt")
@@ -133,7 +137,10 @@ def time_prompt_pass(model, prompt: Sequence[int], repeats: int = 3) -> float:
     for _ in range(repeats + 1):  # the first of each is a warm-up
         model.reset(0)
         t = time.perf_counter()
-        model.logits(ctx, root, [0])
+        if rows_k is None:
+            model.logits(ctx, root, [0])
+        else:
+            prompt_rows(model, ctx, rows_k)
         synchronize(model)
         full.append(time.perf_counter() - t)
         model.commit(ctx)

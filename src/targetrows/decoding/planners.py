@@ -147,11 +147,22 @@ def recycle_state(vocab_size: int, config) -> Recycler:
 
 def _prompt_rows(r: Round) -> None:
     """The target's rows along the prompt (the round's context: a decode's first round), their
-    top-k ids written into the state's table: a chain tree of the prompt's tokens under its
-    first token, whose entries become the committed cache (`Model.commit`), so nothing is
-    computed twice; the last row, the root's, goes into the store for the verify pass."""
-    prompt, target, k = list(r.context), r.target, r.state.table.k
-    ids, logp = [], []
+    top-k ids written into the state's table (`prompt_rows`); the last row, the root's, goes
+    into the store for the verify pass."""
+    prompt = list(r.context)
+    ids, logp, root_row, passes = prompt_rows(r.target, prompt, r.state.table.k)
+    r.stats.target_passes += passes
+    r.store.put(prompt, root_row)
+    r.state.observe_prompt(prompt, ids, logp)
+
+
+def prompt_rows(target, prompt: list[int], k: int):
+    """The target's top-k ids and log-probs at every position of `prompt`, from a chain tree of
+    its tokens under its first token, in parts of PROMPT_ROWS_AT_ONCE whose entries become the
+    committed cache (`Model.commit`), so nothing is computed twice. Returns (ids, logp, the
+    last position's row [1, V], passes): what RACER's first round costs beyond a plain pass
+    over the prompt is the rows at every position (`cost.parttimes.time_prompt_pass`)."""
+    ids, logp, passes = [], [], 0
     for start in range(0, len(prompt), PROMPT_ROWS_AT_ONCE):
         end = min(start + PROMPT_ROWS_AT_ONCE, len(prompt))
         chain = Tree(prompt[start:end], np.arange(-1, end - start - 1))
@@ -160,9 +171,8 @@ def _prompt_rows(r: Round) -> None:
         ids.append(top[0])
         logp.append(top[1])
         target.commit(prompt[:end])
-        r.stats.target_passes += 1
-    r.store.put(prompt, logits[-1:])
-    r.state.observe_prompt(prompt, np.concatenate(ids), np.concatenate(logp))
+        passes += 1
+    return np.concatenate(ids), np.concatenate(logp), logits[-1:], passes
 
 
 def plan_recycle(r: Round) -> Plan:
