@@ -34,3 +34,16 @@ def need_module(name: str, reason: str | None = None):
 def cpu_feature(present: bool, feature: str):
     """A skipif mark naming the CPU feature the test needs, where this CPU lacks it."""
     return pytest.mark.skipif(not present, reason=f"this CPU lacks {feature}")
+
+
+def held_below_cpu() -> bool:
+    """Whether ATEN_CPU_CAPABILITY holds torch's ATen kernels below this CPU's own instruction
+    set (an AVX512 CPU run as an AVX2 one, to measure what AVX2 machines do)."""
+    held = os.environ.get("ATEN_CPU_CAPABILITY", "").lower()
+    if held not in ("avx2", "default"):
+        return False
+    try:
+        with open("/proc/cpuinfo") as f:
+            return " avx512f" in f.read()
+    except OSError:
+        return False
