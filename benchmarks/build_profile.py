@@ -21,6 +21,7 @@ import time
 from dataclasses import replace
 
 import torch
+from report_out import emit
 from torch.profiler import ProfilerActivity, profile
 
 from targetrows.hf.loading import resolve_dtype
@@ -110,11 +111,7 @@ def main(argv=None) -> int:
     lines += replies_batch(target, tokenizer, RepliesConfig())
     lines += [""] + training_steps(target, tokenizer, args.replies, args.steps)
     text = "\n".join(lines) + "\n"
-    print(text, end="")
-    if args.out:
-        from targetrows.core.atomic import atomic_write_text
-
-        atomic_write_text(args.out, text)
+    emit(text, args.out)
     return 0
 
 

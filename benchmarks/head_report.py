@@ -12,6 +12,8 @@ import json
 import sys
 from pathlib import Path
 
+from report_out import emit
+
 
 def table(report: dict, folder: str) -> str:
     chain = report["heldout_chain_acceptance_by_depth"]
@@ -49,11 +51,7 @@ def main(argv=None) -> int:
     if not path.is_file():
         raise SystemExit(f"{path}: no training report (a head trained by targetrows train-eagle3?)")
     text = table(json.loads(path.read_text()), args.head.rstrip("/"))
-    print(text, end="")
-    if args.out:
-        from targetrows.core.atomic import atomic_write_text
-
-        atomic_write_text(args.out, text)
+    emit(text, args.out)
     return 0
 
 

@@ -16,6 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from report_out import emit
+
 TESTS = Path(__file__).resolve().parents[1] / "tests"
 
 
@@ -48,11 +50,7 @@ def main(argv=None) -> int:
     if args.head:
         parts.append(inspect(args.head, args.target or args.head, "--no-weights"))
     text = "\n".join(parts)
-    print(text, end="")
-    if args.out:
-        from targetrows.core.atomic import atomic_write_text
-
-        atomic_write_text(args.out, text)
+    emit(text, args.out)
     return 0
 
 

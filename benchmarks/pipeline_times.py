@@ -23,6 +23,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from report_out import emit
+
 # the folder under results/benchmarks/ -> the rule that wrote it
 RULES = {"replies": "target_replies", "decode": "decode", "rows": "record_rows",
          "agreement": "draft_agreement"}
@@ -104,11 +106,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None, help="Markdown file (default: print only)")
     args = p.parse_args(argv)
     text = report(Path(args.run), args.wall, args.command)
-    print(text, end="")
-    if args.out:
-        from targetrows.core.atomic import atomic_write_text
-
-        atomic_write_text(args.out, text)
+    emit(text, args.out)
     return 0
 
 

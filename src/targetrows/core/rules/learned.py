@@ -56,11 +56,8 @@ ALL_FEATURES = tuple(FEATURES)
 
 
 class FittedFile:
-    """A fitted rule's file, from its JSON text (`to_json`): saved whole or not at all, and
-    named in answer files by a digest of that text."""
-
-    def to_json(self) -> str:
-        raise NotImplementedError
+    """A fitted rule's file, from the JSON text its class writes (`to_json`, which each kind
+    defines): saved whole or not at all, and named in answer files by a digest of that text."""
 
     def save(self, path: str) -> None:
         atomic_write_text(path, self.to_json())
