@@ -136,19 +136,19 @@ def pick_budgets(target, draft, prompts: Sequence[BenchPrompt], settings: BenchS
     context_len = mean_context_len([len(p.ids) for p in prompts], settings.decode.max_new_tokens)
     plans, choices = {}, {}
     depth = settings.pool.depth
+    fixed = isinstance(settings.budget, Fixed)
     for name in settings.decoders:
         for temp in settings.temperatures:
             if not get_decoder(name).drafts:
                 plans[name, temp] = (None, depth)
                 continue
             search = BudgetSearch(contexts=3 * len(first_of_each), gap=12)
-            if isinstance(settings.budget, Fixed):
+            if fixed:
                 search = replace(search, budgets=(settings.budget.nodes,), depths=(depth,))
             choice = auto_budget(target, draft, settings.run_config(name, temp, 1, depth, 0),
                                  list(first_of_each.values()), search, parts,
                                  context_len=context_len)
             choices[name, temp] = choice
-            fixed = isinstance(settings.budget, Fixed)
             plans[name, temp] = (settings.budget.nodes, depth) if fixed else (choice.budget,
                                                                                choice.depth)
     return plans, choices
