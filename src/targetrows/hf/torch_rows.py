@@ -170,16 +170,19 @@ class TorchRows:
 
 
 def topk_tie_checked(lp: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids, log-probs) of each row's k best, best first, ties to the lower id: torch.topk, then
-    a check for a tie at the k-th value (one host read, free on a CPU)."""
-    vals, ids = torch.topk(lp, k, dim=-1)
-    kth = vals[:, -1:]
-    if bool(((lp >= kth).sum(dim=-1) == k).all()):
+    """(ids, log-probs) of each row's k best, best first, ties to the lower id: torch.topk of
+    k + 1, then a check for a tie at the k-th value (one host read, free on a CPU): with the
+    (k+1)-th value below the k-th, exactly k values reach the k-th, so the set is right."""
+    n = lp.shape[-1]
+    vals, ids = torch.topk(lp, min(k + 1, n), dim=-1)
+    if k == n or bool((vals[:, k] < vals[:, k - 1]).all()):
         # the usual case, no tie at the k-th value: the set is right, fix the order
+        vals, ids = vals[:, :k], ids[:, :k]
         ids, by_id = ids.sort(dim=-1)
         vals = vals.gather(-1, by_id)
     else:
         # take everything above the k-th value, then the lowest ids among those equal to it
+        kth = vals[:, k - 1 : k]
         above, equal = lp > kth, lp == kth
         short = k - above.sum(dim=-1, keepdim=True)
         chosen = above | (equal & (equal.cumsum(dim=-1) <= short))
