@@ -148,3 +148,62 @@ def test_bad_recycle_settings_are_refused_by_name():
         DecodeConfig("racer", keep_across_prompts="yes")
     with pytest.raises(ValueError, match="scores with a trained model"):
         DecodeConfig("sequoia")  # its acceptance vector is missing
+
+
+# -- calibration: every budget's rounds from one path (targetrows.cost.draft_free) ------------
+
+
+@pytest.mark.parametrize("decoder", ["racer", "recycle"])
+def test_calibrating_one_budget_is_that_budgets_own_decode(decoder):
+    """With one budget the union is that budget's tree: at T=0 its rounds are the decode's own,
+    round for round (the decode's last, cut at max_new_tokens, aside)."""
+    from targetrows.cost.draft_free import draft_free_rounds
+
+    pair = ToyPair(vocab_size=24, seed=2, closeness=0.8)
+    config = DecodeConfig(decoder, budget=12, max_new_tokens=40)
+    committed, nodes = draft_free_rounds(pair.target, PROMPT, [12], config, 40)
+    rounds = generate(pair.target, None, PROMPT, config).rounds
+    assert len(rounds) > 5 and len(committed) == len(rounds)
+    assert committed[:-1, 0].tolist() == [r.committed for r in rounds[:-1]]
+    assert nodes[:, 0].tolist() == [r.nodes for r in rounds]
+
+
+@pytest.mark.parametrize("decoder", ["racer", "recycle"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_each_budget_is_scored_on_its_own_tree_and_learns_its_own_rows(decoder, temperature):
+    """Replayed from the target's passes: at each round every budget's tree is the one a state
+    fed only its own trees' rows (and RACER's prompt rows) builds, it lies inside the verified
+    union, and its score is 1 + its nodes' reach probabilities under the target's rows."""
+    from targetrows.core.acceptance import reach_probability
+    from targetrows.cost.draft_free import draft_free_rounds
+
+    pair = ToyPair(vocab_size=24, seed=2, closeness=0.8)
+    target = Recorded(pair.target)
+    budgets = [2, 6, 20]
+    config = DecodeConfig(decoder, temperature=temperature)
+    committed, nodes = draft_free_rounds(target, PROMPT, budgets, config, 30)
+    verify = [p for p in target.passes if p[0][-1] == p[1].tokens[0] and p[0] != PROMPT[:1]]
+    assert len(verify) == len(committed) > 3
+    states = [new_state(pair.target, DecodeConfig(decoder, budget=b)) for b in budgets]
+    for s in states:
+        s.start()
+        if s.prompt_pending:
+            ids = [np.argsort(-pair.target_row(PROMPT[: i + 1]), kind="stable")[:8]
+                   for i in range(len(PROMPT))]
+            s.observe_prompt(PROMPT, np.array(ids))
+    for (context, union, _), got, size in zip(verify, committed, nodes, strict=True):
+        in_union = {tuple(union.path_tokens(i)): i for i in range(len(union))}
+        for s, b, score, n in zip(states, budgets, got, size, strict=True):
+            tree = s.tree(context, b)
+            at = [in_union[tuple(tree.path_tokens(i))] for i in range(len(tree))]
+            rows = np.array([pair.target_row(context + tree.path_tokens(i))
+                             for i in range(len(tree))])
+            edge = np.ones(len(tree))
+            if temperature == 0.0:  # moved on only along the target's argmax
+                edge[1:] = rows[tree.parents[1:]].argmax(axis=1) == tree.tokens[1:]
+            else:
+                edge[1:] = rows[tree.parents[1:], tree.tokens[1:]]
+            assert n == tree.budget and len(set(at)) == len(tree)
+            assert score == pytest.approx(1 + reach_probability(tree, edge)[1:].sum())
+            s.observe_tree(tree, np.argsort(-rows, axis=1, kind="stable")[:, :8])
+    assert np.all(np.diff(nodes, axis=1) >= 0) and nodes[:, -1].max() > nodes[:, 0].max()

@@ -67,3 +67,28 @@ def test_ancestor_mask_matches_paths():
     for i in range(40):
         expected = set(t.path(i).tolist()) | {0, i}
         assert set(np.flatnonzero(mask[i]).tolist()) == expected
+
+
+def test_merge_trees_holds_every_path_once_and_maps_each_node_to_its_path():
+    from targetrows.core.tree import merge_trees
+
+    rng = np.random.default_rng(0)
+    trees = []
+    for _ in range(6):  # random trees over 4 tokens: many shared paths
+        paths = {()}
+        for _ in range(int(rng.integers(0, 12))):
+            parent = sorted(paths)[int(rng.integers(len(paths)))]
+            if len(parent) < 4:
+                paths.add(parent + (int(rng.integers(4)),))
+        order = sorted(paths, key=lambda p: (len(p), p))
+        index = {p: i for i, p in enumerate(order)}
+        trees.append(Tree([7] + [p[-1] for p in order[1:]],
+                          [-1] + [index[p[:-1]] for p in order[1:]]))
+    union, where = merge_trees(trees)
+    path_of = {i: tuple(union.path_tokens(i)) for i in range(len(union))}
+    assert len(set(path_of.values())) == len(union)  # each path once
+    assert set(path_of.values()) == {tuple(t.path_tokens(i)) for t in trees for i in range(len(t))}
+    for tree, at in zip(trees, where, strict=True):
+        assert [path_of[int(j)] for j in at] == [tuple(tree.path_tokens(i)) for i in range(len(tree))]
+    with pytest.raises(ValueError, match="same root token"):
+        merge_trees([Tree([1], [-1]), Tree([2], [-1])])

@@ -123,6 +123,28 @@ class Tree:
         return Tree(self.tokens[keep], parents), keep
 
 
+def merge_trees(trees: Sequence[Tree]) -> tuple[Tree, list[np.ndarray]]:
+    """The union of trees under one root token: a node for every distinct token path, in the
+    order first met (tree by tree, parents before children), and where each tree's nodes sit
+    in it (``where[j][i]``: tree j's node i). One target pass over the union scores them all."""
+    if not trees or len({int(t.tokens[0]) for t in trees}) != 1:
+        raise ValueError("merge_trees needs at least one tree, all under the same root token")
+    tokens, parents = [int(trees[0].tokens[0])], [-1]
+    index: dict[tuple[int, int], int] = {}
+    where = []
+    for tree in trees:
+        at = np.zeros(len(tree), dtype=np.int64)
+        for i in range(1, len(tree)):  # parents[i] < i: the parent is placed already
+            key = (int(at[tree.parents[i]]), int(tree.tokens[i]))
+            if key not in index:
+                index[key] = len(tokens)
+                parents.append(key[0])
+                tokens.append(key[1])
+            at[i] = index[key]
+        where.append(at)
+    return Tree(tokens, parents), where
+
+
 def _check(tokens: np.ndarray, parents: np.ndarray) -> None:
     """Reject a malformed tree with a message that names the offending node."""
     if len(tokens) == 0:

@@ -24,10 +24,10 @@ from targetrows.core.rules.root_pool import draft_rank
 from targetrows.core.tree import Tree
 from targetrows.core.verify import walk
 from targetrows.decoding.config import DecodeConfig
-from targetrows.decoding.loop import generate
 from targetrows.decoding.model import edge_probs
 from targetrows.decoding.registry import get_rule
 
+from .draft_free import draft_free_curves
 from .parttimes import (
     PartTimes,
     draft_sizes_for,
@@ -249,7 +249,8 @@ def auto_budget(
     runs like them; `parts` given: those times, at that context), predicts acceptance per
     depth and budget (`acceptance_curve`, at `search.contexts` contexts in all,
     ceil(contexts / len(prompts)) along each prompt,
-    `search.gap` greedy tokens apart; the prompts' curves averaged), and takes the best. How
+    `search.gap` greedy tokens apart; the prompts' curves averaged; a draft-free decoder's by
+    `draft_free_curves`, along the same stretch of each prompt's path), and takes the best. How
     much a draft gets right differs from prompt to prompt and task to task (most for a draft
     with prompt lookup mixed in, which gains where replies copy), hence several prompts. The
     root pass overlaps drafting as `config.overlap` says (None: when target and draft sit on
@@ -278,7 +279,9 @@ def auto_budget(
     if entry.needs_draft:
         committed, nodes = _mean_curves(target, draft, prompts, configs, budgets, depths, search)
     else:
-        committed, nodes = _draft_free_curves(target, prompts, configs, budgets, search)
+        # their trees grow with what the run has seen: along each prompt as far as runs go
+        tokens = max(config.max_new_tokens, -(-search.contexts // len(prompts)) * (search.gap + 1))
+        committed, nodes = draft_free_curves(target, prompts, configs, budgets, tokens)
     # each (depth, budget) drafts `Decoder.pool_depth(depth, budget)` levels
     tps = np.stack([
         predicted_tokens_per_s(entry, c, n, parts, float(overlap),
@@ -332,27 +335,6 @@ def _mean_curves(target, draft, prompts, configs, budgets, depths, search: Budge
                                -(-search.contexts // len(prompts)), depths, search.gap)
               for p, c in zip(prompts, configs, strict=True)]
     return np.mean([c for c, _ in curves], axis=0), np.mean([n for _, n in curves], axis=0)
-
-
-def _draft_free_curves(target, prompts, configs, budgets, search: BudgetSearch):
-    """(committed, nodes) [1, budgets] of a draft-free decoder (racer, recycle), measured: its
-    trees come from what the target's rows taught it along the way, so no pool can be scored
-    for them. At each budget it decodes each prompt (as far along as the search's contexts and
-    gaps reach, shared out among the prompts) and its rounds are averaged, each run's last one
-    left out when there are others (it is cut at the tokens asked for)."""
-    if len(configs) != len(prompts):
-        raise ValueError(f"{len(configs)} prompt configs for {len(prompts)} prompts")
-    tokens = -(-search.contexts // len(prompts)) * (search.gap + 1)
-    committed, nodes = np.zeros((1, len(budgets))), np.zeros((1, len(budgets)))
-    for j, budget in enumerate(budgets):
-        rounds = []
-        for prompt, config in zip(prompts, configs, strict=True):
-            run = generate(target, None, prompt, replace(config, budget=budget,
-                                                         max_new_tokens=tokens)).rounds
-            rounds += run[:-1] if len(run) > 1 else run
-        committed[0, j] = np.mean([r.committed for r in rounds])
-        nodes[0, j] = np.mean([r.nodes for r in rounds])
-    return committed, nodes
 
 
 def _nested(table: np.ndarray) -> tuple[tuple[float, ...], ...]:
