@@ -429,11 +429,14 @@ def test_default_dag_end_to_end_on_tiny_models_survives_an_interrupt(tmp_path):
 
     import pandas as pd
 
-    from targetrows.decoding.registry import rule_names
+    from targetrows.decoding.registry import draft_free_decoders, rule_names
 
+    scored = rule_names() + draft_free_decoders()  # the draft-free along the logged paths
     acc = pd.read_csv(work / "results" / "tables" / "expected_accepted.csv")
-    assert set(acc["rule"]) == set(rule_names())
-    assert len(acc) == len(rule_names()) * len(cfg["score"]["budgets"]) * len(cfg["temperatures"])
+    assert set(acc["rule"]) == set(scored)
+    assert len(acc) == len(scored) * len(cfg["score"]["budgets"]) * len(cfg["temperatures"])
+    gains = pd.read_csv(work / "results" / "tables" / "relative_gains.csv")
+    assert {"racer", "recycle", "sequoia"} <= set(gains["baseline"])
     gain = pd.read_csv(work / "results" / "tables" / "online_gain.csv")
     fts = gain[(gain["decoder"] == "fts") & (gain["metric"] == "nodes") & ~gain["auto"]]
     assert sorted(fts.loc[fts["baseline"] == "pearl", "baseline_budget"]) == sorted(

@@ -256,8 +256,8 @@ def against_prior_art(plan: pd.DataFrame) -> pd.DataFrame:
 
 def consistency(acc: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
     """Each decoder's online accepted draft tokens per round against the row logs' expectation
-    for its rule at the same budget."""
-    rule_of = {d.name: d.rule for d in DECODERS.values() if d.rule is not None}
+    for its rule at the same budget (a draft-free decoder's is scored under its own name)."""
+    rule_of = {d.name: d.rule or d.name for d in DECODERS.values() if d.drafts}
     on = table[table["decoder"].isin(list(rule_of))][
         ["pair", "temperature", "decoder", "budget", "accepted_per_round", "prompts"]]
     on = on.assign(rule=on["decoder"].map(rule_of))

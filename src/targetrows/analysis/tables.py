@@ -7,7 +7,9 @@ expected_accepted  expected accepted draft tokens per verify pass by pair, tempe
                    budget, with mean non-root nodes and tokens committed per pass.
 relative_gains     paired gains with 95% bootstrap CIs (`stats.paired_gain`) of each rule over
                    each of its baselines (`Rule.baselines` in the registry), and of each of
-                   our rules over each prior-art rule (`Rule.prior_art`: sequoia).
+                   our rules over each prior-art rule (`Rule.prior_art`: sequoia) and each
+                   prior-art draft-free decoder (racer, recycle: rebuilt along the logged
+                   path, an approximation, `targetrows.rowlog.draft_free`).
 equal_size         the same at the baseline's mean tree size (`stats.equal_size_gain`), for the
                    rules whose trees are not their budget's size (those that commit t0).
 
@@ -38,7 +40,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from targetrows.decoding.registry import DECODERS, RULES
+from targetrows.decoding.registry import DECODERS, RULES, draft_free_decoders
 
 from . import stats
 from .drift import CAPTION as DRIFT_CAPTION
@@ -63,10 +65,12 @@ def score_groups(paths: list[str]) -> list[dict[str, np.ndarray]]:
 def comparisons(present) -> list[tuple[str, str]]:
     """(rule, baseline) for each registered rule and each of its baselines scored too, then
     each of our rules (one with baselines, not prior art) over each prior-art rule scored
-    (`Rule.prior_art`: Sequoia's)."""
+    (`Rule.prior_art`: Sequoia's) and each prior-art draft-free decoder scored (racer,
+    recycle: `targetrows.rowlog.draft_free`)."""
     present = set(present)
     pairs = [(r.name, b) for r in RULES.values() for b in r.baselines if {r.name, b} <= present]
     prior = [r.name for r in RULES.values() if r.prior_art and r.name in present]
+    prior += [d for d in draft_free_decoders() if DECODERS[d].prior_art and d in present]
     ours = [r.name for r in RULES.values()
             if r.baselines and not r.prior_art and r.name in present]
     return pairs + [(r, p) for r in ours for p in prior if (r, p) not in pairs]
@@ -82,12 +86,17 @@ def row_log_tables(paths: list[str], n_boot: int, seed: int):
             gains.append(tidy(stats.paired_gain(
                 table, rule, baseline, by=("pair", "temperature", "budget"),
                 n_boot=n_boot, seed=seed)))
-            if RULES[rule].commits_t0 or RULES[baseline].commits_t0:
+            if _commits_t0(rule) or _commits_t0(baseline):
                 equal.append(tidy(stats.equal_size_gain(
                     table, rule, baseline, by=("pair", "temperature"), n_boot=n_boot,
                     seed=seed)))
     return (pd.concat(acc, ignore_index=True), pd.concat(gains, ignore_index=True),
             pd.concat(equal, ignore_index=True) if equal else pd.DataFrame())
+
+
+def _commits_t0(name: str) -> bool:
+    """A scored rule that commits t0 (a draft-free decoder, scored under its name, does not)."""
+    return name in RULES and RULES[name].commits_t0
 
 
 def _with_interval(frame: pd.DataFrame, value: str, lo: str, hi: str, fmt: str) -> list[str]:

@@ -52,6 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128,
                         help="positions per turn (the trajectory runs --depth tokens further)")
     parser.add_argument("--root-top", type=int, default=32, help="root-row entries kept")
+    parser.add_argument("--path-top-k", type=int, default=8,
+                        help="the target's top ids kept at every prompt and trajectory position "
+                             "(what the draft-free decoders' tables are scored from)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True, nargs="+",
                         help="row logs to write (.npz), one per --prompts file, in their order")
@@ -86,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
         encoder, stops = ChatEncoder(tokenizer), frozenset(stop_ids(tokenizer, target))
     config = RecordConfig(
         temperature=args.temperature, pool=pool, stride=args.stride,
-        max_new_tokens=args.max_new_tokens, root_top=args.root_top, seed=args.seed,
+        max_new_tokens=args.max_new_tokens, root_top=args.root_top,
+        path_top_k=args.path_top_k, seed=args.seed,
         stop_ids=stops,
     )
     for prompts, out in zip(args.prompts, args.out, strict=True):  # the models load once

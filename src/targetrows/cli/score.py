@@ -1,12 +1,12 @@
 """`targetrows score rows.npz --budgets 2 4 8 --out scores.csv`: every selection rule at every
 budget on row logs, NumPy only (`targetrows.rowlog.score`); the learned rules too with their
---reranker files."""
+--reranker files, and the draft-free decoders (racer, recycle)."""
 
 from __future__ import annotations
 
 import argparse
 
-from targetrows.decoding.registry import rule_names
+from targetrows.decoding.registry import draft_free_decoders, rule_names
 
 from .common import add_reranker_argument, rerankers_from
 
@@ -14,8 +14,11 @@ from .common import add_reranker_argument, rerankers_from
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("logs", nargs="+", metavar="LOG", help="row log(s) from `record`")
     parser.add_argument("--budgets", type=int, nargs="+", default=[2, 4, 8, 16, 32, 59])
-    parser.add_argument("--rules", nargs="+", default=None, choices=rule_names(),
-                        help="default: every rule (the learned ones when --reranker gives them)")
+    parser.add_argument("--rules", nargs="+", default=None,
+                        choices=rule_names() + draft_free_decoders(),
+                        help="rules, and draft-free decoders scored along the logged path "
+                             "(default: every rule, the learned ones when --reranker gives "
+                             "them, and the draft-free decoders when the log holds their rows)")
     add_reranker_argument(parser)
     parser.add_argument("--pair", default=None,
                         help="pair name in the table (default: target+draft from the log)")

@@ -181,6 +181,11 @@ def rule_names(learned: bool = True) -> tuple[str, ...]:
     return tuple(n for n, r in RULES.items() if learned or not r.learned)
 
 
+def draft_free_decoders() -> tuple[str, ...]:
+    """The decoders whose trees grow from their own state, without a draft (`new_state`)."""
+    return tuple(n for n, d in DECODERS.items() if d.new_state is not None)
+
+
 def prior_art_decoders() -> tuple[str, ...]:
     """The decoders of published methods the tables compare ours with (`Decoder.prior_art`)."""
     return tuple(n for n, d in DECODERS.items() if d.prior_art)

@@ -8,7 +8,8 @@ needs pickle. ``header`` is a uint8 array of UTF-8 JSON:
     format "targetrows-rowlog", version 1, complete (true only for a finished log; per-prompt
     part files written while recording say false and name their ``part``), target, draft,
     prompts (the prompts file) and prompts_sha256, n_questions (prompts in that file),
-    temperature, top_k, depth, stride, max_new_tokens, root_top, seed, vocab_size, stop_ids.
+    temperature, top_k, depth, stride, max_new_tokens, root_top, path_top_k, seed, vocab_size,
+    stop_ids.
 
 A *segment* is one prompt turn (MT-bench questions have two); a *record* is one position of a
 segment's trajectory where the draft's candidate pool was logged. Flat arrays with offsets
@@ -34,6 +35,12 @@ segment's trajectory where the draft's candidate pool was logged. Flat arrays wi
     per root-row entry  root_tokens / root_p: the target's row at the record's context, kept
                  sparse: its root_top most likely tokens, then any first-level pool token not
                  among them.
+    per prompt token  prompt_topk (int32 [prompt tokens, path_top_k]): the target's top ids,
+                 best first, at prompt[:i + 1] (RACER's first table writes).
+    per trajectory token  traj_topk (int32 [trajectory tokens, path_top_k]): the target's top
+                 ids at prompt + traj[:t], the row traj[t] was drawn from (what a draft-free
+                 decoder's table learns along the accepted path: `targetrows.rowlog.draft_free`).
+                 Both optional: a log recorded without them holds [0, 0] arrays.
 
 Probabilities are at the recording temperature; at temperature 0 they are at temperature 1
 (rows rank candidates; greedy acceptance is read off the trajectory instead).
@@ -51,7 +58,7 @@ from __future__ import annotations
 import json
 import os
 import zipfile
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -70,7 +77,10 @@ _ARRAYS = {
     "pool_offsets": np.int64, "first_offsets": np.int64, "root_offsets": np.int64,
     "pool_tokens": np.int32, "pool_parents": np.int16, "pool_logq": np.float32,
     "edge_p": np.float32, "stale_p": np.float32, "root_tokens": np.int32, "root_p": np.float32,
+    "prompt_topk": np.int32, "traj_topk": np.int32,
 }
+# [tokens, path_top_k] rows along the path, empty ([0, 0]) in a log recorded without them
+_TOPK = {"prompt_topk": "prompt_tokens", "traj_topk": "traj_tokens"}  # -> the tokens they follow
 _OFFSETS = {  # offsets -> (flat arrays it indexes, owner count array)
     "prompt_offsets": (("prompt_tokens",), "seg_turn"),
     "traj_offsets": (("traj_tokens",), "seg_turn"),
@@ -81,7 +91,8 @@ _OFFSETS = {  # offsets -> (flat arrays it indexes, owner count array)
 # header keys a resumed recording must share with its part files (the prompts file is known by
 # its content: the same file under another relative path still resumes)
 SETTINGS = ("target", "draft", "prompts_sha256", "n_questions", "temperature", "top_k", "depth",
-            "stride", "max_new_tokens", "root_top", "seed", "vocab_size", "stop_ids")
+            "stride", "max_new_tokens", "root_top", "path_top_k", "seed", "vocab_size",
+            "stop_ids")
 
 
 @dataclass
@@ -110,6 +121,8 @@ class RowLog:
     stale_p: np.ndarray
     root_tokens: np.ndarray
     root_p: np.ndarray
+    prompt_topk: np.ndarray = field(default_factory=lambda: _no_topk())
+    traj_topk: np.ndarray = field(default_factory=lambda: _no_topk())
 
     @property
     def n_segments(self) -> int:
@@ -118,6 +131,11 @@ class RowLog:
     @property
     def n_records(self) -> int:
         return len(self.rec_segment)
+
+    @property
+    def has_path_rows(self) -> bool:
+        """Whether the target's top ids along each prompt and trajectory were recorded."""
+        return self.traj_topk.shape[1] > 0 and self.prompt_topk.shape[1] > 0
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "header"}
@@ -151,6 +169,18 @@ class RowLog:
         return np.where(key[at] == want, at, -1)
 
 
+def _no_topk() -> np.ndarray:
+    return np.zeros((0, 0), dtype=np.int32)
+
+
+def _topk(segments: list[dict], key: str) -> np.ndarray:
+    """[tokens, k] rows of every segment, or [0, 0] when a segment has none."""
+    chunks = [s.get(key) for s in segments]
+    if not chunks or any(c is None for c in chunks):
+        return _no_topk()
+    return np.concatenate([np.asarray(c, dtype=np.int32).reshape(len(c), -1) for c in chunks])
+
+
 def _flat(chunks, dtype) -> np.ndarray:
     chunks = [np.asarray(c, dtype=dtype).reshape(-1) for c in chunks]
     return np.concatenate(chunks) if chunks else np.zeros(0, dtype=dtype)
@@ -163,7 +193,8 @@ def _offsets(chunks) -> np.ndarray:
 def from_segments(header: dict, segments: list[dict]) -> RowLog:
     """A RowLog from per-segment dicts (what `targetrows.rowlog.record` builds): keys question, task,
     turn, stopped, prompt, trajectory and records, a list of dicts with position, scored,
-    tokens, parents, logq, edge_p, stale_p, root_tokens, root_p."""
+    tokens, parents, logq, edge_p, stale_p, root_tokens, root_p; optionally prompt_topk and
+    traj_topk (in every segment, else in none)."""
     recs = [(i, r) for i, s in enumerate(segments) for r in s["records"]]
     biggest = max((len(r["tokens"]) for _, r in recs), default=0)
     if biggest > np.iinfo(np.int16).max:
@@ -193,6 +224,8 @@ def from_segments(header: dict, segments: list[dict]) -> RowLog:
         stale_p=_flat(col("stale_p"), np.float32),
         root_tokens=_flat(col("root_tokens"), np.int32),
         root_p=_flat(col("root_p"), np.float32),
+        prompt_topk=_topk(segments, "prompt_topk"),
+        traj_topk=_topk(segments, "traj_topk"),
     )
 
 
@@ -208,6 +241,8 @@ def concat(logs: list[RowLog], header: dict) -> RowLog:
             base = np.cumsum([0] + [len(getattr(log, flat)) for log in logs[:-1]])
             shifted = [p[1:] + b for p, b in zip(parts, base, strict=True)]
             out[name] = np.concatenate([parts[0][:1], *shifted])
+        elif name in _TOPK and not all(log.has_path_rows for log in logs):
+            out[name] = _no_topk()  # a log without them: the whole has none
         elif name == "rec_segment":
             base = np.cumsum([0] + [log.n_segments for log in logs[:-1]])
             shifted = [p + b for p, b in zip(parts, base, strict=True)]
@@ -261,6 +296,8 @@ def read(path: str | os.PathLike, require_complete: bool = True) -> RowLog:
     if require_complete and header.get("complete") is not True:
         raise ValueError(f"row log {path!r} is not complete (no completion marker): its "
                          "recording was interrupted; rerun `targetrows record` to finish it")
+    for name in _TOPK:  # optional: absent from logs recorded before they were
+        data.setdefault(name, _no_topk())
     missing = sorted(set(_ARRAYS) - set(data))
     if missing:
         raise ValueError(f"row log {path!r} lacks arrays {missing}; record it again")
@@ -283,6 +320,10 @@ def _validate(log: RowLog, path: str) -> None:
         for flat in flats:
             if len(getattr(log, flat)) != off[-1]:
                 bad(f"{flat} has {len(getattr(log, flat))} entries, {name} says {off[-1]}")
+    for name, tokens in _TOPK.items():
+        rows, n = getattr(log, name), len(getattr(log, tokens))
+        if rows.ndim != 2 or len(rows) != (n if rows.shape[1] else 0):
+            bad(f"{name} is {rows.shape}: it needs one row per token ({n}), or none at all")
     n_seg = log.n_segments
     for name in ("seg_question", "seg_task", "seg_stopped"):
         if len(getattr(log, name)) != n_seg:

@@ -29,6 +29,7 @@ from targetrows.core.checks import check_count, check_temperature
 from targetrows.core.pool import PoolShape, expand_model
 from targetrows.core.tree import Tree
 from targetrows.decoding.model import edge_probs
+from targetrows.decoding.planners import prompt_rows
 from targetrows.rowlog import format as rowlog
 from targetrows.specbench.questions import check_prompt, read_questions
 
@@ -40,19 +41,20 @@ class RecordConfig:
     stride: int = 1
     max_new_tokens: int = 128  # scored positions per turn (the trajectory runs depth further)
     root_top: int = 32  # root-row entries kept besides the first-level pool tokens
+    path_top_k: int = 8  # the target's top ids kept at every prompt and trajectory position
     seed: int = 0
     stop_ids: frozenset[int] = field(default_factory=frozenset)
 
     def __post_init__(self):
         check_temperature(self.temperature)
-        for name in ("stride", "max_new_tokens", "root_top"):
+        for name in ("stride", "max_new_tokens", "root_top", "path_top_k"):
             check_count(getattr(self, name), name)
 
     def header(self) -> dict:
         """The settings a row log's header records (`targetrows.rowlog.format`)."""
         return dict(temperature=self.temperature, top_k=self.pool.top_k, depth=self.pool.depth,
                     stride=self.stride, max_new_tokens=self.max_new_tokens,
-                    root_top=self.root_top, seed=self.seed,
+                    root_top=self.root_top, path_top_k=self.path_top_k, seed=self.seed,
                     stop_ids=sorted(int(t) for t in self.stop_ids))
 
 
@@ -61,7 +63,9 @@ def record_prompt(target, draft, prompt_ids: Sequence[int], config: RecordConfig
     """Record one prompt (any pair implementing `targetrows.decoding.model.Model`).
 
     Returns a segment dict: prompt, trajectory, stopped, records (one dict per logged pool, see
-    `rowlog.from_segments`). `seed` (default ``config.seed``) seeds the target's sampling.
+    `rowlog.from_segments`), and the target's top `config.path_top_k` ids at every prompt and
+    trajectory position (prompt_topk, traj_topk). `seed` (default ``config.seed``) seeds the
+    target's sampling.
     """
     prompt = [int(t) for t in prompt_ids]
     if not prompt:
@@ -70,12 +74,14 @@ def record_prompt(target, draft, prompt_ids: Sequence[int], config: RecordConfig
     target.reset(seed)
     draft.reset(seed)
     ctx = list(prompt)
+    k = min(config.path_top_k, target.vocab_size)
+    prompt_topk = prompt_rows(target, prompt, k)[0]  # one pass, its entries committed
     prev_root = None  # the target's row at the previous context (for stale_rerank)
     if len(ctx) >= 2:
         prev_root = target.logits(ctx[:-1], Tree.root_only(ctx[-2]), [0])
         target.commit(ctx[:-1])
     n, stride = config.max_new_tokens, config.stride
-    trajectory, records, stopped = [], [], False
+    trajectory, traj_topk, records, stopped = [], [], [], False
     for t in range(n + config.pool.depth):
         scored = t % stride == 0 and t < n
         if scored or (1 <= t <= n and (t - 1) % stride == 0):
@@ -85,6 +91,7 @@ def record_prompt(target, draft, prompt_ids: Sequence[int], config: RecordConfig
             root = target.logits(ctx, Tree.root_only(ctx[-1]), [0])
         token = int(target.draw(root, config.temperature)[0])
         trajectory.append(token)
+        traj_topk.append(target.topk(root, k)[0][0])
         ctx.append(token)
         target.commit(ctx)
         draft.commit(ctx)
@@ -92,7 +99,8 @@ def record_prompt(target, draft, prompt_ids: Sequence[int], config: RecordConfig
         if token in config.stop_ids:
             stopped = True
             break
-    return dict(prompt=prompt, trajectory=trajectory, stopped=stopped, records=records)
+    return dict(prompt=prompt, trajectory=trajectory, stopped=stopped, records=records,
+                prompt_topk=prompt_topk, traj_topk=np.reshape(traj_topk, (len(trajectory), k)))
 
 
 def _pool_record(target, draft, ctx: list[int], prev_root, config: RecordConfig):

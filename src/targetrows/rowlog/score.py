@@ -9,6 +9,10 @@ gives every budget at once. The rules that commit t0 take the trajectory's next 
 draw from the root row; a rule that drafts anew under t0 (`first_token_redraft`) is scored on
 the pool logged at the next position, which is drafted under that token.
 
+The draft-free decoders (racer, recycle) draw no pool: their trees are rebuilt along the logged
+path from the top ids the log holds there (`targetrows.rowlog.draft_free`, which says what that
+approximates) and appear in the table under the decoder's name.
+
 A learned rule scores with its reranker (`rerankers`), cross-fitted where the reranker holds
 fold models: each prompt with the model that was trained without it.
 
@@ -32,8 +36,9 @@ import numpy as np
 from targetrows.core.atomic import atomic_file
 from targetrows.core.rows import greedy
 from targetrows.core.rules.batch import PoolBatch, reach_batch, reach_batch_greedy
-from targetrows.decoding.registry import get_rule, rule_names
+from targetrows.decoding.registry import RULES, draft_free_decoders, get_rule, rule_names
 from targetrows.rowlog import format as rowlog
+from targetrows.rowlog.draft_free import score_draft_free
 
 COLUMNS = ("pair", "task", "temperature", "prompt_id", "turn", "position", "rule", "budget",
            "accepted", "nodes", "committed")
@@ -44,16 +49,21 @@ _FLOAT_COLUMNS = ("temperature", "accepted", "committed")
 def score_log(log: rowlog.RowLog, budgets, rules=None, pair: str | None = None,
               chunk: int = 4096, rerankers=None) -> dict[str, np.ndarray]:
     """The tidy table: one row per scored position x rule x budget (columns `COLUMNS`);
-    `rules`: registered rule names (default: every one that needs no reranker, and the learned
-    ones `rerankers` holds: a mapping rule -> Reranker)."""
+    `rules`: registered rule names and draft-free decoders (`targetrows.rowlog.draft_free`;
+    default: every rule that needs no reranker, the learned ones `rerankers` holds (a mapping
+    rule -> Reranker), and the draft-free decoders where the log holds their rows)."""
     budgets = _check_budgets(budgets)
     rerankers = dict(rerankers or {})
     if rules is None:
         rules = tuple(r for r in rule_names() if not get_rule(r).learned or r in rerankers)
+        rules += draft_free_decoders() if log.has_path_rows else ()
     rules = tuple(rules)
-    unknown = [r for r in rules if r not in rule_names()]
+    known = rule_names() + draft_free_decoders()
+    unknown = [r for r in rules if r not in known]
     if unknown or not rules:
-        raise ValueError(f"unknown rules {unknown}: choose from {', '.join(rule_names())}")
+        raise ValueError(f"unknown rules {unknown}: choose from {', '.join(known)}")
+    draft_free = [r for r in rules if r not in rule_names()]
+    rules = tuple(r for r in rules if r in rule_names())
     untrained = [r for r in rules if get_rule(r).learned and r not in rerankers]
     if untrained:
         raise ValueError(f"rules {untrained} score with a trained reranker: give one (--reranker)")
@@ -85,7 +95,9 @@ def score_log(log: rowlog.RowLog, budgets, rules=None, pair: str | None = None,
             a, b = np.zeros((len(scored), len(budgets))), np.zeros((len(scored), len(budgets)))
             a[have], b[have] = acc[there], nodes[there]
             results[rule] = (a, b)
-    return _table(log, scored, stop_t0, budgets, rules, results, pair)
+    for name in draft_free:
+        results[name] = score_draft_free(log, name, budgets, scored)
+    return _table(log, scored, stop_t0, budgets, rules + tuple(draft_free), results, pair)
 
 
 class _Pools:
@@ -192,7 +204,7 @@ def _table(log, scored, stop_t0, budgets, rules, results, pair):
     committed = np.empty((m, nr, nb))
     for j, rule in enumerate(rules):
         a, b = results[rule]
-        if get_rule(rule).commits_t0:  # t0 is committed too; a stop token t0 ends the turn
+        if rule in RULES and get_rule(rule).commits_t0:  # t0 too; a stop token t0 ends it
             a, b = np.where(stop_t0[:, None], 0.0, a), np.where(stop_t0[:, None], 0.0, b)
             committed[:, j] = np.where(stop_t0[:, None], 1.0, a + 2.0)
         else:
