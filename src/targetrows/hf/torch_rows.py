@@ -139,12 +139,13 @@ class TorchRows:
     def topk(self, logits: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The k best tokens of each row, by log-prob with ties to the lower id (the order
         `pool.topk_tokens` uses), so a pool never depends on how torch.topk breaks ties."""
-        lp = torch.log_softmax(self._work(logits), dim=-1)
-        k = min(int(k), lp.shape[-1])
-        if lp.device.type == "cuda":
-            ids, vals = topk_sorted(lp, k)
-        else:
-            ids, vals = topk_tie_checked(lp, k)
+        k = min(int(k), logits.shape[-1])
+        if logits.device.type == "cuda":
+            ids, vals = topk_sorted(torch.log_softmax(self._work(logits), dim=-1), k)
+        else:  # a few rows at a time: each part's log-probs stay in the cache (3x faster)
+            parts = [topk_tie_checked(torch.log_softmax(self._work(part), dim=-1), k)
+                     for part in logits.split(CPU_TOPK_ROWS)]
+            ids, vals = (torch.cat(t) for t in zip(*parts, strict=True))
         ids, vals = self._fetch(ids, vals)
         return ids, vals.astype(np.float64)
 
@@ -167,6 +168,10 @@ class TorchRows:
             out[np.arange(out.shape[0]), self._fetch(logits.argmax(dim=-1))[0]] = 1.0
             return out
         return self._fetch(torch.softmax(logits.double() / temperature, dim=-1))[0]
+
+
+# rows ranked together on a CPU: 16 rows of a 50k vocabulary in float32 are 3 MB
+CPU_TOPK_ROWS = 16
 
 
 def topk_tie_checked(lp: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
