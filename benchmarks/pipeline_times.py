@@ -64,6 +64,21 @@ def cpu_line() -> str:
             f"`dtype: auto` runs {dtype}")
 
 
+def decode_split(times: list[tuple[str, float]]) -> list[str]:
+    """The decode jobs of the prior-art decoders (the registry's `prior_art`) and of the rest,
+    each job named .../<decoder> by its benchmark file: what comparing with them costs."""
+    from targetrows.decoding.registry import prior_art_decoders
+
+    prior = set(prior_art_decoders())
+    lines = []
+    for label, pick in ((f"decode: {', '.join(sorted(prior))}", True), ("decode: the rest", False)):
+        secs = [s for name, s in times if (name.rsplit("/", 1)[-1] in prior) == pick]
+        if secs:
+            lines.append(f"| {label} | {len(secs)} | {sum(secs) / 60:.1f} | "
+                         f"{max(secs) / 60:.1f} |")
+    return lines
+
+
 def agreement_tables(run: Path) -> list[str]:
     """The run's draft-agreement tables, each under the head's name."""
     lines = []
@@ -94,6 +109,8 @@ def report(run: Path, wall: float | None, command: str) -> str:
         secs = [s for _, s in times]
         lines.append(f"| {RULES.get(folder, folder)} | {len(secs)} | {sum(secs) / 60:.1f} | "
                      f"{max(secs) / 60:.1f} |")
+        if folder == "decode":
+            lines += decode_split(times)
     lines += agreement_tables(run)
     return "\n".join(lines) + "\n"
 

@@ -43,7 +43,8 @@ def score_draft_free(log: rowlog.RowLog, decoder: str, budgets: np.ndarray,
     if not log.has_path_rows:
         raise ValueError(f"this row log holds no top ids along its paths, which {decoder} is "
                          "scored from: record it again with this version of targetrows record")
-    k = int(log.traj_topk.shape[1])
+    # the decoders' own table width (8), or the log's where it kept fewer ids
+    k = min(int(log.traj_topk.shape[1]), DecodeConfig(decoder).recycle_k)
     config = DecodeConfig(decoder, recycle_k=k)
     acc = np.zeros((len(scored), len(budgets)))
     nodes = np.zeros((len(scored), len(budgets)))
