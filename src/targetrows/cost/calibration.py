@@ -316,12 +316,13 @@ def _fits(entry, pool, depths, budgets) -> np.ndarray:
 
 
 def _candidates(entry, pool, search: BudgetSearch) -> tuple[list[int], list[int]]:
-    """The budgets and pool depths tried: those of the search that fit the pool; for a
-    draft-free decoder every budget and one depth, the setting's (recorded, not used: it
-    drafts no pool)."""
-    if not entry.needs_draft:
-        return sorted({int(b) for b in search.budgets if b >= 1}), [pool.depth]
+    """The budgets and pool depths tried: those of the search that fit the pool. A draft-free
+    decoder drafts no pool, but tries the same budgets, so that `auto` compares it with the
+    pool decoders at budgets they could pick too, and one depth, the setting's (recorded, not
+    used)."""
     budgets = sorted({int(b) for b in search.budgets if 1 <= int(b) <= pool.size}) or [pool.size]
+    if not entry.needs_draft:
+        return budgets, [pool.depth]
     depths = sorted(set(_check_depths(search.depths or range(1, pool.depth + 1), pool.depth)))
     return budgets, depths
 
