@@ -250,7 +250,7 @@ def auto_budget(
     depth and budget (`acceptance_curve`, at `search.contexts` contexts in all,
     ceil(contexts / len(prompts)) along each prompt,
     `search.gap` greedy tokens apart; the prompts' curves averaged; a draft-free decoder's by
-    `draft_free_curves`, along the same stretch of each prompt's path), and takes the best. How
+    `draft_free_curves`, along each prompt as far as its runs go), and takes the best. How
     much a draft gets right differs from prompt to prompt and task to task (most for a draft
     with prompt lookup mixed in, which gains where replies copy), hence several prompts. The
     root pass overlaps drafting as `config.overlap` says (None: when target and draft sit on

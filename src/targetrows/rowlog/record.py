@@ -4,7 +4,9 @@ At every stride-th position t of the target's own trajectory (greedy at temperat
 otherwise, seeded per prompt) the draft expands its candidate pool at the context c_t and one
 tree-attention pass of the target over the pool gives every edge probability and the root row
 (the same pass also yields the next trajectory token). With stride > 1 the pool at c_{t+1} is
-logged too, for `first_token_redraft`. The log format: `targetrows.rowlog.format`.
+logged too, for `first_token_redraft`. At every prompt and trajectory position the target's top
+ids are kept, for the draft-free decoders (`targetrows.rowlog.draft_free`). The log format:
+`targetrows.rowlog.format`.
 
 Recording resumes per question: each finished question is written to ``OUT.parts/NNNNNN.npz``
 (temporary name, then rename); when all are there they are merged into OUT atomically and the
