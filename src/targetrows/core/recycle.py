@@ -28,7 +28,7 @@ import numpy as np
 
 from .checks import check_count
 from .ngram_trie import NgramTrie
-from .tree import Tree
+from .tree import GrowingTree, Tree
 
 # Token Recycling's default template ("2.2.2"), data from github.com/Luowaterbi/TokenRecycling
 # at commit 1b4c05c, model/recycling/tree_template_.py:3-10 (its 80 rank paths), re-encoded here
@@ -107,44 +107,7 @@ class TokenTable:
         self.update(tree.tokens[nodes[order]], ids, logp)
 
 
-class _Paths:
-    """A tree under a root token that grows by (parent, token) children, merging a child that
-    is already there: the trie every drafted path is inserted into."""
-
-    def __init__(self, root_token: int):
-        self.tokens, self.parents, self.depth = [int(root_token)], [-1], [0]
-        self._index: dict[tuple[int, int], int] = {}
-
-    @property
-    def budget(self) -> int:
-        return len(self.tokens) - 1
-
-    def child(self, parent: int, token: int) -> tuple[int, bool]:
-        """The node for `token` under `parent`, and whether it is new."""
-        key = (int(parent), int(token))
-        node = self._index.get(key)
-        if node is not None:
-            return node, False
-        node = len(self.tokens)
-        self._index[key] = node
-        self.tokens.append(key[1])
-        self.parents.append(key[0])
-        self.depth.append(self.depth[key[0]] + 1)
-        return node, True
-
-    def add_path(self, tokens: Sequence[int]) -> int:
-        """Insert the path `tokens` under the root; the number of new nodes."""
-        node, new = 0, 0
-        for token in tokens:
-            node, made = self.child(node, token)
-            new += made
-        return new
-
-    def tree(self) -> Tree:
-        return Tree(self.tokens, self.parents)
-
-
-def _grow_from_table(paths: _Paths, table: TokenTable, limit: int, breadth: int,
+def _grow_from_table(paths: GrowingTree, table: TokenTable, limit: int, breadth: int,
                      charge_merged: bool) -> None:
     """RACER's breadth-first growth from the root through the table, into `paths`, until
     `limit` nodes are charged: every grown node when `charge_merged` (RACER, whose trie merges a
@@ -183,7 +146,7 @@ def _grow_from_table(paths: _Paths, table: TokenTable, limit: int, breadth: int,
 def table_tree(table: TokenTable, root_token: int, budget: int, breadth: int | None = None) -> Tree:
     """RACER's tree from the table alone: at most `budget` non-root nodes grown breadth-first
     from `root_token` (`_grow_from_table`; `breadth`: the root's, default the table's k)."""
-    paths = _Paths(root_token)
+    paths = GrowingTree(root_token)
     _grow_from_table(paths, table, budget, table.k if breadth is None else breadth, True)
     return paths.tree()
 
@@ -224,7 +187,7 @@ def fill_template(table: TokenTable, root_token: int, parents, ranks) -> Tree:
         raise ValueError("a template needs parents[0] = -1 and parents[j] < j, one rank per node")
     if np.any(ranks[1:] < 1):
         raise ValueError("template ranks count from 1")
-    paths = _Paths(root_token)
+    paths = GrowingTree(root_token)
     where = np.full(len(parents), -1, dtype=np.int64)  # template node -> tree node
     where[0] = 0
     for j in range(1, len(parents)):
@@ -249,7 +212,7 @@ def racer_tree(context: Sequence[int], trie: NgramTrie, table: TokenTable, budge
     for the table's root, so the tree can be smaller than `budget`. ``"distinct"`` charges only
     the nodes the tree gains, so it fills the budget whenever the sources can."""
     check_count(budget, "budget")
-    paths = _Paths(context[-1])
+    paths = GrowingTree(context[-1])
     breadth = table.k if breadth is None else breadth
     if accounting == "racer":
         chosen = trie.top(context, budget + 1, min_match, with_matches=True)

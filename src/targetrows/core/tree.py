@@ -123,26 +123,58 @@ class Tree:
         return Tree(self.tokens[keep], parents), keep
 
 
+class GrowingTree:
+    """A tree under a root token that grows by (parent, token) children, merging a child that
+    is already there: RACER's drafts are grown in one (`targetrows.core.recycle`), and
+    `merge_trees` unites trees in one."""
+
+    def __init__(self, root_token: int):
+        self.tokens, self.parents, self.depth = [int(root_token)], [-1], [0]
+        self._index: dict[tuple[int, int], int] = {}
+
+    @property
+    def budget(self) -> int:
+        return len(self.tokens) - 1
+
+    def child(self, parent: int, token: int) -> tuple[int, bool]:
+        """The node for `token` under `parent`, and whether it is new."""
+        key = (int(parent), int(token))
+        node = self._index.get(key)
+        if node is not None:
+            return node, False
+        node = len(self.tokens)
+        self._index[key] = node
+        self.tokens.append(key[1])
+        self.parents.append(key[0])
+        self.depth.append(self.depth[key[0]] + 1)
+        return node, True
+
+    def add_path(self, tokens: Sequence[int]) -> int:
+        """Insert the path `tokens` under the root; the number of new nodes."""
+        node, new = 0, 0
+        for token in tokens:
+            node, made = self.child(node, token)
+            new += made
+        return new
+
+    def tree(self) -> Tree:
+        return Tree(self.tokens, self.parents)
+
+
 def merge_trees(trees: Sequence[Tree]) -> tuple[Tree, list[np.ndarray]]:
     """The union of trees under one root token: a node for every distinct token path, in the
     order first met (tree by tree, parents before children), and where each tree's nodes sit
     in it (``where[j][i]``: tree j's node i). One target pass over the union scores them all."""
     if not trees or len({int(t.tokens[0]) for t in trees}) != 1:
         raise ValueError("merge_trees needs at least one tree, all under the same root token")
-    tokens, parents = [int(trees[0].tokens[0])], [-1]
-    index: dict[tuple[int, int], int] = {}
+    union = GrowingTree(int(trees[0].tokens[0]))
     where = []
     for tree in trees:
         at = np.zeros(len(tree), dtype=np.int64)
         for i in range(1, len(tree)):  # parents[i] < i: the parent is placed already
-            key = (int(at[tree.parents[i]]), int(tree.tokens[i]))
-            if key not in index:
-                index[key] = len(tokens)
-                parents.append(key[0])
-                tokens.append(key[1])
-            at[i] = index[key]
+            at[i] = union.child(at[tree.parents[i]], tree.tokens[i])[0]
         where.append(at)
-    return Tree(tokens, parents), where
+    return union.tree(), where
 
 
 def _check(tokens: np.ndarray, parents: np.ndarray) -> None:
