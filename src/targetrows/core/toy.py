@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from typing import Any
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -38,6 +39,9 @@ class ToyModel:
     device: None = None
     _memo: dict = field(default_factory=dict, repr=False)
     _rng: np.random.Generator = field(default=None, repr=False)
+    # a lane of a batch (`lanes`): its passes go through this `PassBatcher`
+    _batcher: Any = field(default=None, repr=False)
+    _group: Any = field(default=None, repr=False)  # the batched pass its lanes share
 
     def row_logits(self, context: Sequence[int]) -> np.ndarray:
         key = tuple(int(t) for t in context)
@@ -61,6 +65,11 @@ class ToyModel:
         self._rng = np.random.default_rng(seed)
 
     def logits(self, context: Sequence[int], tree: Tree, nodes: Sequence[int]) -> np.ndarray:
+        if self._batcher is not None:
+            return self._batcher.submit(self._group, (self, context, tree, nodes))
+        return self._rows(context, tree, nodes)
+
+    def _rows(self, context: Sequence[int], tree: Tree, nodes: Sequence[int]) -> np.ndarray:
         context = list(context)
         if tree.tokens[0] != context[-1]:
             raise ValueError(f"tree root token {tree.tokens[0]} is not the last context token {context[-1]}")
@@ -91,6 +100,21 @@ class ToyModel:
 
     def probs(self, logits: np.ndarray, temperature: float) -> np.ndarray:
         return softmax(logits, temperature)
+
+    def lanes(self, n: int, batcher, target_lanes=None) -> list[ToyModel]:
+        """`n` copies for a batch (`targetrows.decoding.batch`), each with its own generator,
+        whose passes go through `batcher`: rows are a pure function of the context, so a
+        batched pass is each lane's own, and the toy pair exercises the batching alone."""
+        group = _Passes()
+        return [replace(self, _rng=None, _batcher=batcher, _group=group) for _ in range(n)]
+
+
+class _Passes:
+    """The toy's batched pass: each lane's rows, one after another."""
+
+    @staticmethod
+    def run_batch(items) -> list[np.ndarray]:
+        return [model._rows(context, tree, nodes) for model, context, tree, nodes in items]
 
 
 class ToyPair:

@@ -113,8 +113,9 @@ class _Linear:
 
 
 class LeanForward:
-    """Hugging Face's forward of a Llama/Qwen2/Qwen3 causal LM at batch 1, over the model's own
-    weights and a `targetrows.hf.cache` cache (see the module docstring)."""
+    """Hugging Face's forward of a Llama/Qwen2/Qwen3 causal LM at batch 1 (or over a batch of
+    lanes, `targetrows.hf.lanes`), over the model's own weights and a `targetrows.hf.cache`
+    cache (see the module docstring)."""
 
     def __init__(self, model):
         decoder = model.get_decoder()
@@ -146,9 +147,9 @@ class LeanForward:
     def __call__(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
                  cache, keep: torch.Tensor, capture: dict[int, torch.Tensor] | None = None
                  ) -> torch.Tensor:
-        """Logits [1, len(keep), V] of one pass over `ids` [1, q] at `positions` [1, q], after
-        the entries `cache` holds. `mask`: None (a causal chain) or a 4D additive float mask
-        [1, 1, q, past + q]. `capture`, if given, receives each layer's input, as Hugging Face's
+        """Logits [b, len(keep), V] of one pass over `ids` [b, q] at `positions` [b, q], after
+        the entries `cache` holds. `mask`: None (a causal chain, batch 1) or a 4D additive
+        float mask [b, 1, q, past + q] (the batched passes of `targetrows.hf.lanes`). `capture`, if given, receives each layer's input, as Hugging Face's
         ``hidden_states[i]``."""
         q_len = ids.shape[1]
         past = cache.get_seq_length()
@@ -175,13 +176,13 @@ class LeanForward:
 
     def _attention(self, i: int, layer: dict, h: torch.Tensor, cos, sin, mask, causal: bool,
                    cache) -> torch.Tensor:
-        q_len, dim = h.shape[1], layer["head_dim"]
+        batch, q_len, dim = h.shape[0], h.shape[1], layer["head_dim"]
         q, k, v = layer["qkv"].parts(h)
-        q, k, v = (t.view(1, q_len, -1, dim) for t in (q, k, v))
+        q, k, v = (t.view(batch, q_len, -1, dim) for t in (q, k, v))
         if layer["q_norm"] is not None:  # Qwen3: RMSNorm over each head, before rotary
             q, k = _rms_norm(q, layer["q_norm"]), _rms_norm(k, layer["k_norm"])
         q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
         keys, values = cache.layers[i].update(k, v.transpose(1, 2))
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=causal,
                                              scale=layer["scaling"], enable_gqa=True)
-        return layer["o"](out.transpose(1, 2).reshape(1, q_len, -1))
+        return layer["o"](out.transpose(1, 2).reshape(batch, q_len, -1))

@@ -141,7 +141,7 @@ class HFModel(TorchRows):
     def _clear_cache(self) -> None:
         if self._lean is not None:  # weights changed since the last reset reach the products
             self._lean.refresh()
-        self._cache = growing_cache(self.model.config)
+        self._cache = self._new_cache()
         self._prefix = np.zeros(0, dtype=np.int64)  # committed tokens whose KV is cached
         self._tree: Tree | None = None  # the tree whose nodes follow the prefix in the cache
         self._tree_ctx_len = 0  # length of the context that tree was fed under
@@ -151,6 +151,18 @@ class HFModel(TorchRows):
         # a view of the first rows of a buffer that grows like the KV cache (no copy per pass)
         self._features: torch.Tensor | None = None
         self._feature_buffer: torch.Tensor | None = None
+
+    def _new_cache(self):
+        """An empty KV cache (a lane of a batch shares one with the other lanes: `lanes`)."""
+        return growing_cache(self.model.config)
+
+    def lanes(self, n: int, batcher, target_lanes=None) -> list[HFModel]:
+        """`n` lanes of this model for batched decoding (`targetrows.decoding.batch`): each with
+        its own cache, generator and checks, their passes run together as batched passes
+        (`targetrows.hf.lanes`)."""
+        from .lanes import hf_lanes
+
+        return hf_lanes(self, n, batcher)
 
     @property
     def cached_tokens(self) -> np.ndarray:
@@ -212,7 +224,7 @@ class HFModel(TorchRows):
         self._keep_prefix(ctx)
         self._adopt_tree(tree, len(ctx))
         feed = self._plan_feed(ctx, tree, nodes)
-        logits, captured = self._forward(feed, self._tree_mask(feed))
+        logits, captured = self._pass(feed)
         if self.feature_layers:
             self._append_features(captured, feed.base)
         if len(feed.tail):
@@ -243,13 +255,15 @@ class HFModel(TorchRows):
                                                n_ctx - 1 + tree.depth[query]]),
                      keep=row_of[nodes])
 
-    def _tree_mask(self, feed: _Feed) -> torch.Tensor | None:
-        """The pass's 4D additive mask over the cache entries from `feed.start` on (everything
-        before is committed prefix, which every query sees). Tail rows: causal. Tree rows: the
-        tail and the entries of the node and its ancestors (the root's is in the prefix when
-        it was committed). None for a plain causal chain after the prefix (a prompt's first
-        pass, ar's step): Hugging Face's own causal pass, the one its generate() runs (the same
-        kernels and numbers; a one-token step without a mask is also a little faster)."""
+    def _pass(self, feed: _Feed):
+        """Run the pass `feed` describes: (logits [1, kept rows, width], layer inputs)."""
+        return self._forward(feed, self._tree_mask(feed))
+
+    def _region(self, feed: _Feed) -> np.ndarray:
+        """Which cache entries from `feed.start` on each fed token sees [q, base + q - start]
+        (everything before is committed prefix, which every query sees). Tail rows: causal.
+        Tree rows: the tail and the entries of the node and its ancestors (the root's is in
+        the prefix when it was committed)."""
         start, base, m, query, slot = feed.start, feed.base, len(feed.tail), feed.query, self._slot
         q = m + len(query)
         region = np.zeros((q, base + q - start), dtype=bool)
@@ -257,6 +271,16 @@ class HFModel(TorchRows):
         region[m:, :m] = True
         in_region = slot >= start
         region[m:, slot[in_region] - start] = self._anc[query][:, in_region]
+        return region
+
+    def _tree_mask(self, feed: _Feed) -> torch.Tensor | None:
+        """The pass's 4D additive mask (`_region`) over the cache entries. None for a plain
+        causal chain after the prefix (a prompt's first pass, ar's step): Hugging Face's own
+        causal pass, the one its generate() runs (the same kernels and numbers; a one-token
+        step without a mask is also a little faster)."""
+        start, base = feed.start, feed.base
+        region = self._region(feed)
+        q = len(region)
         if base == start and np.array_equal(region, np.tri(q, dtype=bool)):
             return None
         mask = torch.zeros((1, 1, q, base + q), dtype=self.dtype, device=self.input_device)

@@ -1,0 +1,237 @@
+"""Lanes of an `HFModel` for batched decoding: per-sequence caches in one batched buffer, and
+one forward pass for every lane that is waiting on one.
+
+A **lane** (`HFLane`) is an `HFModel` of its own for one sequence of a batch
+(`targetrows.decoding.batch`): its committed prefix, its tree, its features, its generator and
+its checks are its own, and everything `HFModel` does with them (what a pass feeds, the tree
+mask, the commit of an accepted path) is the same code. Two things differ:
+
+- its KV entries are row `r` of a `BatchedKV`, one buffer per layer [lanes, heads, capacity,
+  head_dim] shared by the lanes, where row r holds exactly what a batch-1 cache would hold
+  (the committed prefix, then the fed tree nodes);
+- it does not run its passes: it hands each one (what to feed, what it may see) to the
+  `PassBatcher`, which runs the passes of every waiting lane as one `BatchedPasses.run_batch`.
+
+One batched pass: the lanes' fed tokens are padded to the longest [n, Q], each at its own
+positions; lane i's new entries are written at its own length b_i onwards (its padding after
+them, never seen, overwritten by its next pass); the 4D additive mask gives each lane's
+queries its committed prefix and `HFModel._region` (its tail and tree ancestors) and hides
+every other entry of the row. So each lane's rows, KV entries and features are those of its
+own batch-1 pass, up to the rounding of a batched product (the tests check them in float64).
+The pass runs through the lean forward where the model has one, else Hugging Face's forward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import numpy as np
+import torch
+from transformers.cache_utils import Cache, DynamicLayer
+
+from .cache import cache_kwargs
+from .model import HFModel, _Feed
+from .torch_rows import host_to_device
+
+
+class BatchedKV:
+    """Keys and values of many sequences, one buffer per layer [rows, heads, capacity, dim];
+    row r holds entries 0..lengths[r]-1 of sequence r. Buffers are made at the first pass
+    (each layer on its own device) and double when a pass needs more room. They start zeroed:
+    a masked entry still enters attention's products with weight 0, and 0 times an
+    uninitialised NaN would be NaN."""
+
+    def __init__(self, n_layers: int, rows: int, capacity: int = 256):
+        self.lengths = np.zeros(rows, dtype=np.int64)
+        self.keys: list[torch.Tensor | None] = [None] * n_layers
+        self.values: list[torch.Tensor | None] = [None] * n_layers
+        self.capacity = capacity
+        # a pass may grow the buffers while a lane outside it compacts its own row
+        self.lock = threading.Lock()
+
+    def _reserve(self, layer: int, like: torch.Tensor, needed: int) -> None:
+        k = self.keys[layer]
+        if k is None:
+            shape = (len(self.lengths), like.shape[1], max(self.capacity, needed), like.shape[3])
+            self.keys[layer], self.values[layer] = like.new_zeros(shape), like.new_zeros(shape)
+        elif k.shape[2] < needed:
+            for buffers in (self.keys, self.values):
+                old = buffers[layer]
+                new = old.new_zeros((*old.shape[:2], max(needed, 2 * old.shape[2]), old.shape[3]))
+                new[:, :, : old.shape[2]] = old
+                buffers[layer] = new
+
+    def write(self, layer: int, rows: torch.Tensor, at: torch.Tensor, width: int,
+              k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write k, v [n, heads, Q, dim] of rows `rows` [n] at entries `at` [n, Q]; return the
+        keys and values attention reads, the first `width` entries of those rows."""
+        with self.lock:
+            self._reserve(layer, k, width)
+            keys, values = self.keys[layer], self.values[layer]
+            rows = rows.to(keys.device)
+            at = at.to(keys.device)
+            keys[rows[:, None], :, at] = k.transpose(1, 2)
+            values[rows[:, None], :, at] = v.transpose(1, 2)
+            first, n = int(rows[0]), len(rows)
+            if torch.equal(rows, torch.arange(first, first + n, device=rows.device)):
+                return keys[first : first + n, :, :width], values[first : first + n, :, :width]
+            return keys[rows, :, :width], values[rows, :, :width]  # a copy: lanes not adjacent
+
+    def keep_entries(self, row: int, index: torch.Tensor, start: int) -> None:
+        """`GrowingLayer.keep_entries` for one row: entries `index` move to start, start+1, ...
+        in every layer, and the row ends after them."""
+        with self.lock:
+            for buffers in (self.keys, self.values):
+                for buf in buffers:
+                    if buf is not None:
+                        idx = index.to(buf.device)
+                        buf[row, :, start : start + len(idx)] = buf[row].index_select(1, idx)
+            self.lengths[row] = start + len(index)
+
+
+class _LaneLayer:
+    """One layer of a lane's cache, as `HFModel._commit` uses it."""
+
+    def __init__(self, kv: BatchedKV, layer: int, row: int):
+        self._kv, self._layer, self._row = kv, layer, row
+
+    @property
+    def keys(self) -> torch.Tensor:
+        buf = self._kv.keys[self._layer]
+        return buf[self._row : self._row + 1, :, : self._kv.lengths[self._row]]
+
+    @property
+    def values(self) -> torch.Tensor:
+        buf = self._kv.values[self._layer]
+        return buf[self._row : self._row + 1, :, : self._kv.lengths[self._row]]
+
+    def keep_entries(self, index: torch.Tensor, start: int) -> None:
+        if self._layer == 0:  # one call moves the row in every layer
+            self._kv.keep_entries(self._row, index, start)
+
+
+class LaneCache:
+    """A lane's view of its row of a `BatchedKV`: what `HFModel` asks of its cache."""
+
+    def __init__(self, kv: BatchedKV, row: int):
+        self._kv, self._row = kv, row
+        kv.lengths[row] = 0
+        self.layers = [_LaneLayer(kv, i, row) for i in range(len(kv.keys))]
+
+    def get_seq_length(self) -> int:
+        return int(self._kv.lengths[self._row])
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop({tokens_to_remove}): pass a negative count of entries to drop")
+        length = self._kv.lengths
+        length[self._row] = max(0, length[self._row] + tokens_to_remove)
+
+
+class _PassLayer(DynamicLayer):
+    """What a batched pass's attention layer reads and writes: the lanes' rows of a `BatchedKV`
+    layer (Hugging Face's forward calls `update` once per layer with the pass's new keys)."""
+
+    def __init__(self, kv: BatchedKV, layer: int, rows: torch.Tensor, at: torch.Tensor,
+                 width: int, past: int):
+        super().__init__()
+        self._kv, self._layer, self._rows, self._at = kv, layer, rows, at
+        self._width, self._past = width, past
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        return self._kv.write(self._layer, self._rows, self._at, self._width, key_states,
+                              value_states)
+
+    def get_seq_length(self) -> int:
+        return self._past
+
+
+class BatchedPasses:
+    """The batched pass of one model's lanes (`PassBatcher` group): `run_batch` takes each
+    waiting lane's feed and what it may see, and gives each its (logits, layer inputs)."""
+
+    def __init__(self, model: HFModel, kv: BatchedKV):
+        self.model, self.kv = model, kv
+
+    @torch.inference_mode()
+    def run_batch(self, items: list[tuple[HFLane, _Feed, np.ndarray]]):
+        m = self.model
+        n = len(items)
+        q = np.array([len(feed.ids) for _, feed, _ in items])
+        base = np.array([feed.base for _, feed, _ in items])
+        width_q = int(q.max())
+        width = int(base.max()) + width_q  # every lane's entries, its new ones included
+        ids = np.zeros((n, width_q), dtype=np.int64)
+        positions = np.zeros((n, width_q), dtype=np.int64)
+        allowed = np.zeros((n, width_q, width), dtype=bool)
+        allowed[:, :, 0] = True  # a padding query sees one entry (its row is never read)
+        for i, (_, feed, region) in enumerate(items):
+            ids[i, : q[i]] = feed.ids
+            positions[i, : q[i]] = feed.positions
+            allowed[i, : q[i], : feed.start] = True  # the committed prefix
+            allowed[i, : q[i], feed.start : base[i] + q[i]] = region
+        at = base[:, None] + np.arange(width_q)[None]
+        keep = np.unique(np.concatenate([feed.keep for _, feed, _ in items]))
+        rows = np.array([lane._row for lane, _, _ in items], dtype=np.int64)
+        mask = torch.zeros((n, 1, width_q, width), dtype=m.dtype, device=m.input_device)
+        mask.masked_fill_(host_to_device(~allowed, m.input_device)[:, None],
+                          torch.finfo(m.dtype).min)
+        rows_t, at_t = torch.from_numpy(rows), torch.from_numpy(at)
+        cache = Cache(layers=[_PassLayer(self.kv, i, rows_t, at_t, width, width - width_q)
+                              for i in range(len(self.kv.keys))])
+        ids_t = host_to_device(ids, m.input_device)
+        pos_t = host_to_device(positions, m.input_device)
+        keep_t = host_to_device(keep, m._keep_device)
+        capture = {} if m.feature_layers else None
+        m._capture = capture
+        try:
+            if m._lean is not None:
+                logits = m._lean(ids_t, pos_t, mask, cache, keep_t, capture)
+            else:
+                logits = m.model(input_ids=ids_t, position_ids=pos_t, attention_mask=mask,
+                                 use_cache=True, **cache_kwargs(m.model, cache),
+                                 logits_to_keep=keep_t).logits
+        finally:
+            m._capture = None
+        self.kv.lengths[rows] = base + q
+        out = []
+        for i, (_, feed, _) in enumerate(items):
+            picked = torch.from_numpy(np.searchsorted(keep, feed.keep)).to(logits.device)
+            layer_inputs = None if capture is None else {
+                layer: x[i : i + 1, : q[i]] for layer, x in capture.items()}
+            out.append((logits[i : i + 1].index_select(1, picked), layer_inputs))
+        return out
+
+
+class HFLane(HFModel):
+    """One sequence's lane of an `HFModel` (see the module docstring): the model's weights and
+    settings, its own state, its passes through the batcher."""
+
+    def __init__(self, owner: HFModel, passes: BatchedPasses, row: int, batcher):
+        self.__dict__.update(owner.__dict__)  # weights, lean forward, devices, feature layers
+        self._passes, self._row, self._batcher = passes, row, batcher
+        self._generator = torch.Generator(device=self.device)
+        self._lock = threading.RLock() if self.feature_layers else contextlib.nullcontext()
+        self.reset(None)
+
+    def _new_cache(self) -> LaneCache:
+        return LaneCache(self._passes.kv, self._row)
+
+    def _pass(self, feed: _Feed):
+        try:
+            return self._batcher.submit(self._passes, (self, feed, self._region(feed)))
+        except Exception:
+            self._clear_cache()  # the batched pass failed midway: its layers are uneven
+            raise
+
+
+def hf_lanes(model: HFModel, n: int, batcher) -> list[HFLane]:
+    """`n` lanes of `model` sharing one batched KV buffer and one batched pass."""
+    if isinstance(model, HFLane):
+        raise ValueError(f"{model.name}: a lane is one sequence of a batch; make lanes of the "
+                         "model")
+    layers = len(model.model.get_decoder().layers)
+    passes = BatchedPasses(model, BatchedKV(layers, n))
+    return [HFLane(model, passes, row, batcher) for row in range(n)]
