@@ -135,26 +135,34 @@ class Eagle3Head(nn.Module):
              past_k: torch.Tensor, past_v: torch.Tensor, allowed: torch.Tensor):
         """One layer over q new entries: h [q, H] (projected features or parents' g), embeds
         [q, H] of their tokens, positions [q]; past keys/values [kv_heads, S, head_dim];
-        `allowed` [q, S + q] says which entries each query sees. Returns (g [q, H], keys,
+        `allowed` [1, 1, q, S + q] says which entries each query sees. Returns (g [q, H], keys,
         values): the past ones with the new entries appended (one copy, which the caller keeps
-        as its cache)."""
+        as its cache). The same with a leading batch dim on every argument is `step_batch`."""
+        g, keys, values = self.step_batch(h[None], embeds[None], positions[None], past_k[None],
+                                          past_v[None], allowed)
+        return g[0], keys[0], values[0]
+
+    def step_batch(self, h: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor,
+                   past_k: torch.Tensor, past_v: torch.Tensor, allowed: torch.Tensor):
+        """`step` over n sequences at once: h and embeds [n, q, H], positions [n, q], past
+        keys/values [n, kv_heads, S, head_dim], `allowed` [n, 1, q, S + q]."""
         s, layer, attn = self.shape, self.layer, self.layer.self_attn
-        q_len = h.shape[0]
+        n, q_len = h.shape[:2]
         normed = layer.hidden_norm(h)
         residual = normed if s.norm_before_residual else h
         x = torch.cat([layer.input_layernorm(embeds), normed], dim=-1)
-        q = attn.q_proj(x).view(q_len, s.num_heads, s.head_dim)
-        k = attn.k_proj(x).view(q_len, s.num_kv_heads, s.head_dim)
+        q = attn.q_proj(x).view(n, q_len, s.num_heads, s.head_dim)
+        k = attn.k_proj(x).view(n, q_len, s.num_kv_heads, s.head_dim)
         if s.qk_norm:
             q, k = attn.q_norm(q), attn.k_norm(k)
-        q, k = q.transpose(0, 1)[None], k.transpose(0, 1)[None]
-        v = attn.v_proj(x).view(q_len, s.num_kv_heads, s.head_dim).transpose(0, 1)[None]
-        cos, sin = self.rotary(x[None], positions[None])
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+        v = attn.v_proj(x).view(n, q_len, s.num_kv_heads, s.head_dim).transpose(1, 2)
+        cos, sin = self.rotary(x, positions)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        keys, values = torch.cat([past_k, k[0]], dim=1), torch.cat([past_v, v[0]], dim=1)
-        out = F.scaled_dot_product_attention(q, keys[None], values[None], attn_mask=allowed,
+        keys, values = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed,
                                              enable_gqa=s.num_heads != s.num_kv_heads)
-        h = residual + attn.o_proj(out[0].transpose(0, 1).reshape(q_len, -1))
+        h = residual + attn.o_proj(out.transpose(1, 2).reshape(n, q_len, -1))
         mlp = layer.mlp
         x = layer.post_attention_layernorm(h)
         g = h + mlp.down_proj(self.act(mlp.gate_proj(x)) * mlp.up_proj(x))
@@ -265,10 +273,23 @@ class Eagle3Draft(TorchRows):
     def _feed(self, h: torch.Tensor, tokens: np.ndarray, positions: np.ndarray,
               allowed: np.ndarray) -> torch.Tensor:
         """One head pass over new entries appended to the cache; returns their g."""
+        g, self._k, self._v = self._step(h, self._embed(tokens), positions, allowed)
+        return g
+
+    def _step(self, h: torch.Tensor, embeds: torch.Tensor, positions: np.ndarray,
+              allowed: np.ndarray):
+        """The head's step after this sequence's cache: (g, keys, values). A lane of a batch
+        hands it to the batched step instead (`targetrows.hf.lanes`)."""
         pos = host_to_device(positions, self.device)
         mask = host_to_device(allowed, self.device)[None, None]
-        g, self._k, self._v = self.head.step(h, self._embed(tokens), pos, self._k, self._v, mask)
-        return g
+        return self.head.step(h, embeds, pos, self._k, self._v, mask)
+
+    def lanes(self, n: int, batcher, target_lanes) -> list[Eagle3Draft]:
+        """`n` lanes of this head for batched decoding, lane i reading target lane i's
+        features (`targetrows.decoding.batch`); their steps run as one batched step."""
+        from .lanes import head_lanes
+
+        return head_lanes(self, n, batcher, target_lanes)
 
     def _feed_committed(self, ctx: np.ndarray) -> None:
         """Entries n..len(ctx)-2 from the target's features (one pass; none when up to date)."""

@@ -31,6 +31,7 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from .cache import cache_kwargs
+from .eagle3 import Eagle3Draft
 from .model import HFModel, _Feed
 from .torch_rows import host_to_device
 
@@ -235,3 +236,72 @@ def hf_lanes(model: HFModel, n: int, batcher) -> list[HFLane]:
     layers = len(model.model.get_decoder().layers)
     passes = BatchedPasses(model, BatchedKV(layers, n))
     return [HFLane(model, passes, row, batcher) for row in range(n)]
+
+
+# -- EAGLE-3 heads -------------------------------------------------------------------------------
+
+
+class HeadSteps:
+    """The batched step of one head's lanes (`PassBatcher` group). A head has one layer, so the
+    lanes keep their own keys and values (as a batch-1 head does) and a batched step pads them
+    to the longest [n, kv_heads, S, dim]; lane i's new entries go after the padding at S and
+    its mask maps them back, so its step sees exactly its own entries."""
+
+    def __init__(self, draft: Eagle3Draft):
+        self.head = draft.head
+
+    @torch.inference_mode()
+    def run_batch(self, items):
+        n = len(items)
+        q = [len(h) for _, h, _, _, _ in items]
+        past = [lane._k.shape[1] for lane, *_ in items]
+        width_q, width = max(q), max(past)
+        first = items[0][0]
+        kv = first._k
+        past_k = kv.new_zeros((n, kv.shape[0], width, kv.shape[2]))
+        past_v = torch.zeros_like(past_k)
+        h = items[0][1].new_zeros((n, width_q, items[0][1].shape[1]))
+        embeds = torch.zeros_like(h)
+        positions = np.zeros((n, width_q), dtype=np.int64)
+        allowed = np.zeros((n, 1, width_q, width + width_q), dtype=bool)
+        allowed[:, 0, np.arange(width_q), width + np.arange(width_q)] = True  # padding: itself
+        for i, (lane, h_i, e_i, pos_i, a_i) in enumerate(items):
+            past_k[i, :, : past[i]], past_v[i, :, : past[i]] = lane._k, lane._v
+            h[i, : q[i]], embeds[i, : q[i]] = h_i, e_i
+            positions[i, : q[i]] = pos_i
+            allowed[i, 0, : q[i], : past[i]] = a_i[:, : past[i]]
+            allowed[i, 0, : q[i], width : width + q[i]] = a_i[:, past[i]:]
+        device = first.device
+        g, keys, values = self.head.step_batch(h, embeds, host_to_device(positions, device),
+                                               past_k, past_v, host_to_device(allowed, device))
+        return [(g[i, : q[i]],
+                 torch.cat([lane._k, keys[i, :, width : width + q[i]]], dim=1),
+                 torch.cat([lane._v, values[i, :, width : width + q[i]]], dim=1))
+                for i, (lane, *_) in enumerate(items)]
+
+
+class HeadLane(Eagle3Draft):
+    """One sequence's lane of an EAGLE-3 head, bound to its target lane: the head's weights,
+    its own cache and generator, its steps through the batcher."""
+
+    def __init__(self, owner: Eagle3Draft, target: HFLane, steps: HeadSteps, batcher):
+        self.__dict__.update(owner.__dict__)
+        self.target, self._steps, self._batcher = target, steps, batcher
+        self._generator = torch.Generator(device=self.device)
+        self.reset(None)
+
+    def _step(self, h: torch.Tensor, embeds: torch.Tensor, positions: np.ndarray,
+              allowed: np.ndarray):
+        return self._batcher.submit(self._steps, (self, h, embeds, positions, allowed))
+
+
+def head_lanes(draft: Eagle3Draft, n: int, batcher, target_lanes) -> list[HeadLane]:
+    """`n` lanes of an EAGLE-3 head, lane i reading the features of `target_lanes[i]`."""
+    if isinstance(draft, HeadLane):
+        raise ValueError(f"{draft.name}: a lane is one sequence of a batch; make lanes of the "
+                         "head")
+    if target_lanes is None or len(target_lanes) != n:
+        raise ValueError(f"{draft.name}: an EAGLE-3 head's lanes read their target lanes' "
+                         f"features: give {n} target lanes")
+    steps = HeadSteps(draft)
+    return [HeadLane(draft, t, steps, batcher) for t in target_lanes]

@@ -149,7 +149,8 @@ class LeanForward:
                  ) -> torch.Tensor:
         """Logits [b, len(keep), V] of one pass over `ids` [b, q] at `positions` [b, q], after
         the entries `cache` holds. `mask`: None (a causal chain, batch 1) or a 4D additive
-        float mask [b, 1, q, past + q] (the batched passes of `targetrows.hf.lanes`). `capture`, if given, receives each layer's input, as Hugging Face's
+        float mask [b, 1, q, past + q] (the batched passes of `targetrows.hf.lanes`).
+        `capture`, if given, receives each layer's input, as Hugging Face's
         ``hidden_states[i]``."""
         q_len = ids.shape[1]
         past = cache.get_seq_length()

@@ -1,0 +1,222 @@
+"""Batched decoding: every decoder, many sequences at once, each token-identical to its batch-1
+run (`targetrows.decoding.batch`, `targetrows.hf.lanes`)."""
+
+import threading
+
+import numpy as np
+import pytest
+
+from targetrows.core.pool import PoolShape
+from targetrows.core.toy import ToyPair
+from targetrows.core.tree import Tree
+from targetrows.decoding.batch import BatchStats, PassBatcher, generate_batch, run_batched
+from targetrows.decoding.config import DecodeConfig
+from targetrows.decoding.loop import generate
+from targetrows.decoding.registry import decoder_names
+
+STOP = 7  # a token the toy and the tiny models emit now and then: some sequences stop early
+
+
+def _configs(decoder, n, temperature=0.0, budgets=(8, 3, 12, 1, 6), **kw):
+    """One config per prompt: its own seed, budget and length (trees of different sizes and
+    sequences that end at different rounds in one batch)."""
+    from rerankers import decode_config
+
+    return [decode_config(decoder, budget=budgets[i % len(budgets)], temperature=temperature,
+                          max_new_tokens=12 + 5 * (i % 4), seed=100 + i,
+                          stop_ids=frozenset({STOP}), **kw) for i in range(n)]
+
+
+def _one_by_one(target, draft, prompts, configs):
+    return [generate(target, draft if c.decoder.needs_draft else None, p, c).tokens
+            for p, c in zip(prompts, configs, strict=True)]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_toy_every_decoder_equals_its_batch_1_runs(temperature):
+    """Every registered decoder at batch 1, 3 and 8 on prompts of 1 to 29 tokens: each
+    sequence's tokens equal its own `generate` (at T > 0 too: draws come from its own seed)."""
+    pair = ToyPair(vocab_size=50, seed=3, closeness=0.8)
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, 50, size=int(n)).tolist() for n in (1, 29, 4, 17, 2, 9, 11)]
+    for name in decoder_names():
+        configs = _configs(name, len(prompts), temperature)
+        want = _one_by_one(pair.target, pair.draft, prompts, configs)
+        for batch_size in (1, 3, 8):
+            stats = BatchStats()
+            got = generate_batch(pair.target, pair.draft, prompts, configs, batch_size, stats)
+            assert [r.tokens for r in got] == want, (name, batch_size)
+            if batch_size > 1:  # the passes were batched, not run one sequence at a time
+                assert stats.mean_batch > 1.5, (name, batch_size, stats)
+
+
+def test_a_sequences_tokens_do_not_depend_on_its_batch():
+    """Same seed, same tokens, whichever sequences share the batch (T = 1, toy)."""
+    pair = ToyPair(vocab_size=40, seed=5, closeness=0.7)
+    prompts = [[1, 2, 3], [9] * 12, [4], [30, 31]]
+    configs = _configs("fts", 4, temperature=1.0)
+    alone = generate_batch(pair.target, pair.draft, prompts[:1], configs[:1], 8)[0].tokens
+    for order in ([0, 1, 2, 3], [3, 2, 1, 0], [2, 0]):
+        got = generate_batch(pair.target, pair.draft, [prompts[i] for i in order],
+                             [configs[i] for i in order], 4)
+        assert got[order.index(0)].tokens == alone
+
+
+def test_a_failing_sequence_fails_the_call_and_the_others_finish():
+    pair = ToyPair(vocab_size=30, seed=1)
+    done = []
+
+    def job(i):
+        def run(target, draft):
+            if i == 2:
+                raise ValueError("sequence 2 is bad")
+            out = generate(target, draft, [1, 2], DecodeConfig("fts", max_new_tokens=8, seed=i))
+            done.append(i)
+            return out
+        return run
+
+    with pytest.raises(ValueError, match="sequence 2 is bad"):
+        run_batched(pair.target, pair.draft, [job(i) for i in range(6)], 3)
+    assert 2 not in done and {0, 1} <= set(done)  # those running alongside it finished
+
+
+def test_the_batcher_runs_a_pass_only_when_every_worker_waits():
+    """Three workers: the pass waits for the third, then holds all three requests."""
+    batcher = PassBatcher()
+    seen = []
+
+    class Group:
+        def run_batch(self, items):
+            seen.append(sorted(items))
+            return [i * 10 for i in items]
+
+    group, out = Group(), {}
+    batcher.join(3)
+
+    def worker(i):
+        try:
+            out[i] = batcher.submit(group, i)
+        finally:
+            batcher.leave()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert seen == [[0, 1, 2]] and out == {0: 0, 1: 10, 2: 20}
+
+
+def test_state_carried_across_prompts_is_refused_in_a_batch():
+    pair = ToyPair(vocab_size=30, seed=1)
+    config = DecodeConfig("racer", keep_across_prompts=True, max_new_tokens=4)
+    with pytest.raises(ValueError, match="batch size 1"):
+        generate_batch(pair.target, None, [[1], [2]], config, 2)
+
+
+# -- Hugging Face models (tiny, random weights, float64) ------------------------------------------
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from test_decoders_hf import PROMPTS, hf_greedy, noisy_copy  # noqa: E402
+from tiny_heads import save_tiny_head  # noqa: E402
+from tiny_models import tiny_model  # noqa: E402
+
+from targetrows.hf.eagle3_checkpoint import load_eagle3  # noqa: E402
+from targetrows.hf.model import HFModel  # noqa: E402
+
+# prompts of 1 to 14 tokens
+HF_PROMPTS = PROMPTS + [[3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7], [11, 12]]
+
+
+@pytest.fixture(scope="module")
+def llama():
+    target = tiny_model("llama", seed=0, n_layers=2, dtype=torch.float64)
+    return target, noisy_copy(target, 0.01, seed=2)
+
+
+@pytest.mark.parametrize("lean", [True, False], ids=["lean", "hf_forward"])
+def test_hf_every_decoder_equals_batch_1_and_greedy(llama, lean):
+    """T = 0, batch 3 and 8, prompts of 1 to 14 tokens, budgets 1 to 12, early stops: each
+    sequence's tokens equal its batch-1 run, and HF greedy generate up to its stop. Through the
+    lean forward and through Hugging Face's own (the GPU path)."""
+    target_hf, draft_hf = llama
+    target, draft = HFModel(target_hf, name="t", lean=lean), HFModel(draft_hf, name="d", lean=lean)
+    names = decoder_names() if lean else ("ar", "fts", "racer", "sequoia")
+    greedy = [hf_greedy(target_hf, p, 27) for p in HF_PROMPTS]
+    for name in names:
+        configs = _configs(name, len(HF_PROMPTS), pool=PoolShape(top_k=4, depth=3))
+        want = _one_by_one(target, draft, HF_PROMPTS, configs)
+        for tokens, ref, config in zip(want, greedy, configs, strict=True):
+            assert tokens == ref[: len(tokens)], name
+            assert len(tokens) == config.max_new_tokens or tokens[-1] == STOP
+        for batch_size in (3, 8):
+            got = generate_batch(target, draft, HF_PROMPTS, configs, batch_size)
+            assert [r.tokens for r in got] == want, (name, batch_size)
+
+
+def test_hf_sampling_at_batch_3_equals_batch_1(llama):
+    """T = 1: each sequence's own seeded draws give its batch-1 tokens (float64)."""
+    target_hf, draft_hf = llama
+    target, draft = HFModel(target_hf, name="t"), HFModel(draft_hf, name="d")
+    for name in ("draft_rank", "fts", "recycle"):
+        configs = _configs(name, len(HF_PROMPTS), temperature=1.0,
+                           pool=PoolShape(top_k=3, depth=3))
+        want = _one_by_one(target, draft, HF_PROMPTS, configs)
+        got = generate_batch(target, draft, HF_PROMPTS, configs, 3)
+        assert [r.tokens for r in got] == want, name
+
+
+@torch.inference_mode()
+def test_a_batched_pass_equals_each_lanes_own_pass(llama):
+    """Rows, KV entries and features of a batched pass over lanes at different lengths (a
+    prompt's first pass beside trees after committed prefixes) equal batch-1 passes."""
+    target_hf, _ = llama
+    model = HFModel(target_hf, name="t", feature_layers=[0, 1])
+    lanes = model.lanes(3, PassBatcher())
+    trees = [Tree([5, 9, 8, 7, 6], [-1, 0, 0, 1, 3]), Tree([3, 4], [-1, 0]),
+             Tree([11, 12, 13], [-1, 0, 0])]
+    contexts = [[2, 8, 1, 5], [1, 2, 3, 4, 5, 6, 7, 8, 9, 3], [11]]
+    for lane, ctx in zip(lanes[:2], contexts[:2], strict=True):  # committed prefixes first
+        lane.logits(ctx[:-2], Tree.root_only(ctx[-3]), [0])
+        lane.commit(ctx[:-1])
+    items = []
+    for lane, ctx, tree in zip(lanes, contexts, trees, strict=True):
+        c, nodes = lane._request(ctx, tree, range(len(tree)))
+        lane._keep_prefix(c)
+        lane._adopt_tree(tree, len(c))
+        feed = lane._plan_feed(c, tree, nodes)
+        items.append((lane, feed, lane._region(feed)))
+    out = lanes[0]._passes.run_batch(items)
+    for (lane, feed, _), (logits, captured), ctx, tree in zip(items, out, contexts, trees,
+                                                               strict=True):
+        lane._append_features(captured, feed.base)
+        one = HFModel(target_hf, name="one", feature_layers=[0, 1])
+        if len(ctx) > 2:
+            one.logits(ctx[:-2], Tree.root_only(ctx[-3]), [0])
+            one.commit(ctx[:-1])
+        want = one.logits(ctx, tree, range(len(tree)))
+        torch.testing.assert_close(logits[0], want, rtol=1e-10, atol=1e-10)
+        assert lane._cache.get_seq_length() == one._cache_len()
+        for lane_layer, ref in zip(lane._cache.layers, one.kv_cache.layers, strict=True):
+            torch.testing.assert_close(lane_layer.keys, ref.keys, rtol=1e-10, atol=1e-10)
+            torch.testing.assert_close(lane_layer.values, ref.values, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(lane._features, one._features, rtol=1e-10, atol=1e-10)
+
+
+def test_eagle3_head_lanes_equal_batch_1_and_greedy(tmp_path):
+    """An EAGLE-3 head (a reduced draft vocabulary) at batch 3: its lanes read their target
+    lanes' features, and every sequence equals its batch-1 run and greedy generate."""
+    target_hf = tiny_model("llama", seed=0, n_layers=6, dtype=torch.float64)  # 3 feature layers
+    folder = save_tiny_head(tmp_path / "h", target_hf.config, draft_vocab_size=150)
+    target = HFModel(target_hf, name="t")
+    head = load_eagle3(str(folder), target)
+    greedy = [hf_greedy(target_hf, p, 27) for p in HF_PROMPTS]
+    for name in ("draft_rank", "rerank", "fts", "pearl", "fts_redraft"):
+        configs = _configs(name, len(HF_PROMPTS), pool=PoolShape(top_k=4, depth=3))
+        want = _one_by_one(target, head, HF_PROMPTS, configs)
+        for tokens, ref in zip(want, greedy, strict=True):
+            assert tokens == ref[: len(tokens)], name
+        got = generate_batch(target, head, HF_PROMPTS, configs, 3)
+        assert [r.tokens for r in got] == want, name
