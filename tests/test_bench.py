@@ -350,6 +350,7 @@ def test_unreadable_budget_is_a_usage_error(pair, capsys):
         (["--prompt", "hi", "--decoders", "fts", "--no-draft"], "--draft is required"),
         (["--prompt", "hi", "--prompt-lookup-tokens", "0"], "--prompt-lookup-tokens must be"),
         (["--prompt", "hi", "--no-hf", "--assistant", "x"], "--assistant only serves"),
+        (["--prompt", "hi", "--batch-size", "0"], "--batch-size must be an integer >= 1"),
     ],
 )
 def test_bad_input_exits_non_zero(pair, extra, message, capsys):
@@ -473,3 +474,23 @@ def test_goals_against_baselines_that_did_not_run_are_not_measured():
     assert met["ar >= 0.95x HF generate (T=0)"] is None
     assert met["best decoder >= 2.0x HF prompt lookup (T=0)"] is None
     assert met["best decoder >= 1.4x our ar (T=0, draft alone)"] is False
+
+
+def test_bench_at_batch_size_3_against_hf_batched_generate(pair, prompts_file, tmp_path):
+    """--batch-size 3: every decoder decodes the prompts three at a time, beside HF's batched
+    generate; at temperature 0 each prompt's tokens equal ar's, for every decoder."""
+    target, draft = pair
+    out = tmp_path / "results"
+    code = main(["bench", "--target", target, "--draft", draft, "--prompts", prompts_file,
+                 "--batch-size", "3", "--budget", "6", "--max-new-tokens", "8", "--top-k", "3",
+                 "--depth", "3", "--out-dir", str(out), "--name", "batched"])
+    assert code == 0
+    rows = list(csv.DictReader(open(out / "batched.csv")))
+    assert [r["method"] for r in rows] == ["hf_generate", *decoder_names(learned=False)]
+    for r in rows:
+        assert r["batch_size"] == "3" and r["prompts"] == "3"
+        assert float(r["tokens_per_s"]) > 0 and 0 < int(r["new_tokens"]) <= 3 * 8
+        if r["method"] != "hf_generate":
+            assert float(r["same_as_ar"]) == 1.0, r["method"]
+            assert float(r["sequences_per_pass"]) > 1.0, r["method"]
+    assert "# targetrows bench at batch size 3" in (out / "batched.md").read_text()

@@ -74,6 +74,22 @@ def _split(record):
     return out
 
 
+def test_answers_at_batch_size_3_are_the_batch_1_answers(pair, prompts, tmp_path):
+    """--batch-size 3 at temperature 1: the questions (one of two turns) at both budgets run
+    three at a time, each answer with its batch-1 tokens (each its own derived seed), in the
+    same order."""
+    lines = {}
+    for batch in ("1", "3"):
+        out = tmp_path / f"batch{batch}.jsonl"
+        proc = decode(pair, prompts, out, "--decoder", "recycle", "--budgets", "8", "4",
+                      "--temperature", "1", "--batch-size", batch)
+        assert proc.returncode == 0, proc.stderr
+        lines[batch] = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["batch_size"] for r in lines["3"]] == [3] * 4
+    key = lambda r: (r["question_id"], r["budget"], r["token_ids"])  # noqa: E731
+    assert [key(r) for r in lines["3"]] == [key(r) for r in lines["1"]]
+
+
 def test_resume_gives_identical_answers(pair, prompts, tmp_path):
     full = tmp_path / "full.jsonl"
     assert decode(pair, prompts, full, "--decoder", "rerank", "--budgets", "6",

@@ -181,6 +181,21 @@ def test_compare_end_to_end(saved_pair, tmp_path):
     assert doc["budget"] == 8 and doc["depth"] == 6  # --depth's default
 
 
+def test_compare_at_batch_size_3(saved_pair, tmp_path):
+    """--batch-size 3: three copies of the prompt at once per decoder, each the same as the
+    first (compare checks), and every decoder's tokens ar's."""
+    target, draft = saved_pair
+    out = tmp_path / "compare.json"
+    proc = _cli("compare", "--target", target, "--draft", draft, "--prompt", "Tell me a story",
+                "--decoders", "ar", "fts", "pearl", "racer", "--budget", "6",
+                "--max-new-tokens", "12", "--batch-size", "3", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "every decoder reproduced ar's tokens exactly" in proc.stdout
+    doc = json.loads(out.read_text())
+    assert doc["batch_size"] == 3
+    assert len({tuple(r["token_ids"]) for r in doc["decoders"]}) == 1
+
+
 def test_compare_budget_auto_runs_at_the_depth_it_picks(saved_pair, tmp_path):
     target, draft = saved_pair
     out = tmp_path / "compare.json"

@@ -11,29 +11,49 @@ other one (a near-tie, not a bug).
 
 from __future__ import annotations
 
+import dataclasses
 import sys
+import time
 
 from targetrows.bench.drift import explain_parting
+from targetrows.decoding.batch import generate_batch
 from targetrows.decoding.config import DecodeConfig
-from targetrows.decoding.loop import generate
+from targetrows.decoding.loop import DecodeResult, generate
 from targetrows.decoding.registry import get_decoder
 
 
 def compare(target, draft, prompt_ids, decoders, config: DecodeConfig, rerankers=None,
-            progress=True):
+            progress=True, batch_size: int = 1):
     """{decoder: DecodeResult}, each decoder run once on the same prompt and seed (a learned
-    one with its rule's model from `rerankers`)."""
-    import dataclasses
-
+    one with its rule's model from `rerankers`). At `batch_size` N above 1 each decoder decodes
+    N copies of the prompt at once (`batched_copies`)."""
     from tqdm import tqdm
 
     results = {}
     # a short warm-up so the first decoder does not pay for lazy initialisation
     generate(target, None, prompt_ids, dataclasses.replace(config, decoder="ar", max_new_tokens=2))
     for name in tqdm(decoders, desc="decoders", file=sys.stderr, disable=not progress):
-        results[name] = generate(target, draft if get_decoder(name).needs_draft else None, prompt_ids,
-                                 config.for_decoder(name, rerankers))
+        run = config.for_decoder(name, rerankers)
+        use = draft if get_decoder(name).needs_draft else None
+        results[name] = (generate(target, use, prompt_ids, run) if batch_size == 1 else
+                         batched_copies(target, use, prompt_ids, run, batch_size))
     return results
+
+
+def batched_copies(target, draft, prompt_ids, config: DecodeConfig, n: int) -> DecodeResult:
+    """`n` copies of the prompt decoded at once with one seed: every copy must come out as the
+    first (a sequence's tokens do not depend on its batch; checked here). Returns the first
+    copy's result with the batch's wall time divided by `n`, so its tokens/s is the batch's
+    total throughput."""
+    start = time.perf_counter()
+    copies = generate_batch(target, draft, [list(prompt_ids)] * n, config, n)
+    wall = time.perf_counter() - start
+    for i, copy in enumerate(copies[1:], 1):
+        if copy.tokens != copies[0].tokens:
+            raise RuntimeError(f"{config.name}: copy {i} of the prompt in a batch of {n} came "
+                               "out different from copy 0 under the same seed; a sequence's "
+                               "tokens must not depend on its batch (please report this)")
+    return dataclasses.replace(copies[0], wall_time=wall / n)
 
 
 def table_rows(results) -> list[dict]:

@@ -154,10 +154,12 @@ def pick_budgets(target, draft, prompts: Sequence[BenchPrompt], settings: BenchS
     return plans, choices
 
 
-def measure(target, draft, prompts: Sequence[BenchPrompt], settings: BenchSettings):
+def measure(target, draft, prompts: Sequence[BenchPrompt], settings: BenchSettings,
+            batch_size: int = 1):
     """Part times at the shortest and the longest of the runs' mean contexts (a prompt's length
     plus half the new tokens: attention grows with the context, so one prompt's would misprice
-    the others); `PartTimes.at` gives each prompt's own."""
+    the others); `PartTimes.at` gives each prompt's own. At `batch_size` N: batched passes of N
+    sequences (`measure_parts`)."""
     half = settings.decode.max_new_tokens // 2
     lengths = sorted(len(p.ids) + half for p in prompts)
     ids = [p.ids for p in prompts]
@@ -170,7 +172,7 @@ def measure(target, draft, prompts: Sequence[BenchPrompt], settings: BenchSettin
                              pool.depth + 2)
     longer = timing_context(ids, lengths[-1]) if lengths[-1] > lengths[0] else None
     return measure_parts(target, draft if uses_draft else None, timing_context(ids, lengths[0]),
-                         sizes, widths, settings.repeats, longer)
+                         sizes, widths, settings.repeats, longer, batch_size)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
 """`targetrows bench --target T --draft D --prompts Q.jsonl`: our decoders against Hugging Face
 generation (plain, assisted by --assistant or a standalone draft, prompt lookup) and any peer
 engines (`--peer`, `targetrows.bench.peer`) on one pair and machine, interleaved prompt by prompt
-(`targetrows.bench.run`); a tidy CSV and a Markdown report under --out-dir."""
+(`targetrows.bench.run`); a tidy CSV and a Markdown report under --out-dir. With --batch-size N
+above 1: every decoder decoding N prompts at once against Hugging Face's batched generate
+(`targetrows.bench.batched`)."""
 
 from __future__ import annotations
 
@@ -18,9 +20,11 @@ from targetrows.bench.run import BenchSettings
 from targetrows.core.checks import check_count
 
 from .common import (
+    add_batch_argument,
     add_decoding_arguments,
     add_model_arguments,
     add_reranker_argument,
+    batch_size_from,
     budget_type,
     check_draft,
     decode_config,
@@ -58,6 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-lookup-tokens", type=int,
                         default=BenchSettings.prompt_lookup_tokens, metavar="N",
                         help="candidates per round of Hugging Face prompt lookup decoding")
+    add_batch_argument(parser)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--out-dir", default="benchmarks/results")
     parser.add_argument("--name", default=None, help="file stem (default: bench_<date-time>)")
@@ -117,6 +122,10 @@ def _load_assistant(args, tokenizer):
 
 
 def _progress(row) -> None:
+    if "question_id" not in row:  # a batched bench's row: every prompt of one method
+        print(f"T={row['temperature']:g} {row['method']:>16}: {row['new_tokens']:5d} tokens "
+              f"{row['tokens_per_s']:8.1f} tokens/s", file=sys.stderr, flush=True)
+        return
     print(f"{row['question_id']:>12} T={row['temperature']:g} {row['method']:>16}: "
           f"{row['new_tokens']:4d} tokens {row['tokens_per_s']:8.1f} tokens/s",
           file=sys.stderr, flush=True)
@@ -143,6 +152,17 @@ def _run_with_peers(args, target, draft, prompts, settings, assistant):
     return rows, context
 
 
+def _run_batched(args, target, draft, prompts, settings, batch_size: int, command: str) -> int:
+    from targetrows.bench import batched, report
+
+    rows = batched.run_batched_bench(target, draft, prompts, settings, batch_size, _progress)
+    head = report.header(settings, target, draft, len(prompts), command=command, note=args.note)
+    paths = batched.write(args.out_dir, args.name, rows, head)
+    print(batched.markdown(head, rows))
+    print(f"wrote {paths[0]} and {paths[1]}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
     import transformers
@@ -167,6 +187,10 @@ def run(args: argparse.Namespace) -> int:
         prompt_lookup_tokens=args.prompt_lookup_tokens,
     )
     check_draft(decoders, args.draft)
+    batch_size = batch_size_from(args)
+    if batch_size > 1 and (args.assistant or args.peer):
+        raise ValueError("--batch-size above 1 compares with Hugging Face's batched generate "
+                         "only: drop --assistant and --peer")
     if args.assistant and not args.hf:
         raise ValueError("--assistant only serves the Hugging Face baselines, which --no-hf "
                          "skips: drop one of the two")
@@ -179,13 +203,15 @@ def run(args: argparse.Namespace) -> int:
     settings = dataclasses.replace(settings, decode=dataclasses.replace(settings.decode,
                                                                         stop_ids=stops))
 
-    rows, context = _run_with_peers(args, target, draft, prompts, settings, assistant)
-    context["lookup"] = bool(args.draft_lookup)  # which goal over ar applies
     prog = os.path.basename(sys.argv[0])
     prog = "targetrows" if prog in ("cli.py", "__main__.py") else prog  # python -m targetrows.cli
+    command = shlex.join([prog, *sys.argv[1:]])
+    if batch_size > 1:
+        return _run_batched(args, target, draft, prompts, settings, batch_size, command)
+    rows, context = _run_with_peers(args, target, draft, prompts, settings, assistant)
+    context["lookup"] = bool(args.draft_lookup)  # which goal over ar applies
     # quoted as a shell would need it: a --peer command or a --note is one argument
-    head = report.header(settings, target, draft, len(prompts),
-                         command=shlex.join([prog, *sys.argv[1:]]), note=args.note,
+    head = report.header(settings, target, draft, len(prompts), command=command, note=args.note,
                          assistant=assistant, peers=context["peers"])
     paths = report.write(args.out_dir, args.name, rows, context, head, settings)
     print(report.summary_markdown(report.summarize(rows, settings), settings))

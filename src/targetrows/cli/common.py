@@ -68,6 +68,19 @@ def add_decoding_arguments(parser: argparse.ArgumentParser, max_new_tokens: int 
                             "--reranker gives their models)")
 
 
+def add_batch_argument(parser: argparse.ArgumentParser) -> None:
+    """--batch-size N: sequences decoded at once (`targetrows.decoding.batch`)."""
+    parser.add_argument("--batch-size", type=int, default=1, metavar="N",
+                        help="decode N prompts at once, their passes batched; each prompt's "
+                             "tokens are its batch-1 tokens (docs/decoders.md, 'Batches')")
+
+
+def batch_size_from(args: argparse.Namespace) -> int:
+    from targetrows.core.checks import check_count
+
+    return check_count(args.batch_size, "--batch-size")
+
+
 def add_reranker_argument(parser: argparse.ArgumentParser) -> None:
     """--reranker FILE ...: trained models of the learned rules (one file per rule)."""
     parser.add_argument("--reranker", nargs="+", default=[], metavar="FILE",

@@ -25,6 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "most --depth) of the best predicted tokens/s on this machine for "
                              "the first tree decoder listed")
     common.add_decoding_arguments(parser)
+    common.add_batch_argument(parser)
     common.add_reranker_argument(parser)
     parser.add_argument("--json", dest="json_out", default=None,
                         help="also write the results, with token ids and text, to this file")
@@ -33,12 +34,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from targetrows.bench.compare import compare, format_table, lossless_report, table_rows
     from targetrows.core.atomic import atomic_write_text
-    from targetrows.cost.calibration import auto_budget
+    from targetrows.cost.calibration import BudgetSearch, auto_budget
     from targetrows.specbench.chat import encode_prompt, stop_ids
 
     if not args.prompt.strip():
         raise ValueError("--prompt is empty: give the text of a user message")
     common.check_temperatures([args.temperature])
+    batch_size = common.batch_size_from(args)
     rerankers = common.rerankers_from(args)
     decoders = common.decoders_from(args, rerankers)
     common.check_draft(decoders, args.draft)
@@ -52,14 +54,16 @@ def run(args: argparse.Namespace) -> int:
     if trees:
         config = config.for_decoder(trees[0], rerankers)
         if isinstance(args.budget, Auto):
-            choice = auto_budget(target, draft, config, [prompt_ids])
+            choice = auto_budget(target, draft, config, [prompt_ids],
+                                 BudgetSearch(batch_size=batch_size))
             print(f"{trees[0]}: {choice.describe()}", file=sys.stderr)
             config = replace(config, budget=choice.budget,
                              pool=replace(config.pool, depth=choice.depth))
         else:
             config = replace(config, budget=args.budget.nodes)
     budget, depth = config.budget, config.pool.depth
-    results = compare(target, draft, prompt_ids, decoders, config, rerankers)
+    results = compare(target, draft, prompt_ids, decoders, config, rerankers,
+                      batch_size=batch_size)
     rows = table_rows(results)
     print(format_table(rows))
     status = 0
@@ -73,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
             row["text"] = tokenizer.decode(res.tokens, skip_special_tokens=True)
             row["rounds"] = [r.__dict__ for r in res.rounds]
         document = {"prompt": args.prompt, "temperature": args.temperature,
-                    "budget": budget, "depth": depth, "seed": args.seed, "decoders": rows}
+                    "budget": budget, "depth": depth, "seed": args.seed,
+                    "batch_size": batch_size, "decoders": rows}
         atomic_write_text(args.json_out, json.dumps(document, indent=1) + "\n")
     return status

@@ -24,6 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "predicted tokens/s on this machine, one for all --prompts files")
     parser.add_argument("--temperature", type=float, default=common.DECODE.temperature)
     common.add_decoding_arguments(parser, decoders=False)
+    common.add_batch_argument(parser)
     common.add_reranker_argument(parser)
     parser.add_argument("--model-id", default=None, help="model_id in the answers (default: target name)")
     parser.add_argument("--out", required=True, nargs="+",
@@ -48,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
         decode=decode, budgets=tuple(args.budgets),
         model_id=args.model_id or os.path.basename(os.path.normpath(args.target)),
         draft_name=common.draft_label(args), dtype=args.dtype, progress=args.progress,
+        batch_size=common.batch_size_from(args),
     )
     target, draft, tokenizer = common.load_from_args(args)
     answer_files(target, draft, tokenizer, list(zip(args.prompts, args.out, strict=True)), settings)

@@ -48,6 +48,10 @@ class BudgetSearch:
     contexts: int = 8  # calibration contexts in all, spread over the calibration prompts
     gap: int = 4  # greedy target tokens from one context to the next along a prompt's path
     repeats: int = 5  # timings per pass size
+    # sequences decoded at once: passes are timed batched (`measure_parts`), and the pick is
+    # the budget of the best predicted tokens/s per sequence at that batch size (so the best
+    # throughput: batch_size times that)
+    batch_size: int = 1
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,7 @@ class BudgetChoice:
     parts: PartTimes  # as timed (`PartTimes.at` gives them at any context)
     context_len: int  # the mean context the predictions are for
     overlap: float  # share of the root pass hidden behind drafting, as predicted
+    batch_size: int = 1  # sequences decoded at once, as timed (tokens/s are per sequence)
 
     def picked(self) -> tuple[float, float]:
         """(tokens committed, nodes verified) per round predicted at the pick."""
@@ -82,9 +87,10 @@ class BudgetChoice:
         best = ", ".join(
             f"{d}: {max(row):.1f}" for d, row in zip(self.depths, self.tokens_per_s, strict=True)
         )
+        batch = "" if self.batch_size == 1 else f" per sequence at batch size {self.batch_size}"
         return (
-            f"budget auto -> {self.budget} at depth {self.depth} (predicted tokens/s by budget at "
-            f"depth {self.depth}: {curve}; best predicted tokens/s by depth: {best})"
+            f"budget auto -> {self.budget} at depth {self.depth} (predicted tokens/s{batch} by "
+            f"budget at depth {self.depth}: {curve}; best predicted tokens/s by depth: {best})"
         )
 
 
@@ -291,7 +297,8 @@ def auto_budget(
     best_depth, best = best_depth_budget(depths, budgets,
                                          np.where(_fits(entry, pool, depths, budgets), tps, -np.inf))
     return BudgetChoice(best, best_depth, tuple(budgets), tuple(depths), _nested(tps),
-                        _nested(committed), _nested(nodes), timed, context_len, float(overlap))
+                        _nested(committed), _nested(nodes), timed, context_len, float(overlap),
+                        search.batch_size)
 
 
 def _time_parts(target, draft, entry, pool, prompts, context_len: int, budgets, search):
@@ -301,7 +308,7 @@ def _time_parts(target, draft, entry, pool, prompts, context_len: int, budgets, 
                              pool.depth + 1 + entry.commits_t0)
     return measure_parts(target, draft if entry.needs_draft else None,
                          timing_context(prompts, context_len), target_sizes_for(budgets),
-                         widths, search.repeats)
+                         widths, search.repeats, batch_size=search.batch_size)
 
 
 def _fits(entry, pool, depths, budgets) -> np.ndarray:

@@ -185,9 +185,20 @@ def measure_parts(
     draft_sizes: Sequence[int] = (),
     repeats: int = 3,
     longer: Sequence[int] | None = None,
+    batch_size: int = 1,
 ) -> PartTimes:
     """Time target passes (and draft passes, with a draft) at `context`, and at the `longer`
-    context too where one is given (for `PartTimes.at`)."""
+    context too where one is given (for `PartTimes.at`). At `batch_size` N above 1: the passes
+    of a batch of N sequences (`targetrows.decoding.batch`), each lane timing the same passes,
+    which run together, so that a lane's time is the batched pass's (a verify pass over N x n
+    nodes): what a round of each sequence costs when N decode at once."""
+    if batch_size > 1:
+        from targetrows.decoding.batch import run_batched
+
+        def job(t, d):
+            return measure_parts(t, d, context, target_sizes, draft_sizes, repeats, longer)
+
+        return run_batched(target, draft, [job] * batch_size, batch_size)[0]
     tcurve = time_passes(target, context, target_sizes, repeats)
     dcurve = (
         time_passes(draft, context, draft_sizes, repeats)

@@ -133,16 +133,23 @@ def model_lanes(model: Any, n: int, batcher: PassBatcher, target_lanes=None) -> 
 
 
 def run_batched(target: Any, draft: Any | None, jobs: Sequence[Callable[[Any, Any], Any]],
-                batch_size: int, stats: BatchStats | None = None) -> list[Any]:
+                batch_size: int, stats: BatchStats | None = None,
+                on_done: Callable[[int, Any], None] | None = None) -> list[Any]:
     """Each job's result, in order: ``job(target, draft)`` for every job, `batch_size` at a time,
     each on its own lanes of the models (at batch size 1, on the models themselves). A lane
-    takes the next job as soon as its job is done. The first job to fail (in job order) raises
-    after the running ones have finished; no job starts after a failure."""
+    takes the next job as soon as its job is done; `on_done(j, result)` is called as job j
+    finishes (one call at a time: what a caller writes as it goes). The first job to fail (in
+    job order) raises after the running ones have finished; no job starts after a failure."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     n = min(batch_size, len(jobs))
     if n <= 1:
-        return [job(target, draft) for job in jobs]
+        results = []
+        for j, job in enumerate(jobs):
+            results.append(job(target, draft))
+            if on_done is not None:
+                on_done(j, results[-1])
+        return results
     batcher = PassBatcher()
     t_lanes = model_lanes(target, n, batcher)
     d_lanes = [None] * n if draft is None else model_lanes(draft, n, batcher, t_lanes)
@@ -160,6 +167,9 @@ def run_batched(target: Any, draft: Any | None, jobs: Sequence[Callable[[Any, An
             while (j := take()) is not None:
                 try:
                     results[j] = jobs[j](t_lanes[i], d_lanes[i])
+                    if on_done is not None:
+                        with lock:
+                            on_done(j, results[j])
                 except BaseException as err:
                     with lock:
                         errors[j] = err

@@ -98,3 +98,46 @@ def hf_generate(
     with torch.inference_mode():
         out = model.generate(ids, **kwargs)
     return out[0, ids.shape[1] :].tolist()
+
+
+def hf_generate_batch(
+    model,
+    prompts: Sequence[Sequence[int]],
+    temperature: float,
+    max_new_tokens: int,
+    stop_ids,
+    seed: int,
+    vocab_size: int,
+) -> list[list[int]]:
+    """New tokens of the target's own batched `generate()` over `prompts` at once (left-padded,
+    with their attention mask), each cut after its first stop token, as our decoders stop:
+    greedy at temperature 0, else pure sampling. Hugging Face runs the batch until its last
+    sequence stops, and padding changes the rows' rounding: in reduced precision a padded
+    sequence can part from its unpadded greedy tokens at a near-tie."""
+    import torch
+
+    device = model.get_input_embeddings().weight.device
+    width = int(model.get_output_embeddings().weight.shape[0])
+    stops = sorted(stop_ids)
+    pad = stops[0] if stops else 0
+    longest = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), longest), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, longest - len(p):] = torch.tensor(list(p))
+        mask[i, longest - len(p):] = 1
+    kwargs = dict(max_new_tokens=max_new_tokens, do_sample=not greedy(temperature),
+                  eos_token_id=stops or None, pad_token_id=pad,
+                  attention_mask=mask.to(device))
+    if not greedy(temperature):
+        kwargs.update(temperature=temperature, top_k=0, top_p=1.0)
+    if width > vocab_size:
+        kwargs["suppress_tokens"] = list(range(vocab_size, width))
+    torch.manual_seed(seed)
+    with torch.inference_mode():
+        out = model.generate(ids.to(device), **kwargs)[:, longest:].tolist()
+    cut = []
+    for tokens in out:
+        ends = [i for i, t in enumerate(tokens) if t in stop_ids]
+        cut.append(tokens[: ends[0] + 1] if ends else tokens)
+    return cut

@@ -21,9 +21,10 @@ import zlib
 from collections.abc import Sequence
 
 from targetrows.core.atomic import remove_stale_temps
-from targetrows.cost.calibration import auto_budget
+from targetrows.cost.calibration import BudgetSearch, auto_budget
 from targetrows.cost.parttimes import mean_context_len
 from targetrows.cost.rounds import DEFAULT_BUDGETS
+from targetrows.decoding.batch import check_batchable, run_batched
 from targetrows.decoding.budget import Auto, Budget, Fixed
 from targetrows.decoding.config import DecodeConfig
 from targetrows.decoding.loop import generate, new_state
@@ -95,15 +96,19 @@ class DecodeJobSettings:
     draft_name: str | None = None  # the draft's name or path
     dtype: str = "auto"
     progress: bool = True
+    # questions decoded at once (`targetrows.decoding.batch`); each answer's tokens are its
+    # batch-1 tokens, its times those of a sequence sharing the machine with batch_size - 1
+    batch_size: int = 1
 
     def fingerprint(self, prompts_digest: str) -> str:
         d, pool = self.decode, self.decode.pool
         reranker = "" if d.reranker is None else f"|{d.reranker.digest}"
         recycled = ("" if d.decoder.new_state is None else
                     f"|k{d.recycle_k}|{'kept' if d.keep_across_prompts else 'fresh'}")
+        batched = "" if self.batch_size == 1 else f"|batch{self.batch_size}"
         return (f"{self.model_id}|{self.draft_name}|{d.name}|{d.temperature}|"
                 f"{d.max_new_tokens}|{d.seed}|{pool.top_k}|{pool.depth}|{self.dtype}|"
-                f"{prompts_digest}{reranker}{recycled}")
+                f"{prompts_digest}{reranker}{recycled}{batched}")
 
 
 @dataclasses.dataclass
@@ -158,7 +163,8 @@ def auto_condition(target, draft, tokenizer, files: list[_File],
                for q in firsts]
     lengths = [len(encode_conversation(tokenizer, [("user", q.turns[0])]))
                for file in files for q in file.questions]
-    choice = auto_budget(target, draft, s.decode, ids, prompt_configs=configs,
+    choice = auto_budget(target, draft, s.decode, ids, BudgetSearch(batch_size=s.batch_size),
+                         prompt_configs=configs,
                          context_len=mean_context_len(lengths, s.decode.max_new_tokens))
     print(f"{s.decode.name}: {choice.describe()}", file=sys.stderr)
     return choice.budget, choice.depth
@@ -187,6 +193,7 @@ def answer_files(target, draft, tokenizer, files: Sequence[tuple[str, str]],
         for q in file.questions:
             ids = encode_conversation(tokenizer, [("user", q.turns[0])])
             check_question(target, draft, q, 0, ids, s.decode)
+    check_batchable([s.decode], s.batch_size)
     wants_auto = s.decode.decoder.drafts and any(isinstance(b, Auto) for b in s.budgets)
     auto = auto_condition(target, draft, tokenizer, opened, s) if wants_auto else None
     # a draft-free decoder's state per condition, carried over every prompts file's questions
@@ -223,13 +230,20 @@ def _answer_file(target, draft, tokenizer, file: _File, conditions: list[Conditi
     todo = [(b, d, q) for b, d in conditions for q in file.questions
             if (str(q.question_id), b, d, fingerprint) not in done]
     bar = _progress(len(todo), s.progress, f"{base.name} {s.model_id}")
-    for budget, at_depth, question in todo:
+
+    def job(budget: int, at_depth: int, question: Question):
         config = _condition_config(base, budget, at_depth, question, stops)
-        texts, results = decode_question(target, draft, tokenizer, question, config,
-                                         states[budget, at_depth])
+        # a state kept from question to question runs at batch size 1 (`check_batchable`);
+        # in a batch each question starts afresh, as it does at batch 1 without keeping
+        state = states[budget, at_depth] if s.batch_size == 1 else None
+        return lambda t, d: decode_question(t, d, tokenizer, question, config, state)
+
+    def answered(j: int, out) -> None:  # written as each finishes: a killed run keeps it
+        budget, at_depth, question = todo[j]
+        texts, results = out
         condition = {"decoder": base.name, "budget": budget, "depth": at_depth,
                      "budget_auto": (budget, at_depth) == auto, "temperature": base.temperature,
-                     "seed": base.seed, "fingerprint": fingerprint}
+                     "seed": base.seed, "batch_size": s.batch_size, "fingerprint": fingerprint}
         record = answer_record(question, s.model_id, condition, texts, results)
         with open(file.partial, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
@@ -237,6 +251,8 @@ def _answer_file(target, draft, tokenizer, file: _File, conditions: list[Conditi
             os.fsync(f.fileno())
         done[(str(question.question_id), budget, at_depth, fingerprint)] = record
         bar.update(1)
+
+    run_batched(target, draft, [job(*x) for x in todo], s.batch_size, on_done=answered)
     bar.close()
     write_jsonl_atomic(file.out, [done[(str(q.question_id), b, d, fingerprint)]
                                   for b, d in conditions for q in file.questions])
