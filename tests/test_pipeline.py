@@ -484,6 +484,7 @@ def test_the_schemas_defaults_are_the_librarys():
     from targetrows.analysis import stats
     from targetrows.core.pool import PoolShape
     from targetrows.decoding.config import DecodeConfig
+    from targetrows.jobs.decode import DecodeJobSettings
     from targetrows.rowlog.record import RecordConfig
     from targetrows.train.replies import RepliesConfig
     from targetrows.train.reranker import RerankerConfig
@@ -501,6 +502,7 @@ def test_the_schemas_defaults_are_the_librarys():
     pairs = {
         ("pool", "top_k"): pool.top_k, ("pool", "depth"): pool.depth,
         ("decode", "max_new_tokens"): decode.max_new_tokens, ("decode", "seed"): decode.seed,
+        ("decode", "batch_size"): DecodeJobSettings(decode).batch_size,
         ("record", "stride"): record.stride, ("record", "seed"): record.seed,
         ("record", "max_new_tokens"): record.max_new_tokens,
         ("rerank", "folds"): rerank.folds, ("rerank", "seed"): rerank.seed,

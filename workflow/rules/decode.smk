@@ -28,6 +28,7 @@ rule decode:
         max_new_tokens=config["decode"]["max_new_tokens"],
         seed=config["decode"]["seed"],
         dtype=config["decode"]["dtype"],
+        batch_size=config["decode"]["batch_size"],
         top_k=config["pool"]["top_k"],
         depth=config["pool"]["depth"],
         args=config["decode"]["args"],

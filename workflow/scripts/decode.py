@@ -42,6 +42,7 @@ def command(smk, budgets: list):
             "--prompts", *smk.input.prompts, "--decoder", smk.wildcards.decoder,
             *budget_args, "--temperature", smk.wildcards.temperature,
             "--max-new-tokens", str(smk.params.max_new_tokens), "--seed", str(smk.params.seed),
+            "--batch-size", str(smk.params.batch_size),
             "--top-k", str(smk.params.top_k), "--depth", str(smk.params.depth),
             "--model-id", smk.wildcards.target, "--no-progress",
             *reranker, *smk.params.trust, *smk.params.chat, *extra,

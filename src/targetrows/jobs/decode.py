@@ -163,7 +163,7 @@ def auto_condition(target, draft, tokenizer, files: list[_File],
                for q in firsts]
     lengths = [len(encode_conversation(tokenizer, [("user", q.turns[0])]))
                for file in files for q in file.questions]
-    choice = auto_budget(target, draft, s.decode, ids, BudgetSearch(batch_size=s.batch_size),
+    choice = auto_budget(target, draft, s.decode, ids, search=BudgetSearch(batch_size=s.batch_size),
                          prompt_configs=configs,
                          context_len=mean_context_len(lengths, s.decode.max_new_tokens))
     print(f"{s.decode.name}: {choice.describe()}", file=sys.stderr)
