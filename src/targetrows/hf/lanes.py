@@ -63,21 +63,20 @@ class BatchedKV:
                 new[:, :, : old.shape[2]] = old
                 buffers[layer] = new
 
-    def write(self, layer: int, rows: torch.Tensor, at: torch.Tensor, width: int,
-              k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write k, v [n, heads, Q, dim] of rows `rows` [n] at entries `at` [n, Q]; return the
-        keys and values attention reads, the first `width` entries of those rows."""
+    def write(self, layer: int, rows: torch.Tensor, at: torch.Tensor, first: int | None,
+              width: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write k, v [n, heads, Q, dim] of rows `rows` [n] at entries `at` [n, Q] (both on the
+        layer's device); return the keys and values attention reads, the first `width` entries
+        of those rows: a view when the rows are `first`, `first` + 1, ..., else a copy."""
         with self.lock:
             self._reserve(layer, k, width)
             keys, values = self.keys[layer], self.values[layer]
-            rows = rows.to(keys.device)
-            at = at.to(keys.device)
             keys[rows[:, None], :, at] = k.transpose(1, 2)
             values[rows[:, None], :, at] = v.transpose(1, 2)
-            first, n = int(rows[0]), len(rows)
-            if torch.equal(rows, torch.arange(first, first + n, device=rows.device)):
+            if first is not None:
+                n = len(rows)
                 return keys[first : first + n, :, :width], values[first : first + n, :, :width]
-            return keys[rows, :, :width], values[rows, :, :width]  # a copy: lanes not adjacent
+            return keys[rows, :, :width], values[rows, :, :width]
 
     def keep_entries(self, row: int, index: torch.Tensor, start: int) -> None:
         """`GrowingLayer.keep_entries` for one row: entries `index` move to start, start+1, ...
@@ -132,17 +131,26 @@ class LaneCache:
 
 class _PassLayer(DynamicLayer):
     """What a batched pass's attention layer reads and writes: the lanes' rows of a `BatchedKV`
-    layer (Hugging Face's forward calls `update` once per layer with the pass's new keys)."""
+    layer (Hugging Face's forward calls `update` once per layer with the pass's new keys).
+    `placed` holds the rows and entry indices on each device that a layer sits on, copied
+    there once per pass."""
 
-    def __init__(self, kv: BatchedKV, layer: int, rows: torch.Tensor, at: torch.Tensor,
-                 width: int, past: int):
+    def __init__(self, kv: BatchedKV, layer: int, rows: np.ndarray, at: np.ndarray,
+                 width: int, past: int, placed: dict):
         super().__init__()
         self._kv, self._layer, self._rows, self._at = kv, layer, rows, at
-        self._width, self._past = width, past
+        self._width, self._past, self._placed = width, past, placed
+        adjacent = np.array_equal(rows, np.arange(rows[0], rows[0] + len(rows)))
+        self._first = int(rows[0]) if adjacent else None
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        return self._kv.write(self._layer, self._rows, self._at, self._width, key_states,
+        device = key_states.device
+        if device not in self._placed:
+            self._placed[device] = (host_to_device(self._rows, device),
+                                    host_to_device(self._at, device))
+        rows, at = self._placed[device]
+        return self._kv.write(self._layer, rows, at, self._first, self._width, key_states,
                               value_states)
 
     def get_seq_length(self) -> int:
@@ -179,8 +187,8 @@ class BatchedPasses:
         mask = torch.zeros((n, 1, width_q, width), dtype=m.dtype, device=m.input_device)
         mask.masked_fill_(host_to_device(~allowed, m.input_device)[:, None],
                           torch.finfo(m.dtype).min)
-        rows_t, at_t = torch.from_numpy(rows), torch.from_numpy(at)
-        cache = Cache(layers=[_PassLayer(self.kv, i, rows_t, at_t, width, width - width_q)
+        placed: dict = {}
+        cache = Cache(layers=[_PassLayer(self.kv, i, rows, at, width, width - width_q, placed)
                               for i in range(len(self.kv.keys))])
         ids_t = host_to_device(ids, m.input_device)
         pos_t = host_to_device(positions, m.input_device)
