@@ -164,8 +164,17 @@ class BatchedPasses:
     def __init__(self, model: HFModel, kv: BatchedKV):
         self.model, self.kv = model, kv
 
-    @torch.inference_mode()
     def run_batch(self, items: list[tuple[HFLane, _Feed, np.ndarray]]):
+        # lanes in row order: adjacent rows are read as a view of the buffer, not gathered
+        order = sorted(range(len(items)), key=lambda i: items[i][0]._row)
+        out = self._run([items[i] for i in order])
+        answers = [None] * len(items)
+        for at, i in enumerate(order):
+            answers[i] = out[at]
+        return answers
+
+    @torch.inference_mode()
+    def _run(self, items: list[tuple[HFLane, _Feed, np.ndarray]]):
         m = self.model
         n = len(items)
         q = np.array([len(feed.ids) for _, feed, _ in items])
