@@ -25,7 +25,7 @@ from report_out import emit
 from targetrows.bench.batched import run_batched_bench
 from targetrows.bench.run import BenchPrompt, BenchSettings
 from targetrows.core.pool import PoolShape
-from targetrows.decoding.budget import parse_budget
+from targetrows.decoding.budget import Auto, parse_budget
 from targetrows.decoding.config import DecodeConfig
 from targetrows.hf.loading import load_pair
 from targetrows.specbench.chat import encode_conversation, stop_ids
@@ -52,14 +52,15 @@ def sweep(target, draft, prompts, settings, batch_sizes) -> dict[int, list[dict]
     return rows
 
 
-def tables(rows: dict[int, list[dict]]) -> str:
+def tables(rows: dict[int, list[dict]], auto: bool) -> str:
     sizes = list(rows)
     methods = [r["method"] for r in rows[sizes[0]]]
     by = {(n, r["method"]): r for n in sizes for r in rows[n]}
     head = "| method | " + " | ".join(f"N={n}" for n in sizes) + " |"
     rule = "|---|" + "---|" * len(sizes)
-    out = ["Total tokens/s (budget and pool depth the cost model picked at that batch size):",
-           "", head, rule]
+    ran = ("the cost model picked at that batch size" if auto else
+           "each tree decoder ran at")
+    out = [f"Total tokens/s (budget and pool depth {ran}):", "", head, rule]
     for m in methods:
         cells = []
         for n in sizes:
@@ -125,7 +126,7 @@ def main(argv=None) -> int:
             f"{target.dtype}; {len(prompts)} prompts ({args.per_file} per file), "
             f"{args.max_new_tokens} new tokens, greedy; top_k {args.top_k}, depth {args.depth}, "
             f"budget {args.budget}; {time.perf_counter() - start:.0f} s in all\n\n")
-    emit(head + tables(rows), args.out)
+    emit(head + tables(rows, isinstance(settings.budget, Auto)), args.out)
     return 0
 
 

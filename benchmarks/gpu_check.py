@@ -16,6 +16,8 @@ left cannot hold is skipped and says so):
    shapes in bfloat16, and the row spread between pass shapes (`gpu_speed.pass_costs`).
 4. bench: `targetrows bench` on the Qwen3-8B shape with a Qwen3-0.6B-shaped draft.
 5. overlap: root pass on a thread alongside drafting on one GPU, against one after the other.
+   Then batched: ar, draft_rank and fts decoding 1, 4 and 16 prompts at once on that pair,
+   against Hugging Face's batched generate (`gpu_speed.batched`).
 6. EAGLE-3: identity with random heads of both layouts, then the Qwen3-8B shape's bench with a
    random head of a real head's shape.
 7. drift: every decoder against HF greedy in float32 and bfloat16, the gap at each parting.
@@ -165,6 +167,7 @@ def main(argv=None) -> int:
           lambda out: bench_section("Bench: Qwen3-8B shape, Qwen3-0.6B-shaped draft, T=0", out,
                                     report) or "")
     stage("overlap", 20, lambda: speed.overlap(args, device, keep), speed.overlap_markdown)
+    stage("batched", 45, lambda: speed.batched(args, device, keep), speed.batched_markdown)
     keep.pop("draft", None)
     stage("eagle3_identity", 30, lambda: exact.eagle3_identity(device, args.smoke),
           identity_render("Greedy identity with EAGLE-3 heads (float64, both layouts)"))

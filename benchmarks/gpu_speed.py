@@ -273,3 +273,38 @@ def overlap_markdown(rows: list[dict]) -> str:
                      f"{r['t_root'] + r['t_draft']:.1f} | {r['t_verify']:.1f} | "
                      f"{r['t_round']:.1f} | {r['tokens_per_s']:.1f} |")
     return "\n".join(lines)
+
+
+def batched(args, device: str, keep: dict) -> dict[int, list[dict]]:
+    """`targetrows bench --batch-size N` on the Qwen3-8B / 0.6B pair at several N: throughput
+    of ar, draft_rank and fts against Hugging Face's batched generate, and whether each prompt's
+    tokens are ar's (`targetrows.bench.batched`)."""
+    from targetrows.bench.batched import run_batched_bench
+
+    target, draft = keep["target"], keep["draft"]
+    smoke = args.smoke
+    settings = bench.BenchSettings(
+        decode=DecodeConfig(max_new_tokens=8 if smoke else 32,
+                            pool=PoolShape(4, 3) if smoke else PoolShape()),
+        decoders=("ar", "draft_rank", "fts"), temperatures=(0.0,), budget=int(args.budget))
+    sizes = (1, 3) if smoke else (1, 4, 16)
+    prompts = _prompts(target.vocab_size, max(sizes), 16 if smoke else args.prompt_len)
+    return {n: run_batched_bench(target, draft, prompts, settings, n) for n in sizes}
+
+
+def batched_markdown(rows: dict[int, list[dict]]) -> str:
+    lines = ["## Batched decoding (Qwen3-8B shape, 0.6B-shaped draft, T=0)", "",
+             "Total tokens/s over the prompts decoded N at a time; x HF: over Hugging Face's "
+             "batched generate at N; same as ar: share of prompts whose tokens equal ar's at N; "
+             "per pass: sequences per batched pass.", "",
+             "| N | method | budget | tokens/s | x HF | latency median (s) | same as ar | "
+             "per pass |", "|---|---|---|---|---|---|---|---|"]
+    for n, group in rows.items():
+        for r in group:
+            same = r.get("same_as_ar")
+            per = r.get("sequences_per_pass")
+            lines.append(f"| {n} | {r['method']} | {r['budget']} | {r['tokens_per_s']:.1f} | "
+                         f"{r['x_hf_generate']:.2f} | {r['latency_median_s']:.2f} | "
+                         f"{'' if same is None else f'{same:.2f}'} | "
+                         f"{'' if per is None else f'{per:.1f}'} |")
+    return "\n".join(lines)

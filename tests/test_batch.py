@@ -12,7 +12,7 @@ from targetrows.core.tree import Tree
 from targetrows.decoding.batch import BatchStats, PassBatcher, generate_batch, run_batched
 from targetrows.decoding.config import DecodeConfig
 from targetrows.decoding.loop import generate
-from targetrows.decoding.registry import decoder_names
+from targetrows.decoding.registry import decoder_names, get_decoder
 
 STOP = 7  # a token the toy and the tiny models emit now and then: some sequences stop early
 
@@ -213,7 +213,7 @@ def test_eagle3_head_lanes_equal_batch_1_and_greedy(tmp_path):
     target = HFModel(target_hf, name="t")
     head = load_eagle3(str(folder), target)
     greedy = [hf_greedy(target_hf, p, 27) for p in HF_PROMPTS]
-    for name in ("draft_rank", "rerank", "fts", "pearl", "fts_redraft"):
+    for name in [d for d in decoder_names() if get_decoder(d).needs_draft]:
         configs = _configs(name, len(HF_PROMPTS), pool=PoolShape(top_k=4, depth=3))
         want = _one_by_one(target, head, HF_PROMPTS, configs)
         for tokens, ref in zip(want, greedy, strict=True):

@@ -82,7 +82,7 @@ def test_answers_at_batch_size_3_are_the_batch_1_answers(pair, prompts, tmp_path
     for batch in ("1", "3"):
         out = tmp_path / f"batch{batch}.jsonl"
         proc = decode(pair, prompts, out, "--decoder", "recycle", "--budgets", "8", "4",
-                      "--temperature", "1", "--batch-size", batch)
+                      "--temperature", "1", "--batch-size", batch, "--dtype", "float32")
         assert proc.returncode == 0, proc.stderr
         lines[batch] = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["batch_size"] for r in lines["3"]] == [3] * 4

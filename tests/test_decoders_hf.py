@@ -188,7 +188,8 @@ def test_compare_at_batch_size_3(saved_pair, tmp_path):
     out = tmp_path / "compare.json"
     proc = _cli("compare", "--target", target, "--draft", draft, "--prompt", "Tell me a story",
                 "--decoders", "ar", "fts", "pearl", "racer", "--budget", "6",
-                "--max-new-tokens", "12", "--batch-size", "3", "--json", str(out))
+                "--max-new-tokens", "12", "--batch-size", "3", "--dtype", "float32",
+                "--json", str(out))
     assert proc.returncode == 0, proc.stderr
     assert "every decoder reproduced ar's tokens exactly" in proc.stdout
     doc = json.loads(out.read_text())

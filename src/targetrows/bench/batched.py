@@ -30,6 +30,7 @@ from targetrows.core.rows import greedy
 from targetrows.decoding.batch import BatchStats, generate_batch
 from targetrows.decoding.budget import Fixed
 from targetrows.decoding.model import synchronize
+from targetrows.decoding.registry import get_decoder
 from targetrows.hf.baselines import hf_generate_batch
 
 from .report import csv_text
@@ -46,7 +47,8 @@ def run_batched_bench(target, draft, prompts: Sequence, settings, batch_size: in
     methods = (["hf_generate"] if settings.hf else []) + list(settings.decoders)
     choices = {}
     if isinstance(settings.budget, Fixed):
-        plans = {(m, t): (settings.budget.nodes, settings.pool.depth)
+        plans = {(m, t): (settings.budget.nodes if get_decoder(m).drafts else None,
+                          settings.pool.depth)
                  for m in settings.decoders for t in settings.temperatures}
     else:
         parts = measure(target, draft, prompts, settings, batch_size)

@@ -86,6 +86,8 @@ class PassBatcher:
             self._cond.notify_all()
 
     def submit(self, group: Any, item: Any) -> Any:
+        """`item`'s result from the next batched pass of `group` (the caller waits for it);
+        the pass's exception, if it failed."""
         request = _Request(item)
         cond = self._cond
         with cond:
