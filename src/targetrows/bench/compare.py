@@ -41,18 +41,23 @@ def compare(target, draft, prompt_ids, decoders, config: DecodeConfig, rerankers
 
 
 def batched_copies(target, draft, prompt_ids, config: DecodeConfig, n: int) -> DecodeResult:
-    """`n` copies of the prompt decoded at once with one seed: every copy must come out as the
-    first (a sequence's tokens do not depend on its batch; checked here). Returns the first
-    copy's result with the batch's wall time divided by `n`, so its tokens/s is the batch's
-    total throughput."""
+    """`n` copies of the prompt decoded at once with one seed, each to come out as the first: in
+    float32 and float64 a copy that parts is an error; in reduced precision the batch's shape
+    may round a near-tie the other way, which is printed. Returns the first copy's result with
+    the batch's wall time divided by `n`, so its tokens/s is the batch's total throughput."""
     start = time.perf_counter()
     copies = generate_batch(target, draft, [list(prompt_ids)] * n, config, n)
     wall = time.perf_counter() - start
-    for i, copy in enumerate(copies[1:], 1):
-        if copy.tokens != copies[0].tokens:
-            raise RuntimeError(f"{config.name}: copy {i} of the prompt in a batch of {n} came "
-                               "out different from copy 0 under the same seed; a sequence's "
-                               "tokens must not depend on its batch (please report this)")
+    parted = [i for i, c in enumerate(copies) if c.tokens != copies[0].tokens]
+    if parted:
+        dtype = str(getattr(target, "dtype", ""))
+        message = (f"{config.name}: copies {parted} of the prompt in a batch of {n} parted from "
+                   "copy 0 under the same seed")
+        if dtype in ("torch.float32", "torch.float64"):
+            raise RuntimeError(message + "; a sequence's tokens must not depend on its batch "
+                               "(please report this)")
+        print(f"{message} ({dtype}: a near-tie rounded the other way by the batch's shape)",
+              file=sys.stderr)
     return dataclasses.replace(copies[0], wall_time=wall / n)
 
 

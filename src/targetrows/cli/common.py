@@ -72,7 +72,8 @@ def add_batch_argument(parser: argparse.ArgumentParser) -> None:
     """--batch-size N: sequences decoded at once (`targetrows.decoding.batch`)."""
     parser.add_argument("--batch-size", type=int, default=1, metavar="N",
                         help="decode N prompts at once, their passes batched; each prompt's "
-                             "tokens are its batch-1 tokens (docs/decoders.md, 'Batches')")
+                             "tokens are its batch-1 tokens (in bfloat16 up to near-ties: "
+                             "docs/decoders.md, 'Batches')")
 
 
 def batch_size_from(args: argparse.Namespace) -> int:

@@ -16,7 +16,9 @@ group. A finished sequence leaves the batch at once and the next prompt takes it
 Lossless per sequence. A lane's rows equal its batch-1 model's to the rounding of a batched
 product (`targetrows.hf.lanes`), its draws come from its own generator, seeded from its own
 config, and verification is the loop's own: a sequence's tokens do not depend on which
-sequences share its batch (the tests find them equal in float64 at batch 1, 3 and 8).
+sequences share its batch (the tests find them equal in float64 at batch 1, 3 and 8). In
+bfloat16 the batch's shape decides how a batched product rounds, and a near-tie can go the
+other way, as a tree pass can at batch 1.
 
 A model decodes in batches through ``model.lanes(n, batcher, target_lanes)`` (a draft's lanes
 may need its target's: an EAGLE-3 head reads its target lane's features); at batch size 1 the

@@ -1,10 +1,11 @@
 """Lanes of an `HFModel` for batched decoding: per-sequence caches in one batched buffer, and
 one forward pass for every lane that is waiting on one.
 
-A **lane** (`HFLane`) is an `HFModel` of its own for one sequence of a batch
-(`targetrows.decoding.batch`): its committed prefix, its tree, its features, its generator and
-its checks are its own, and everything `HFModel` does with them (what a pass feeds, the tree
-mask, the commit of an accepted path) is the same code. Two things differ:
+A **lane** (the model's class with `HFLane` in front) is an `HFModel` of its own for one
+sequence of a batch (`targetrows.decoding.batch`): its committed prefix, its tree, its
+features, its generator and its checks are its own, and everything `HFModel` does with them
+(what a pass feeds, the tree mask, the commit of an accepted path) is the same code. Two things
+differ:
 
 - its KV entries are row `r` of a `BatchedKV`, one buffer per layer [lanes, heads, capacity,
   head_dim] shared by the lanes, where row r holds exactly what a batch-1 cache would hold
@@ -24,15 +25,15 @@ The pass runs through the lean forward where the model has one, else Hugging Fac
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
+from typing import Any
 
 import numpy as np
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from .cache import cache_kwargs
-from .eagle3 import Eagle3Draft
-from .model import HFModel, _Feed
 from .torch_rows import host_to_device
 
 
@@ -161,10 +162,10 @@ class BatchedPasses:
     """The batched pass of one model's lanes (`PassBatcher` group): `run_batch` takes each
     waiting lane's feed and what it may see, and gives each its (logits, layer inputs)."""
 
-    def __init__(self, model: HFModel, kv: BatchedKV):
+    def __init__(self, model, kv: BatchedKV):
         self.model, self.kv = model, kv
 
-    def run_batch(self, items: list[tuple[HFLane, _Feed, np.ndarray]]):
+    def run_batch(self, items: list[tuple[Any, Any, np.ndarray]]):
         # lanes in row order: adjacent rows are read as a view of the buffer, not gathered
         order = sorted(range(len(items)), key=lambda i: items[i][0]._row)
         out = self._run([items[i] for i in order])
@@ -174,7 +175,7 @@ class BatchedPasses:
         return answers
 
     @torch.inference_mode()
-    def _run(self, items: list[tuple[HFLane, _Feed, np.ndarray]]):
+    def _run(self, items: list[tuple[Any, Any, np.ndarray]]):
         m = self.model
         n = len(items)
         q = np.array([len(feed.ids) for _, feed, _ in items])
@@ -223,11 +224,13 @@ class BatchedPasses:
         return out
 
 
-class HFLane(HFModel):
+class HFLane:
     """One sequence's lane of an `HFModel` (see the module docstring): the model's weights and
-    settings, its own state, its passes through the batcher."""
+    settings, its own state, its passes through the batcher. A mixin: a lane's class is the
+    model's own class with this in front (`lane_class`), so every method it does not override
+    is the model's."""
 
-    def __init__(self, owner: HFModel, passes: BatchedPasses, row: int, batcher):
+    def __init__(self, owner, passes: BatchedPasses, row: int, batcher):
         self.__dict__.update(owner.__dict__)  # weights, lean forward, devices, feature layers
         self._passes, self._row, self._batcher = passes, row, batcher
         self._generator = torch.Generator(device=self.device)
@@ -237,7 +240,7 @@ class HFLane(HFModel):
     def _new_cache(self) -> LaneCache:
         return LaneCache(self._passes.kv, self._row)
 
-    def _pass(self, feed: _Feed):
+    def _pass(self, feed):
         try:
             return self._batcher.submit(self._passes, (self, feed, self._region(feed)))
         except Exception:
@@ -245,14 +248,21 @@ class HFLane(HFModel):
             raise
 
 
-def hf_lanes(model: HFModel, n: int, batcher) -> list[HFLane]:
-    """`n` lanes of `model` sharing one batched KV buffer and one batched pass."""
+@functools.cache
+def lane_class(model_class: type, lane: type) -> type:
+    """`model_class` with the `lane` mixin in front (made once per pair)."""
+    return type(f"{model_class.__name__}{lane.__name__}", (lane, model_class), {})
+
+
+def hf_lanes(model, n: int, batcher) -> list[HFLane]:
+    """`n` lanes of `model` (an `HFModel`) sharing one batched KV buffer and one batched pass."""
     if isinstance(model, HFLane):
         raise ValueError(f"{model.name}: a lane is one sequence of a batch; make lanes of the "
                          "model")
     layers = len(model.model.get_decoder().layers)
     passes = BatchedPasses(model, BatchedKV(layers, n))
-    return [HFLane(model, passes, row, batcher) for row in range(n)]
+    cls = lane_class(type(model), HFLane)
+    return [cls(model, passes, row, batcher) for row in range(n)]
 
 
 # -- EAGLE-3 heads -------------------------------------------------------------------------------
@@ -264,7 +274,7 @@ class HeadSteps:
     to the longest [n, kv_heads, S, dim]; lane i's new entries go after the padding at S and
     its mask maps them back, so its step sees exactly its own entries."""
 
-    def __init__(self, draft: Eagle3Draft):
+    def __init__(self, draft):
         self.head = draft.head
 
     @torch.inference_mode()
@@ -297,11 +307,12 @@ class HeadSteps:
                 for i, (lane, *_) in enumerate(items)]
 
 
-class HeadLane(Eagle3Draft):
-    """One sequence's lane of an EAGLE-3 head, bound to its target lane: the head's weights,
-    its own cache and generator, its steps through the batcher."""
+class HeadLane:
+    """One sequence's lane of an EAGLE-3 head (`Eagle3Draft`), bound to its target lane: the
+    head's weights, its own cache and generator, its steps through the batcher (a mixin, as
+    `HFLane`)."""
 
-    def __init__(self, owner: Eagle3Draft, target: HFLane, steps: HeadSteps, batcher):
+    def __init__(self, owner, target, steps: HeadSteps, batcher):
         self.__dict__.update(owner.__dict__)
         self.target, self._steps, self._batcher = target, steps, batcher
         self._generator = torch.Generator(device=self.device)
@@ -312,7 +323,7 @@ class HeadLane(Eagle3Draft):
         return self._batcher.submit(self._steps, (self, h, embeds, positions, allowed))
 
 
-def head_lanes(draft: Eagle3Draft, n: int, batcher, target_lanes) -> list[HeadLane]:
+def head_lanes(draft, n: int, batcher, target_lanes) -> list[HeadLane]:
     """`n` lanes of an EAGLE-3 head, lane i reading the features of `target_lanes[i]`."""
     if isinstance(draft, HeadLane):
         raise ValueError(f"{draft.name}: a lane is one sequence of a batch; make lanes of the "
@@ -321,4 +332,5 @@ def head_lanes(draft: Eagle3Draft, n: int, batcher, target_lanes) -> list[HeadLa
         raise ValueError(f"{draft.name}: an EAGLE-3 head's lanes read their target lanes' "
                          f"features: give {n} target lanes")
     steps = HeadSteps(draft)
-    return [HeadLane(draft, t, steps, batcher) for t in target_lanes]
+    cls = lane_class(type(draft), HeadLane)
+    return [cls(draft, t, steps, batcher) for t in target_lanes]

@@ -97,7 +97,8 @@ class DecodeJobSettings:
     dtype: str = "auto"
     progress: bool = True
     # questions decoded at once (`targetrows.decoding.batch`); each answer's tokens are its
-    # batch-1 tokens, its times those of a sequence sharing the machine with batch_size - 1
+    # batch-1 tokens (in bfloat16, up to near-ties that a batched pass rounds the other way),
+    # its times those of a sequence sharing the machine with batch_size - 1
     batch_size: int = 1
 
     def fingerprint(self, prompts_digest: str) -> str:
