@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .config import DecodeConfig
@@ -50,7 +50,6 @@ class BatchStats:
 
     passes: int = 0
     requests: int = 0
-    sizes: dict[int, int] = field(default_factory=dict)  # passes run with n requests
 
     @property
     def mean_batch(self) -> float:
@@ -114,7 +113,6 @@ class PassBatcher:
                 self._n_waiting -= len(requests)
                 self.stats.passes += 1
                 self.stats.requests += len(requests)
-                self.stats.sizes[len(requests)] = self.stats.sizes.get(len(requests), 0) + 1
                 cond.notify_all()
         if request.error is not None:
             raise request.error
@@ -190,8 +188,6 @@ def run_batched(target: Any, draft: Any | None, jobs: Sequence[Callable[[Any, An
     if stats is not None:
         stats.passes += batcher.stats.passes
         stats.requests += batcher.stats.requests
-        for size, count in batcher.stats.sizes.items():
-            stats.sizes[size] = stats.sizes.get(size, 0) + count
     if errors:
         raise errors[min(errors)]
     return results

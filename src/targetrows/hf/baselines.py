@@ -76,28 +76,39 @@ def hf_generate(
                          "transformers runs one candidate generator per generate() call")
 
     ids = torch.tensor([list(prompt_ids)], device=model.get_input_embeddings().weight.device)
-    width = int(model.get_output_embeddings().weight.shape[0])
-    stops = sorted(stop_ids)
-    kwargs = dict(
-        max_new_tokens=max_new_tokens,
-        do_sample=not greedy(temperature),
-        eos_token_id=stops or None,
-        pad_token_id=stops[0] if stops else 0,
-        attention_mask=torch.ones_like(ids),
-    )
-    if not greedy(temperature):
-        kwargs.update(temperature=temperature, top_k=0, top_p=1.0)
-    if width > vocab_size:  # random weights can pick padding rows, which our rows leave out
-        kwargs["suppress_tokens"] = list(range(vocab_size, width))
+    kwargs = _generate_kwargs(model, temperature, max_new_tokens, stop_ids, vocab_size)
+    kwargs["attention_mask"] = torch.ones_like(ids)
     if assistant is not None:
         kwargs["assistant_model"] = assistant
     if prompt_lookup_tokens is not None:
         kwargs.update(prompt_lookup_num_tokens=prompt_lookup_tokens,
                       max_matching_ngram_size=PROMPT_LOOKUP_NGRAM)
+    return _generate(model, ids, kwargs, seed)[0]
+
+
+def _generate_kwargs(model, temperature: float, max_new_tokens: int, stop_ids,
+                     vocab_size: int) -> dict:
+    """`generate()`'s settings for our decoders' work: greedy at temperature 0, else pure
+    sampling, stopping at the stop tokens, never emitting a token past `vocab_size`."""
+    width = int(model.get_output_embeddings().weight.shape[0])
+    stops = sorted(stop_ids)
+    kwargs = dict(max_new_tokens=max_new_tokens, do_sample=not greedy(temperature),
+                  eos_token_id=stops or None, pad_token_id=stops[0] if stops else 0)
+    if not greedy(temperature):
+        kwargs.update(temperature=temperature, top_k=0, top_p=1.0)
+    if width > vocab_size:  # random weights can pick padding rows, which our rows leave out
+        kwargs["suppress_tokens"] = list(range(vocab_size, width))
+    return kwargs
+
+
+def _generate(model, ids, kwargs: dict, seed: int) -> list[list[int]]:
+    """Each row's new tokens from `model.generate(ids, **kwargs)`, seeded."""
+    import torch
+
     torch.manual_seed(seed)
     with torch.inference_mode():
         out = model.generate(ids, **kwargs)
-    return out[0, ids.shape[1] :].tolist()
+    return out[:, ids.shape[1] :].tolist()
 
 
 def hf_generate_batch(
@@ -117,27 +128,16 @@ def hf_generate_batch(
     import torch
 
     device = model.get_input_embeddings().weight.device
-    width = int(model.get_output_embeddings().weight.shape[0])
-    stops = sorted(stop_ids)
-    pad = stops[0] if stops else 0
+    kwargs = _generate_kwargs(model, temperature, max_new_tokens, stop_ids, vocab_size)
     longest = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), longest), pad, dtype=torch.long)
+    ids = torch.full((len(prompts), longest), kwargs["pad_token_id"], dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, p in enumerate(prompts):
         ids[i, longest - len(p):] = torch.tensor(list(p))
         mask[i, longest - len(p):] = 1
-    kwargs = dict(max_new_tokens=max_new_tokens, do_sample=not greedy(temperature),
-                  eos_token_id=stops or None, pad_token_id=pad,
-                  attention_mask=mask.to(device))
-    if not greedy(temperature):
-        kwargs.update(temperature=temperature, top_k=0, top_p=1.0)
-    if width > vocab_size:
-        kwargs["suppress_tokens"] = list(range(vocab_size, width))
-    torch.manual_seed(seed)
-    with torch.inference_mode():
-        out = model.generate(ids.to(device), **kwargs)[:, longest:].tolist()
+    kwargs["attention_mask"] = mask.to(device)
     cut = []
-    for tokens in out:
+    for tokens in _generate(model, ids.to(device), kwargs, seed):
         ends = [i for i, t in enumerate(tokens) if t in stop_ids]
         cut.append(tokens[: ends[0] + 1] if ends else tokens)
     return cut

@@ -137,12 +137,10 @@ class _PassLayer(DynamicLayer):
     there once per pass."""
 
     def __init__(self, kv: BatchedKV, layer: int, rows: np.ndarray, at: np.ndarray,
-                 width: int, past: int, placed: dict):
+                 first: int | None, width: int, past: int, placed: dict):
         super().__init__()
         self._kv, self._layer, self._rows, self._at = kv, layer, rows, at
-        self._width, self._past, self._placed = width, past, placed
-        adjacent = np.array_equal(rows, np.arange(rows[0], rows[0] + len(rows)))
-        self._first = int(rows[0]) if adjacent else None
+        self._first, self._width, self._past, self._placed = first, width, past, placed
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
@@ -197,9 +195,11 @@ class BatchedPasses:
         mask = torch.zeros((n, 1, width_q, width), dtype=m.dtype, device=m.input_device)
         mask.masked_fill_(host_to_device(~allowed, m.input_device)[:, None],
                           torch.finfo(m.dtype).min)
+        adjacent = np.array_equal(rows, np.arange(rows[0], rows[0] + n))  # sorted: run_batch
+        first = int(rows[0]) if adjacent else None
         placed: dict = {}
-        cache = Cache(layers=[_PassLayer(self.kv, i, rows, at, width, width - width_q, placed)
-                              for i in range(len(self.kv.keys))])
+        cache = Cache(layers=[_PassLayer(self.kv, i, rows, at, first, width, width - width_q,
+                                         placed) for i in range(len(self.kv.keys))])
         ids_t = host_to_device(ids, m.input_device)
         pos_t = host_to_device(positions, m.input_device)
         keep_t = host_to_device(keep, m._keep_device)
