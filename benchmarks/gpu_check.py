@@ -15,11 +15,12 @@ left cannot hold is skipped and says so):
 3. pass costs: a verify pass over 1-128 nodes at the Llama-3.1-8B, Qwen3-8B and Qwen2.5-32B
    shapes in bfloat16, and the row spread between pass shapes (`gpu_speed.pass_costs`).
 4. bench: `targetrows bench` on the Qwen3-8B shape with a Qwen3-0.6B-shaped draft.
-5. overlap: root pass on a thread alongside drafting on one GPU, against one after the other.
+5. overlap: root pass alongside drafting on one GPU (a thread, and a stream of its own),
+   against one after the other.
    Then batched: ar, draft_rank and fts decoding 1, 4 and 16 prompts at once on that pair,
    against Hugging Face's batched generate (`gpu_speed.batched`).
 6. EAGLE-3: identity with random heads of both layouts, then the Qwen3-8B shape's bench with a
-   random head of a real head's shape.
+   random head of a real head's shape, and that head's overlap as in 5.
 7. drift: every decoder against HF greedy in float32 and bfloat16, the gap at each parting.
 8. pipeline: the tests' tiny configuration through Snakemake with --resources gpu=1.
 
@@ -48,6 +49,7 @@ import gpu_pipeline
 import gpu_speed as speed
 
 from targetrows.bench import report as bench_report
+from targetrows.bench.overlap import overlap_markdown
 from targetrows.core.atomic import atomic_write_text
 
 
@@ -158,15 +160,20 @@ def main(argv=None) -> int:
             return exact.identity_markdown(title, rep)
         return render
 
+    def overlap_render(out):  # both schedules must give the same tokens
+        rows, title = out
+        found["failed"] |= not all(r["same_tokens"] for r in rows)
+        return overlap_markdown(rows, title)
+
     stage("identity", 60, lambda: exact.identity(device, args.smoke),
-          identity_render("Greedy identity (tiny random models, float64, root pass on a thread)"))
+          identity_render("Greedy identity (tiny random models, float64, root pass alongside)"))
     stage("syncs", 20, lambda: speed.syncs(device, args.smoke), speed.syncs_markdown)
     stage("pass_costs", 90, lambda: speed.pass_costs(device, args.smoke, keep),
                   speed.pass_costs_markdown)
     stage("bench", 60, lambda: speed.bench_pair(args, device, keep),
           lambda out: bench_section("Bench: Qwen3-8B shape, Qwen3-0.6B-shaped draft, T=0", out,
                                     report) or "")
-    stage("overlap", 20, lambda: speed.overlap(args, device, keep), speed.overlap_markdown)
+    stage("overlap", 60, lambda: speed.overlap(args, device, keep), overlap_render)
     stage("batched", 45, lambda: speed.batched(args, device, keep), speed.batched_markdown)
     keep.pop("draft", None)
     stage("eagle3_identity", 30, lambda: exact.eagle3_identity(device, args.smoke),
@@ -174,6 +181,9 @@ def main(argv=None) -> int:
     stage("eagle3_bench", 45, lambda: speed.bench_pair(args, device, keep, head=True),
           lambda out: bench_section("Bench: Qwen3-8B shape with a random Qwen3-8B-shaped "
                                     "EAGLE-3 head, T=0", out, report, "eagle3:") or "")
+    if "head" in keep:
+        stage("eagle3_overlap", 30, lambda: speed.overlap(args, device, keep, "head"),
+              overlap_render)
     keep.clear()
     speed._free()
     stage("drift", 45, lambda: exact.drift(device, args.smoke), exact.drift_section)

@@ -221,7 +221,7 @@ def bench_pair(args, device: str, keep: dict, head: bool = False):
         with torch.random.fork_rng(devices=[]):
             folder = save_tiny_head(os.path.join(tempfile.mkdtemp(), "qwen3-8b-head"),
                                     target.model.config, scale=0.02, **sizes)
-        draft = load_eagle3(folder, target)
+        draft = keep["head"] = load_eagle3(folder, target)
     else:
         if "draft" not in keep:
             arch, size = shape("qwen3-8b", smoke, layers=1)
@@ -241,38 +241,19 @@ def bench_pair(args, device: str, keep: dict, head: bool = False):
     return rows, context, settings, (target, draft), build_s
 
 
-def overlap(args, device: str, keep: dict) -> list[dict]:
-    """The root-pass decoders on the Qwen3-8B / 0.6B pair, root pass on a thread alongside
-    drafting (overlap) or after it, on one GPU: mean ms per round of each part."""
-    target, draft = keep["target"], keep["draft"]
-    prompt = _prompts(target.vocab_size, 1, 16 if args.smoke else args.prompt_len)[0].ids
-    out = []
-    for decoder in ("rerank", "fts"):
-        for i, forced in enumerate((False, True, False, True)):  # the second pair: warm
-            cfg = decode_config(decoder, budget=int(args.budget), overlap=forced,
-                                max_new_tokens=8 if args.smoke else 32,
-                                pool=PoolShape(4, 3) if args.smoke else PoolShape())
-            result = generate(target, draft, list(prompt), cfg)
-            if i < 2:
-                continue
-            ms = {k: 1e3 * float(np.mean([getattr(r, k) for r in result.rounds]))
-                  for k in ("t_root", "t_draft", "t_drafting", "t_verify", "t_round")}
-            out.append({"decoder": decoder, "overlap": forced, **ms,
-                        "tokens_per_s": result.summary()["tokens_per_s"]})
-    return out
+def overlap(args, device: str, keep: dict, draft: str = "draft") -> tuple[list[dict], str]:
+    """rerank and fts on the Qwen3-8B-shaped target with `keep[draft]` (the 0.6B-shaped draft,
+    or the head), the root pass alongside drafting or after it, on one GPU
+    (`targetrows.bench.overlap`): its rows and their title."""
+    from targetrows.bench.overlap import measure_overlap
 
-
-def overlap_markdown(rows: list[dict]) -> str:
-    lines = ["## Root pass alongside drafting on one GPU (threads, default stream)", "",
-             "Mean ms per round. Overlap pays only where drafting < root + draft.", "",
-             "| decoder | root pass on a thread | root | draft | drafting | root + draft | "
-             "verify | round | tokens/s |", "|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['decoder']} | {r['overlap']} | {r['t_root']:.1f} | "
-                     f"{r['t_draft']:.1f} | {r['t_drafting']:.1f} | "
-                     f"{r['t_root'] + r['t_draft']:.1f} | {r['t_verify']:.1f} | "
-                     f"{r['t_round']:.1f} | {r['tokens_per_s']:.1f} |")
-    return "\n".join(lines)
+    target, drafter = keep["target"], keep[draft]
+    prompts = [p.ids for p in _prompts(target.vocab_size, 1, 16 if args.smoke else args.prompt_len)]
+    config = DecodeConfig(budget=int(args.budget), max_new_tokens=8 if args.smoke else 32,
+                          pool=PoolShape(4, 3) if args.smoke else PoolShape())
+    rows = measure_overlap(target, drafter, prompts, config, ("rerank", "fts"))
+    label = "a random EAGLE-3 head" if draft == "head" else "a Qwen3-0.6B-shaped draft"
+    return rows, f"Root pass alongside drafting on one GPU, {label}"
 
 
 def batched(args, device: str, keep: dict) -> dict[int, list[dict]]:

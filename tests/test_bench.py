@@ -396,7 +396,9 @@ def test_gpu_check_smoke(tmp_path):
     report = (tmp_path / "smoke.md").read_text()
     assert report.count("mismatches with HF greedy generate: 0 -> PASS") == 2
     for title in ("## Host syncs per round", "## One target pass against tree size",
-                  "## Bench: Qwen3-8B shape, Qwen3-0.6B", "## Root pass alongside drafting",
+                  "## Bench: Qwen3-8B shape, Qwen3-0.6B",
+                  "## Root pass alongside drafting on one GPU, a Qwen3-0.6B-shaped draft",
+                  "## Root pass alongside drafting on one GPU, a random EAGLE-3 head",
                   "## Bench: Qwen3-8B shape with a random", "## Temperature-0 drift",
                   "## Batched decoding"):
         assert title in report

@@ -5,6 +5,7 @@ import itertools
 import json
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -262,8 +263,8 @@ def test_every_decoder_matches_greedy(tmp_path, arch, layout, vocab):
 
 
 def test_drafting_alongside_the_root_pass_in_a_thread(llama_target, tmp_path):
-    """overlap=True: the head drafts in a worker thread while the target's root pass runs; the
-    features it reads come through the target's lock (the first round feeds the prompt)."""
+    """overlap=True: the head drafts in a worker thread while the target's root pass runs (the
+    first round's feeds the prompt, which the head's first read then waits for)."""
     folder = save_tiny_head(tmp_path / "h", llama_target.config, draft_vocab_size=150)
     target, draft = _draft(llama_target, folder)
     reference = hf_greedy(llama_target, PROMPTS[1], 30)
@@ -271,6 +272,43 @@ def test_drafting_alongside_the_root_pass_in_a_thread(llama_target, tmp_path):
         cfg = decode_config(decoder, budget=8, max_new_tokens=30, overlap=True,
                            pool=PoolShape(top_k=3, depth=3))
         assert generate(target, draft, PROMPTS[1], cfg).tokens == reference, decoder
+
+
+def test_the_head_drafts_while_the_root_pass_holds_the_target(llama_target, tmp_path):
+    """The head's draft at context c + [t] reads the target's features up to c, which the last
+    round committed: it does not wait for the root pass at c + [t], though that pass holds the
+    target (stopped here before its forward), and its rows are those of an undisturbed head."""
+    folder = save_tiny_head(tmp_path / "h", llama_target.config, draft_vocab_size=150)
+    target, draft = _draft(llama_target, folder)
+    ctx, t = PROMPTS[1], 5
+    target.logits(ctx, Tree.root_only(ctx[-1]), [0])
+    target.commit(ctx)
+    _, undisturbed = _draft(llama_target, folder)
+    want = undisturbed.logits(ctx + [t], Tree.root_only(t), [0])
+
+    entered, release = threading.Event(), threading.Event()
+    forward = target._pass
+
+    def held_pass(feed):
+        entered.set()
+        assert release.wait(60)
+        return forward(feed)
+
+    target._pass = held_pass
+    root = threading.Thread(target=target.logits, args=(ctx + [t], Tree.root_only(t), [0]))
+    root.start()
+    assert entered.wait(60)
+    drafted = []
+    head = threading.Thread(
+        target=lambda: drafted.append(draft.logits(ctx + [t], Tree.root_only(t), [0])))
+    head.start()
+    head.join(30)
+    waited = head.is_alive()
+    release.set()
+    root.join()
+    head.join()
+    assert not waited, "the head waited for the root pass"
+    torch.testing.assert_close(drafted[0], want, rtol=0, atol=0)
 
 
 def test_sampling_is_lossless_with_a_reduced_vocabulary(tmp_path):

@@ -12,6 +12,7 @@ pair (NumPy) and Hugging Face models (torch) alike.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -26,7 +27,7 @@ from targetrows.core.verify import walk
 
 from .config import DecodeConfig
 from .registry import get_rule
-from .round import NoPool, Round, RoundStats
+from .round import Round, RoundStats
 
 
 @dataclass
@@ -76,12 +77,12 @@ def generate(
     store = RowStore(max_rows=8)  # rows by full context: only exact hits are reused
     result = DecodeResult(tokens=new)
     start = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=1) if overlap else NoPool() as executor:
+    with ThreadPoolExecutor(max_workers=1) if overlap else contextlib.nullcontext() as executor:
         while True:
             t0 = time.perf_counter()
             stats = RoundStats()
             plan = decoder.plan(Round(target, draft, context, store, config, stats, executor,
-                                      rule, state))
+                                      rule, state, opening=not result.rounds))
             tokens = list(plan.prefix) + _verified(target, context, plan, store, config, stats,
                                                    keep_last)
             tokens, stop_reason = _truncate(tokens, config, len(new))

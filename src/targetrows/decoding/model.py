@@ -84,6 +84,27 @@ def synchronize(model: Any) -> None:
         sync()
 
 
+def side_stream(model: Any):
+    """Where `model`'s root pass runs beside drafting: a stream of its own on a GPU backend
+    (`targetrows.hf.streams.SideStream`), used as ``with stream: ...`` and then
+    ``stream.join(rows)`` before anything else reads the pass's rows or cache; a context that
+    does nothing for a backend without streams."""
+    make = getattr(model, "side_stream", None)
+    stream = make() if make is not None else None
+    return stream if stream is not None else _NoStream()
+
+
+class _NoStream:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def join(self, *handed_over) -> None:
+        pass
+
+
 def edge_probs(model: Any, rows: Any, row_nodes: np.ndarray, tree: Tree,
                temperature: float) -> np.ndarray:
     """`model`'s probability of each node's token at its parent's context (1 at the root),

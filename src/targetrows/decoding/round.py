@@ -4,7 +4,8 @@ A round: a planner chooses a tree under the root context (every committed token)
 scores every node in one verify pass, verification walks the tree and commits the accepted path
 plus a bonus token. Decoders that commit a first token t0 draw it from the exact row of a
 separate **root pass**, which runs alongside drafting when target and draft live on different
-devices (`root_pass_alongside`).
+devices (`root_pass_alongside`): on a thread of its own, and on a GPU on a stream of its own,
+so that neither the host nor the card queues the drafting behind it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 from targetrows.core.rows import RowStore
 from targetrows.core.tree import Tree
 
-from .model import synchronize
+from .model import side_stream, synchronize
 
 
 @dataclass
@@ -40,9 +41,9 @@ class Round:
     """What a planner may use: both models, the committed context, the row store (rows by
     full context: the root pass's and the last verify pass's), the decode settings, the
     round's statistics (to fill in), the executor the root pass runs on alongside drafting,
-    the decoder's selection rule, and a draft-free decoder's state across rounds (what it
+    the decoder's selection rule, a draft-free decoder's state across rounds (what it
     learned from the target's past rows: `targetrows.core.recycle.Recycler`, made once per
-    decode by `Decoder.new_state`)."""
+    decode by `Decoder.new_state`), and whether this is the decode's first round."""
 
     target: Any
     draft: Any | None
@@ -50,9 +51,10 @@ class Round:
     store: RowStore
     config: Any  # a DecodeConfig
     stats: RoundStats
-    executor: Any
+    executor: Any  # a one-worker pool the drafting runs on beside the root pass; None: in turn
     rule: Any = None  # a targetrows.core.rules.rule.Rule; None for ar and the draft-free
     state: Any = None  # the draft-free decoders' Recycler; None for every other decoder
+    opening: bool = False  # the decode's first round: the target has not seen the prompt yet
 
 
 @dataclass
@@ -71,7 +73,7 @@ class Plan:
 
 def root_pass_alongside(r: Round, draft_work):
     """The target's root pass at the round's context, with `draft_work()` alongside it (or after
-    it on one device). Returns the root row's logits (also put in the store, so the verify pass
+    it: on one device, and in a decode's first round). Returns the root row's logits (also put in the store, so the verify pass
     reuses it) and draft_work's result; fills t_root, t_draft and t_drafting."""
     target, context, stats = r.target, r.context, r.stats
 
@@ -93,10 +95,21 @@ def root_pass_alongside(r: Round, draft_work):
         stats.t_draft = time.perf_counter() - t
         return out
 
+    # The first round's root pass prefills the prompt before anything drafts: an EAGLE-3 head
+    # reads the prompt's target features, and were it to prefill them itself, racing the root
+    # pass, the passes' shapes (and in reduced precision their rows) would depend on which
+    # thread came first. Later rounds, alongside: the root pass on a stream of its own, which
+    # the target's own stream waits for (on the device) once the drafting is done.
     t = time.perf_counter()
-    future = r.executor.submit(timed_draft)
-    root_logits = root_pass()
-    drafted = future.result()
+    if r.opening or r.executor is None:
+        root_logits = root_pass()
+        drafted = timed_draft()
+    else:
+        future = r.executor.submit(timed_draft)
+        with side_stream(target) as stream:
+            root_logits = root_pass()
+        drafted = future.result()
+        stream.join(root_logits)
     stats.t_drafting = time.perf_counter() - t
     r.store.put(context, root_logits)
     return root_logits, drafted
@@ -112,23 +125,3 @@ def timed_draft_work(r: Round, work):
     r.stats.t_draft += elapsed
     r.stats.t_drafting += elapsed
     return out
-
-
-class NoPool:
-    """Runs submitted work at once, in this thread: the one-device schedule."""
-
-    class _Done:
-        def __init__(self, value):
-            self._value = value
-
-        def result(self):
-            return self._value
-
-    def submit(self, fn):
-        return self._Done(fn())
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False

@@ -15,6 +15,8 @@ import inspect
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
+from targetrows.hf.streams import record_use
+
 
 class GrowingLayer(DynamicLayer):
     """A `DynamicLayer` whose `keys`/`values` are views of the first `length` entries of
@@ -45,6 +47,7 @@ class GrowingLayer(DynamicLayer):
             old = getattr(self, name)
             new = old.new_empty((*old.shape[:2], room, old.shape[3]))
             new[:, :, : self.length] = old[:, :, : self.length]
+            record_use(old)  # copied on this stream, maybe not the one it was made on
             setattr(self, name, new)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):

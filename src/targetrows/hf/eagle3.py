@@ -389,7 +389,3 @@ class Eagle3Draft(TorchRows):
         accepted tokens are fed again, from the target's features, by the next `logits`."""
         self._keep_prefix(np.asarray(context, dtype=np.int64).reshape(-1))
         self._drop_tree()
-
-    def synchronize(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)

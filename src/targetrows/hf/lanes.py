@@ -240,6 +240,10 @@ class HFLane:
     def _new_cache(self) -> LaneCache:
         return LaneCache(self._passes.kv, self._row)
 
+    def side_stream(self):
+        """None: a lane's passes run batched, on the stream of whichever thread runs the batch."""
+        return None
+
     def _pass(self, feed):
         try:
             return self._batcher.submit(self._passes, (self, feed, self._region(feed)))

@@ -31,6 +31,7 @@ from targetrows.hf.fed_tree import adopt, common_prefix, extends
 from targetrows.hf.gqa_attention import NAME as GQA_ATTENTION
 from targetrows.hf.gqa_attention import use_gqa_kernel
 from targetrows.hf.lean_forward import lean_forward
+from targetrows.hf.streams import SideStream, record_use
 from targetrows.hf.torch_rows import TorchRows, host_to_device
 
 
@@ -97,6 +98,10 @@ class HFModel(TorchRows):
         self._capture: dict[int, torch.Tensor] | None = None  # layer inputs, running pass
         self.feature_layers: tuple[int, ...] = ()
         self._lock = contextlib.nullcontext()
+        # a stream is one device's: a model spread over several cards runs its root pass on
+        # their current streams (`side_stream`)
+        self._one_device = len({p.device for p in model.parameters()}) == 1
+        self._side: SideStream | None = None
         self.reset(None)
         if feature_layers is not None:
             self.keep_features(feature_layers)
@@ -163,6 +168,13 @@ class HFModel(TorchRows):
         from .lanes import hf_lanes
 
         return hf_lanes(self, n, batcher)
+
+    def side_stream(self) -> SideStream | None:
+        """A stream of its own for the root pass beside drafting (`targetrows.hf.streams`);
+        None for a model spread over several devices."""
+        if self._side is None and self._one_device:
+            self._side = SideStream(self.device)
+        return self._side
 
     @property
     def cached_tokens(self) -> np.ndarray:
@@ -326,6 +338,7 @@ class HFModel(TorchRows):
             grown = fresh.new_empty((max(256, 2 * end), fresh.shape[1]))
             if held:
                 grown[:held] = buf[:held]
+                record_use(buf)  # copied on this stream, maybe not the one it was made on
             self._feature_buffer = buf = grown
         buf[held:end] = fresh
         self._features = buf[:end]
@@ -341,15 +354,21 @@ class HFModel(TorchRows):
         if not 0 <= start <= end == len(ctx):
             raise ValueError(f"{self.name}: features {start}..{end} outside a {len(context)}-token "
                              "context")
+        # Rows of the committed prefix never change while it stays committed, and the root
+        # pass that may run beside drafting only extends it: read them without waiting for
+        # that pass (its lock, its stream).
+        prefix, held = self._prefix, self._features
+        if (held is not None and len(held) >= end and len(prefix) >= end
+                and np.array_equal(prefix[:end], ctx)):
+            return _read_rows(held, start, end)
         with self._lock:
-            held = len(self._prefix) >= end and np.array_equal(self._prefix[:end], ctx)
-            if not held and end:
+            if not (len(self._prefix) >= end and np.array_equal(self._prefix[:end], ctx)) and end:
                 self._logits(ctx, Tree.root_only(int(ctx[-1])), [0])
                 self.commit(ctx)
             if self._features is None:  # nothing fed yet, nothing asked for
                 return torch.zeros((0, len(self.feature_layers) * self.hidden_size),
                                    dtype=self.dtype, device=self.device)
-            return self._features[start:end].clone()
+            return _read_rows(self._features, start, end)
 
     def _check_finite(self, rows: torch.Tensor, positions: np.ndarray) -> None:
         """Queue the check that `rows` are finite: read back with the next draw, top-k or
@@ -412,3 +431,11 @@ class HFModel(TorchRows):
                     self._features = feats[:end]
             self._prefix = ctx[:end].copy()
         self._drop_tree()
+
+
+def _read_rows(features: torch.Tensor, start: int, end: int) -> torch.Tensor:
+    """A copy of rows start..end-1, made on the caller's stream: the buffer is recorded as
+    read there, so its block outlives the copy even when another stream frees it."""
+    rows = features[start:end].clone()
+    record_use(features)
+    return rows

@@ -68,9 +68,11 @@ class TorchRows:
         return ctx, nodes
 
     def synchronize(self) -> None:
-        """Wait for the work queued on this model's GPU (timers read after it measure it)."""
+        """Wait for the work this thread queued on this model's GPU (timers read after it
+        measure it): its current stream only, so a root pass on a stream of its own is not
+        waited for by the drafting beside it, nor the drafting by it."""
         if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+            torch.cuda.current_stream(self.device).synchronize()
 
     # -- checks and transfers ------------------------------------------------------------------
     def _new_sequence(self, seed: int | None) -> None:

@@ -1,0 +1,113 @@
+"""The root pass beside drafting (`targetrows.decoding.round.root_pass_alongside`): it goes on the
+target's side stream, and the target's own stream is ordered after it (`join`, handed the root
+row) before the target is used again. A GPU only orders what the round asks it to, so the order
+of the asks is what is checked here, on the toy pair, with a stream that records them."""
+
+import pytest
+from rerankers import decode_config
+
+from targetrows.core.pool import PoolShape
+from targetrows.core.toy import ToyPair
+from targetrows.decoding.loop import generate
+
+
+class RecordingStream:
+    def __init__(self, events):
+        self.events = events
+        self.open = False
+
+    def __enter__(self):
+        self.events.append(("enter",))
+        self.open = True
+        return self
+
+    def __exit__(self, *exc):
+        self.open = False
+        self.events.append(("exit",))
+        return False
+
+    def join(self, *handed_over):
+        self.events.append(("join", handed_over))
+
+
+class Recorded:
+    """A model whose row requests, and a target whose side stream, write to `events`."""
+
+    def __init__(self, model, events, kind, stream=None):
+        self._model, self._events, self._kind, self._stream = model, events, kind, stream
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    def side_stream(self):
+        return self._stream
+
+    def logits(self, context, tree, nodes):
+        rows = self._model.logits(context, tree, nodes)
+        on_side = self._stream is not None and self._stream.open
+        self._events.append((self._kind, len(tree), on_side, rows))
+        return rows
+
+    def topk_at(self, context, tree, nodes, k):
+        self._events.append((self._kind, len(tree), False, None))
+        return self._model.topk_at(context, tree, nodes, k)
+
+
+def _run(decoder, overlap):
+    pair = ToyPair(8, seed=1, closeness=0.8, scale=2.0)
+    events = []
+    stream = RecordingStream(events)
+    target = Recorded(pair.target, events, "target", stream)
+    draft = Recorded(pair.draft, events, "draft")
+    cfg = decode_config(decoder, budget=6, max_new_tokens=24, overlap=overlap,
+                        pool=PoolShape(top_k=3, depth=3))
+    return generate(target, draft, [1, 2], cfg).tokens, events
+
+
+@pytest.mark.parametrize("decoder", ["rerank", "fts", "pearl", "fts_redraft"])
+def test_the_root_pass_runs_on_the_side_stream_and_is_joined_before_the_target_runs_again(
+        decoder):
+    tokens, events = _run(decoder, overlap=True)
+    assert tokens == _run(decoder, overlap=False)[0]
+    ours = [e for e in events if e[0] != "draft"]  # the drafting runs on a thread beside
+    opened = [i for i, e in enumerate(ours) if e[0] == "enter"]
+    assert len(opened) > 1, "no root pass went on the side stream"
+    for i in opened:
+        # the root pass, one node, alone on the side stream
+        root, closed = ours[i + 1], ours[i + 2]
+        assert root[:3] == ("target", 1, True) and closed == ("exit",)
+        # the target's stream waits for it, handed its row, before the target runs again
+        assert ours[i + 3] == ("join", (root[3],))
+    # every other target pass runs on the target's own stream
+    assert sum(e[2] for e in ours if e[0] == "target") == len(opened)
+
+
+def test_one_after_the_other_nothing_goes_on_a_side_stream():
+    _, events = _run("fts", overlap=False)
+    assert not any(e[0] in ("enter", "exit", "join") for e in events)
+
+
+def test_the_first_round_prefills_the_prompt_before_anything_drafts():
+    """An EAGLE-3 head reads the prompt's target features; were the root pass to race it for the
+    prompt's prefill, the passes' shapes would depend on thread timing."""
+    for overlap in (False, True):
+        _, events = _run("fts", overlap=overlap)
+        first_target = next(i for i, e in enumerate(events) if e[0] == "target")
+        first_draft = next(i for i, e in enumerate(events) if e[0] == "draft")
+        assert first_target < first_draft and events[first_target][1] == 1
+        assert not events[first_target][2]  # nothing beside it: no side stream
+
+
+def test_measure_overlap_times_both_schedules_of_every_root_pass_decoder():
+    from targetrows.bench.overlap import measure_overlap, overlap_markdown, root_pass_decoders
+    from targetrows.decoding.config import DecodeConfig
+
+    pair = ToyPair(8, seed=1, closeness=0.8, scale=2.0)
+    config = DecodeConfig(budget=6, max_new_tokens=12, pool=PoolShape(top_k=3, depth=3))
+    rows = measure_overlap(pair.target, pair.draft, [[1, 2], [3]], config)
+    names = root_pass_decoders()
+    assert "fts" in names and "draft_rank" not in names
+    assert [(r["decoder"], r["alongside"]) for r in rows] == [
+        (n, a) for n in names for a in (False, True)]
+    assert all(r["same_tokens"] and r["t_round"] > 0 for r in rows)
+    assert overlap_markdown(rows, "T").count("\n| fts |") == 2
