@@ -84,30 +84,57 @@ def _tree_with(row_token: int, root: int, n: int, vocab: int, rng) -> Tree:
     return Tree(np.array(tokens), np.array(parents))
 
 
+def _step_and_trees(model, ctx: list[int], sizes: Sequence[int], seed: int) -> dict:
+    """The row at `ctx` from a one-token step on the cached ctx[:-1] ("step"), then as node 1 of
+    a tree pass of each of `sizes` nodes ("tree n")."""
+    rng = np.random.default_rng(seed)
+    model.logits(ctx[:-1], Tree.root_only(ctx[-2]), [0])
+    model.commit(ctx[:-1])
+    rows = {"step": model.logits(ctx, Tree.root_only(ctx[-1]), [0])}
+    model.commit(ctx[:-1])
+    for n in (n for n in sizes if n < model.vocab_size):  # a tree's first level: distinct tokens
+        tree = _tree_with(ctx[-1], ctx[-2], int(n), model.vocab_size, rng)
+        rows[f"tree {n}"] = model.logits(ctx[:-1], tree, [1])
+        model.commit(ctx[:-1])
+    return {k: _numpy(r)[0] for k, r in rows.items()}
+
+
+def _in_a_batch(model, ctx: list[int], sizes: Sequence[int], seed: int,
+                batch_size: int) -> dict:
+    """`_step_and_trees` at `ctx` as lane 0 of a batch of `batch_size` lanes
+    (`targetrows.decoding.batch`), the other lanes making the same passes at random contexts
+    of other lengths: each pass is padded and masked as a real batch's is."""
+    from targetrows.decoding.batch import run_batched
+
+    rng = np.random.default_rng(seed)
+    contexts = [ctx] + [rng.integers(model.vocab_size, size=int(n)).tolist() for n in
+                        rng.integers(3, 2 * len(ctx) + 2, size=batch_size - 1)]
+    jobs = [lambda lane, _, c=c: _step_and_trees(lane, c, sizes, seed) for c in contexts]
+    rows = run_batched(model, None, jobs, batch_size)[0]
+    return {f"batch {batch_size} {k}": r for k, r in rows.items()}
+
+
 def row_spread(model, context: Sequence[int], sizes: Sequence[int] = (2, 8, 32, 64),
-               seed: int = 0) -> Spread:
+               seed: int = 0, batch_size: int = 1) -> Spread:
     """The row at `context` as ar computes it (a one-token step on the cached context less its
     last token) against the same row from a prefill and as node 1 of tree passes of `sizes`
-    nodes (on the cached context less its last token): the largest logit difference of each, in
-    rounding steps of the rows' dtype at the size of the best logit."""
+    nodes (on the cached context less its last token), and with `batch_size` above 1 the same
+    step and trees in a batch of that many sequences ("batch N step", "batch N tree n"): the
+    largest logit difference of each, in rounding steps of the rows' dtype at the size of the
+    best logit."""
     ctx = [int(t) for t in context]
     if len(ctx) < 3:
         raise ValueError("row_spread needs a context of at least 3 tokens")
-    rng = np.random.default_rng(seed)
     model.reset(seed)
     prefill = model.logits(ctx, Tree.root_only(ctx[-1]), [0])
     dtype, eps, prefill = str(getattr(prefill, "dtype", "")), _eps(prefill), _numpy(prefill)[0]
     model.reset(seed)
-    model.logits(ctx[:-1], Tree.root_only(ctx[-2]), [0])
-    model.commit(ctx[:-1])
-    step_row = _numpy(model.logits(ctx, Tree.root_only(ctx[-1]), [0]))[0]
-    model.commit(ctx[:-1])
-    rows = {"prefill": prefill}
-    for n in (n for n in sizes if n < model.vocab_size):  # a tree's first level: distinct tokens
-        tree = _tree_with(ctx[-1], ctx[-2], int(n), model.vocab_size, rng)
-        rows[f"tree {n}"] = _numpy(model.logits(ctx[:-1], tree, [1]))[0]
-        model.commit(ctx[:-1])
+    shapes = _step_and_trees(model, ctx, sizes, seed)
+    step_row = shapes.pop("step")
+    rows = {"prefill": prefill, **shapes}
     model.reset(seed)
+    if batch_size > 1:
+        rows.update(_in_a_batch(model, ctx, sizes, seed, batch_size))
     best = float(step_row.max())
     step = rounding_step(best, eps)
     return Spread(
@@ -157,10 +184,11 @@ class Parting:
 
 
 def explain_parting(model, prompt: Sequence[int], reference: Sequence[int],
-                    tokens: Sequence[int]) -> Parting | None:
+                    tokens: Sequence[int], batch_size: int = 1) -> Parting | None:
     """None when `tokens` equal `reference`; else the parting: the top-2 gap at the context
     where they part (one fresh pass) against twice the spread of that row between pass shapes
-    measured there (`row_spread`). A run that only stopped early is never a near-tie."""
+    measured there (`row_spread`; with `batch_size` above 1, a run decoded in batches of that
+    many, the batched passes' shapes too). A run that only stopped early is never a near-tie."""
     at = parting(reference, tokens)
     if at is None:
         return None
@@ -168,7 +196,7 @@ def explain_parting(model, prompt: Sequence[int], reference: Sequence[int],
         return Parting(at, None, None, MIN_TIE_STEPS, None)
     context = list(prompt) + list(reference[:at])
     gap, steps, dtype = top2_gap(model, context)
-    spreads = [row_spread(model, context)] if len(context) >= 3 else []
+    spreads = [row_spread(model, context, batch_size=batch_size)] if len(context) >= 3 else []
     return Parting(at, gap, steps, near_tie_steps(spreads), dtype)
 
 
