@@ -160,7 +160,8 @@ def drift_section(rep: dict) -> str:
     return "\n".join([
         "## Temperature-0 drift against HF greedy (random small Qwen3, B=8)", "",
         "Runs whose tokens equal HF `generate(do_sample=False)` in the same dtype; at a parting, "
-        "the gap of the target's two best logits there (one fresh pass over the context) in "
+        "the gap between the target's logits of the two tokens there (one fresh pass over the "
+        "context) in "
         "rounding steps of the dtype, and a near-tie where that gap is at most twice what "
         "rounding between pass shapes moves the row there (`targetrows.bench.drift`).", "",
         drift_markdown(drift_summary(rep["records"]))])

@@ -1,6 +1,7 @@
 """Every registered decoder on tiny random-weight Hugging Face models (CPU): lossless, exact caches, CLI."""
 
 import copy
+import dataclasses
 import itertools
 import json
 import subprocess
@@ -17,6 +18,7 @@ from sampling_check import assert_first_tokens_follow_the_target
 from tiny_models import ARCHS, save_tiny_pair, tiny_model, tiny_tokenizer
 
 from targetrows.core.pool import PoolShape
+from targetrows.core.tree import Tree
 from targetrows.decoding.config import DecodeConfig
 from targetrows.decoding.loop import generate
 from targetrows.decoding.registry import decoder_names
@@ -197,6 +199,25 @@ def test_compare_at_batch_size_3(saved_pair, tmp_path):
     assert len({tuple(r["token_ids"]) for r in doc["decoders"]}) == 1
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_batched_copy_that_parts_beyond_rounding_is_an_error(monkeypatch, dtype):
+    """compare's batched copies: a copy whose token is far from the target's best at the
+    parting (planted here) is an error in any dtype, the batched passes' spread measured
+    there; greedy, rounding cannot explain it."""
+    from targetrows.bench import compare
+
+    target = HFModel(tiny_model("llama", n_layers=2, dtype=dtype), name="t")
+    prompt, cfg = [5, 17, 42], DecodeConfig("ar", max_new_tokens=6)
+    copies = compare.generate_batch(target, None, [prompt] * 3, cfg, 3)
+    planted = list(copies[0].tokens)
+    planted[2] = int(target.logits(prompt + planted[:2], Tree.root_only(planted[1]), [0])
+                     .float().argmin())
+    copies[2] = dataclasses.replace(copies[2], tokens=planted)
+    monkeypatch.setattr(compare, "generate_batch", lambda *a: copies)
+    with pytest.raises(RuntimeError, match="copy 2 of the prompt in a batch of 3 parted"):
+        compare.batched_copies(target, None, prompt, cfg, 3)
+
+
 def test_compare_budget_auto_runs_at_the_depth_it_picks(saved_pair, tmp_path):
     target, draft = saved_pair
     out = tmp_path / "compare.json"
@@ -229,13 +250,13 @@ def test_compare_explains_near_ties_and_fails_on_real_differences():
 
     from targetrows.bench.compare import lossless_report
 
-    results = {"ar": Result(tokens=[1, 2, 3]), "same": Result(tokens=[1, 2, 3]),
-               "tie": Result(tokens=[1, 5, 3])}
+    results = {"ar": Result(tokens=[1, 0, 2]), "same": Result(tokens=[1, 0, 2]),
+               "tie": Result(tokens=[1, 1, 2])}
     close = torch.tensor([22.875, 22.625, 3.0], dtype=torch.bfloat16)  # 2 bf16 steps at 22.9
     target = _RowTarget(close)
     status, lines = lossless_report(target, [7], results)
     assert status == 0 and len(lines) == 1, lines
-    assert lines[0].startswith("near-tie: tie parts from ar at new token 1 ([5] vs [2])")
+    assert lines[0].startswith("near-tie: tie parts from ar at new token 1 ([1] vs [0])")
     assert "2.0 rounding steps of torch.bfloat16" in lines[0]
     assert target.contexts == [[7, 1]]  # the prompt and ar's tokens before the parting
     far = torch.tensor([30.0, 20.0, 3.0], dtype=torch.bfloat16)
@@ -243,8 +264,11 @@ def test_compare_explains_near_ties_and_fails_on_real_differences():
     assert status == 1 and lines[0].startswith("LOSSLESS CHECK FAILED: tie parts from ar")
     # the same gap is thousands of float32 steps: a real difference
     assert lossless_report(_RowTarget(close.float()), [7], results)[0] == 1
+    # the best two are a near-tie, but the token taken is the third, far below both
+    third = {"ar": Result(tokens=[1, 0, 2]), "far": Result(tokens=[1, 2, 2])}
+    assert lossless_report(_RowTarget(close), [7], third)[0] == 1
     # stopping early is never a near-tie
-    short = {"ar": Result(tokens=[1, 2, 3]), "short": Result(tokens=[1, 2])}
+    short = {"ar": Result(tokens=[1, 0, 2]), "short": Result(tokens=[1, 0])}
     assert lossless_report(_RowTarget(close), [7], short)[0] == 1
     status, lines = lossless_report(_RowTarget(far), [7], {"ar": Result(tokens=[1]),
                                                           "b": Result(tokens=[1])})

@@ -55,6 +55,23 @@ def test_row_spread_compares_the_same_row_across_pass_shapes(dtype):
     assert near_tie_steps([spread]) == max(MIN_TIE_STEPS, 2 * spread.max_steps)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_row_spread_in_a_batch_takes_the_row_from_a_lane_beside_others(dtype):
+    """With batch_size 4 the same row also comes from lane 0 of batched passes whose other lanes
+    sit at other contexts: padded and masked, it stays the same row (to float64's rounding;
+    within bfloat16's spread, and the same best token)."""
+    model = HFModel(tiny_model("llama", n_layers=2, dtype=dtype), name="t")
+    ctx = [5, 17, 42, 9, 100, 7]
+    spread = row_spread(model, ctx, sizes=(2, 8), batch_size=4)
+    assert set(spread.steps) == {"prefill", "tree 2", "tree 8", "batch 4 step", "batch 4 tree 2",
+                                 "batch 4 tree 8"}
+    assert spread.same_argmax
+    assert spread.max_steps < (64 if dtype == torch.bfloat16 else 1e3)
+    assert row_spread(model, ctx, sizes=(2, 8), batch_size=4) == spread  # seeded: repeatable
+    p = explain_parting(model, ctx[:3], ctx[3:], [ctx[3], 11], batch_size=4)
+    assert p.threshold_steps == near_tie_steps([row_spread(model, ctx[:4], batch_size=4)])
+
+
 def test_a_parting_names_its_gap_against_the_spread_measured_there():
     model = HFModel(tiny_model("qwen3", n_layers=2, dtype=torch.bfloat16), name="t")
     prompt, reference = [5, 17, 42], [3, 9, 250]
@@ -64,9 +81,9 @@ def test_a_parting_names_its_gap_against_the_spread_measured_there():
     p = explain_parting(model, prompt, reference, [3, 11, 250])
     assert p.position == 1 and p.dtype == "torch.bfloat16"
     row = model.logits(prompt + [3], Tree.root_only(3), [0]).float()[0]
-    second, best = row.sort().values[-2:].tolist()
-    assert p.gap == pytest.approx(best - second)
-    assert p.gap_steps == pytest.approx((best - second) / rounding_step(best, 2.0**-7))
+    gap, best = abs(float(row[9] - row[11])), float(row.max())
+    assert p.gap == pytest.approx(gap)
+    assert p.gap_steps == pytest.approx(gap / rounding_step(best, 2.0**-7))
     assert p.threshold_steps >= MIN_TIE_STEPS
     assert p.near_tie == (p.gap_steps <= p.threshold_steps)
 
@@ -82,10 +99,11 @@ def test_drift_summary_counts_identical_runs_near_ties_and_real_differences():
     assert np.isclose(tie.gap_steps, 1.0) and tie.near_tie and not real.near_tie
 
 
-def test_drift_command_compares_answers_with_ars_turn_by_turn(tmp_path):
+def test_drift_command_compares_answers_with_ars_turn_by_turn(tmp_path, monkeypatch):
     """`targetrows decode` writes ar's and fts's answers (float32: identical); `targetrows drift`
     finds none parted, then finds a planted parting in a second turn and calls it no near-tie
-    (the token planted is far from the target's best)."""
+    (the token planted is far from the target's best); an answer decoded in batches is measured
+    against batched passes too."""
     import json
 
     from tiny_models import save_tiny_pair
@@ -123,6 +141,19 @@ def test_drift_command_compares_answers_with_ars_turn_by_turn(tmp_path):
     assert (first["identical"], first["turn"], first["position"]) == ("False", "1", "2")
     assert first["near_tie"] == "False" and float(first["gap_steps"]) > 1e3
     assert rows[1]["identical"] == "True"
+    from targetrows.bench import answer_drift
+
+    batch_sizes = []
+
+    def explain(*args):
+        batch_sizes.append(args[4])
+        return explain_parting(*args)
+
+    monkeypatch.setattr(answer_drift, "explain_parting", explain)
+    records[0]["batch_size"] = 3
+    tampered.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert main([*drift, "--answers", str(tampered)]) == 0
+    assert batch_sizes == [3]
     # answers without their reference are refused by name
     assert main(["drift", "--target", target, "--prompts", str(prompts), "--reference",
                  str(ar), "--answers", str(ar), "--out", str(out)]) == 0  # ar's own: left out

@@ -1,7 +1,7 @@
 """Temperature-0 drift of decode answers: every decoder's answers against `ar`'s, token by
-token, and at each parting the target's top-2 gap there against what rounding between pass
-shapes moves its rows (`targetrows.bench.drift.explain_parting`). What `targetrows drift`
-writes and the pipeline's `drift` table reads.
+token, and at each parting the gap between the target's logits of the two tokens there against
+what rounding between pass shapes moves its rows (`targetrows.bench.drift.explain_parting`).
+What `targetrows drift` writes and the pipeline's `drift` table reads.
 
 Answers are matched by task, question and turn. A multi-turn question is compared turn by turn
 until its first parting: the next turn's prompt holds each decoder's own first answer, so
@@ -40,7 +40,10 @@ def record_drift(target, tokenizer, question: Question, reference: Mapping,
         ours, theirs = record["token_ids"][turn], reference["token_ids"][turn]
         if ours != theirs:
             prompt = encode_conversation(tokenizer, conversation)
-            p = explain_parting(target, prompt, theirs, ours)
+            # a run decoded in batches rounds by the batch's shapes too
+            p = explain_parting(target, prompt, theirs, ours,
+                                max(int(record.get("batch_size", 1)),
+                                    int(reference.get("batch_size", 1))))
             row.update(identical=False, turn=turn, position=p.position, gap=p.gap,
                        gap_steps=p.gap_steps, threshold_steps=p.threshold_steps,
                        near_tie=p.near_tie, dtype=p.dtype)

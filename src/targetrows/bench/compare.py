@@ -16,6 +16,7 @@ import sys
 import time
 
 from targetrows.bench.drift import explain_parting
+from targetrows.core.rows import greedy
 from targetrows.decoding.batch import generate_batch
 from targetrows.decoding.config import DecodeConfig
 from targetrows.decoding.loop import DecodeResult, generate
@@ -41,23 +42,34 @@ def compare(target, draft, prompt_ids, decoders, config: DecodeConfig, rerankers
 
 
 def batched_copies(target, draft, prompt_ids, config: DecodeConfig, n: int) -> DecodeResult:
-    """`n` copies of the prompt decoded at once with one seed, each to come out as the first: in
-    float32 and float64 a copy that parts is an error; in reduced precision the batch's shape
-    may round a near-tie the other way, which is printed. Returns the first copy's result with
-    the batch's wall time divided by `n`, so its tokens/s is the batch's total throughput."""
+    """`n` copies of the prompt decoded at once with one seed, each to come out as the first. A
+    copy may part only where the batch's shapes can round the rows either way: greedy, at a
+    near-tie of batched passes (`drift.explain_parting`); sampling, in reduced precision (a
+    draw near the edge of a token's share). That is printed; any other parting is an error.
+    Returns the first copy's result with the batch's wall time divided by `n`, so its tokens/s
+    is the batch's total throughput."""
     start = time.perf_counter()
     copies = generate_batch(target, draft, [list(prompt_ids)] * n, config, n)
     wall = time.perf_counter() - start
-    parted = [i for i, c in enumerate(copies) if c.tokens != copies[0].tokens]
-    if parted:
-        dtype = str(getattr(target, "dtype", ""))
-        message = (f"{config.name}: copies {parted} of the prompt in a batch of {n} parted from "
-                   "copy 0 under the same seed")
-        if dtype in ("torch.float32", "torch.float64"):
+    dtype = str(getattr(target, "dtype", ""))
+    for i, copy in enumerate(copies[1:], 1):
+        if copy.tokens == copies[0].tokens:
+            continue
+        message = (f"{config.name}: copy {i} of the prompt in a batch of {n} parted from copy 0 "
+                   "under the same seed")
+        if greedy(config.temperature):
+            p = explain_parting(target, prompt_ids, copies[0].tokens, copy.tokens, batch_size=n)
+            rounding = p.near_tie
+            why = (f"at new token {p.position}, a near-tie ({p.gap_steps:.1f} rounding steps of "
+                   f"{p.dtype}; the batch's passes move them by up to "
+                   f"{p.threshold_steps / 2:.1f})") if rounding else ""
+        else:
+            rounding = dtype not in ("torch.float32", "torch.float64")
+            why = f"sampling in {dtype}: a draw at the edge of a token's share"
+        if not rounding:
             raise RuntimeError(message + "; a sequence's tokens must not depend on its batch "
                                "(please report this)")
-        print(f"{message} ({dtype}: a near-tie rounded the other way by the batch's shape)",
-              file=sys.stderr)
+        print(f"{message}, {why}", file=sys.stderr)
     return dataclasses.replace(copies[0], wall_time=wall / n)
 
 
@@ -92,29 +104,30 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def lossless_report(target, prompt_ids, results) -> tuple[int, list[str]]:
+def lossless_report(target, prompt_ids, results, batch_size: int = 1) -> tuple[int, list[str]]:
     """(exit status, lines) of the temperature-0 check against `ar`: 0 when every decoder
     reproduced ar's tokens or parted from them only at a near-tie (`drift.explain_parting`: the
-    target's two best logits closer there than rounding between pass shapes can move them);
-    1 otherwise."""
+    target's two best logits closer there than rounding between pass shapes, batched ones at
+    `batch_size` above 1, can move them); 1 otherwise."""
     status, lines = 0, []
     reference = results["ar"].tokens
     for name, res in results.items():
-        p = explain_parting(target, prompt_ids, reference, res.tokens)
+        p = explain_parting(target, prompt_ids, reference, res.tokens, batch_size)
         if p is None:
             continue
         at = p.position
         where = (f"{name} parts from ar at new token {at} ({res.tokens[at:at + 1]} vs "
                  f"{reference[at:at + 1]})")
         if p.near_tie:
-            lines.append(f"near-tie: {where}, where the target's two best logits are "
+            lines.append(f"near-tie: {where}, where the target's logits of the two are "
                          f"{p.gap:.3g} apart ({p.gap_steps:.1f} rounding steps of {p.dtype}; "
                          f"passes of other shapes move them by up to {p.threshold_steps / 2:.1f}"
                          "): the tree pass and ar's one-token step rounded them differently; "
                          "use --dtype float32 for an exact check")
         else:
-            gap = "" if p.gap is None else (f"; the two best logits are {p.gap:.3g} apart "
-                                            f"({p.gap_steps:.1f} rounding steps of {p.dtype})")
+            gap = "" if p.gap is None else (f"; the target's logits of the two are {p.gap:.3g} "
+                                            f"apart ({p.gap_steps:.1f} rounding steps of "
+                                            f"{p.dtype})")
             lines.append(f"LOSSLESS CHECK FAILED: {where}{gap}")
             status = 1
     if not lines:

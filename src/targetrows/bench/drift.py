@@ -1,5 +1,5 @@
 """Temperature-0 drift: where a decoder's tokens part from the target's own greedy tokens, and
-how close the target's two best logits were there.
+how close the target's logits of the two tokens were there.
 
 Every decoder is lossless with respect to the target *as it computes its rows*. A row is the
 same function of the context in every pass, but not the same floating-point computation: a
@@ -16,7 +16,7 @@ practice; in bfloat16 they can.
 - `explain_parting` finds where a run parts from the reference and measures both there (what
   `compare`, `bench`, `targetrows drift` and the pipeline's drift table report);
 - `drift_summary` is the table: per decoder, the runs whose tokens equal the reference, and at
-  each parting the gap of the two best logits in rounding steps.
+  each parting the gap of the two tokens' logits in rounding steps.
 """
 
 from __future__ import annotations
@@ -144,25 +144,27 @@ def row_spread(model, context: Sequence[int], sizes: Sequence[int] = (2, 8, 32, 
     )
 
 
-def top2_gap(model, context: Sequence[int]) -> tuple[float, float, str]:
-    """(gap, gap in rounding steps, dtype) of the target's two best logits at `context`, from
-    one pass over the whole context from an empty cache (the model is reset)."""
+def token_gap(model, context: Sequence[int], a: int, b: int) -> tuple[float, float, str]:
+    """(gap, gap in rounding steps, dtype) between the target's logits of tokens `a` and `b` at
+    `context`, from one pass over the whole context from an empty cache (the model is reset);
+    the step is the dtype's at the size of the row's best logit. At a parting that rounding
+    explains, `a` and `b` are the target's two best tokens and this is their top-2 gap; a
+    token far down the row is far from the best one, however close the best two are."""
     ctx = [int(t) for t in context]
     model.reset()
     row = model.logits(ctx, Tree.root_only(ctx[-1]), [0])
     dtype, eps, values = str(getattr(row, "dtype", "")), _eps(row), _numpy(row)[0]
     model.reset()
-    second, best = np.sort(values)[-2:]
-    gap = float(best - second)
-    return gap, gap / rounding_step(float(best), eps), dtype
+    gap = float(abs(values[int(a)] - values[int(b)]))
+    return gap, gap / rounding_step(float(values.max()), eps), dtype
 
 
 MIN_TIE_STEPS = 2.0  # two best logits this close are a near-tie even where no spread shows
 
 
 def near_tie_steps(spreads: Sequence[Spread], floor: float = MIN_TIE_STEPS) -> float:
-    """The widest top-2 gap, in rounding steps, that pass shapes can flip: each of the two
-    logits can move by up to the measured spread, so twice the largest spread (at least
+    """The widest gap between two logits, in rounding steps, that pass shapes can flip: each
+    of the two logits can move by up to the measured spread, so twice the largest spread (at least
     `floor`: the spread at one context misses what the cache entries carry from earlier passes
     of other shapes)."""
     return max([floor] + [2.0 * s.max_steps for s in spreads])
@@ -173,7 +175,8 @@ class Parting:
     """Where a run parted from the reference at temperature 0, and whether rounding explains it."""
 
     position: int  # the first new token that differs
-    gap: float | None  # the target's two best logits apart there (None: a run stopped early)
+    # the target's logits of the two runs' tokens apart there (None: a run stopped early)
+    gap: float | None
     gap_steps: float | None  # the same in rounding steps of the rows' dtype
     threshold_steps: float  # the widest gap rounding explains there (`near_tie_steps`)
     dtype: str | None
@@ -185,8 +188,9 @@ class Parting:
 
 def explain_parting(model, prompt: Sequence[int], reference: Sequence[int],
                     tokens: Sequence[int], batch_size: int = 1) -> Parting | None:
-    """None when `tokens` equal `reference`; else the parting: the top-2 gap at the context
-    where they part (one fresh pass) against twice the spread of that row between pass shapes
+    """None when `tokens` equal `reference`; else the parting: the gap between the target's
+    logits of the two tokens at the context where they part (one fresh pass; at a near-tie, its
+    two best) against twice the spread of that row between pass shapes
     measured there (`row_spread`; with `batch_size` above 1, a run decoded in batches of that
     many, the batched passes' shapes too). A run that only stopped early is never a near-tie."""
     at = parting(reference, tokens)
@@ -195,7 +199,7 @@ def explain_parting(model, prompt: Sequence[int], reference: Sequence[int],
     if at >= min(len(reference), len(tokens)):
         return Parting(at, None, None, MIN_TIE_STEPS, None)
     context = list(prompt) + list(reference[:at])
-    gap, steps, dtype = top2_gap(model, context)
+    gap, steps, dtype = token_gap(model, context, reference[at], tokens[at])
     spreads = [row_spread(model, context, batch_size=batch_size)] if len(context) >= 3 else []
     return Parting(at, gap, steps, near_tie_steps(spreads), dtype)
 

@@ -255,9 +255,9 @@ def markdown(head: dict, summary: list[dict], context: dict, settings) -> str:
     partings = [(s["method"], *p) for s in summary for p in s.get("partings", ())]
     if partings:
         lines += ["Partings from HF greedy at T=0 (the first new token that differs; the "
-                  "target's top-2 gap there from one pass over the context, and the widest gap "
-                  "that rounding between pass shapes moves there, both in rounding steps of the "
-                  "rows' dtype):", ""]
+                  "gap between the target's logits of the two tokens there from one pass over "
+                  "the context, and the widest gap that rounding between pass shapes moves "
+                  "there, both in rounding steps of the rows' dtype):", ""]
         for method, qid, at, gap, threshold in partings:
             gap_text = "a run that stopped early" if gap in (None, "") else (
                 f"gap {float(gap):.1f} steps, near-tie up to {float(threshold):.1f}: "

@@ -395,10 +395,10 @@ def _predicted(row, choice, parts, prompt_s: float, settings: BenchSettings) -> 
 
 
 def _parting(target, prompt_ids, reference, tokens) -> dict:
-    """Where `tokens` part from `reference`, the target's top-2 gap there and the widest gap
-    rounding between pass shapes explains there, in rounding steps (`drift.explain_parting`):
-    in bfloat16 a tree pass and a one-token step may round such a pair either way, and either
-    token is the target's greedy choice as it runs."""
+    """Where `tokens` part from `reference`, the gap between the target's logits of the two
+    tokens there and the widest gap rounding between pass shapes explains there, in rounding
+    steps (`drift.explain_parting`): in bfloat16 a tree pass and a one-token step may round
+    such a pair either way, and either token is the target's greedy choice as it runs."""
     p = explain_parting(target, prompt_ids, reference, tokens)
     return {"near_tie": p.near_tie, "parting": p.position, "gap_steps": p.gap_steps,
             "tie_threshold_steps": p.threshold_steps}

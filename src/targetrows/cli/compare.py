@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     print(format_table(rows))
     status = 0
     if greedy(args.temperature) and "ar" in results:
-        status, lines = lossless_report(target, prompt_ids, results)
+        status, lines = lossless_report(target, prompt_ids, results, batch_size)
         print("\n".join(lines), file=sys.stderr if status else sys.stdout)
     if args.json_out:
         for row in rows:

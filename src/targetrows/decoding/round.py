@@ -73,8 +73,9 @@ class Plan:
 
 def root_pass_alongside(r: Round, draft_work):
     """The target's root pass at the round's context, with `draft_work()` alongside it (or after
-    it: on one device, and in a decode's first round). Returns the root row's logits (also put in the store, so the verify pass
-    reuses it) and draft_work's result; fills t_root, t_draft and t_drafting."""
+    it: on one device, and in a decode's first round). Returns the root row's logits (also put
+    in the store, so the verify pass reuses it) and draft_work's result; fills t_root, t_draft
+    and t_drafting."""
     target, context, stats = r.target, r.context, r.stats
 
     def root_pass():
