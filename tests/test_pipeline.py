@@ -393,7 +393,7 @@ def test_default_dag_end_to_end_on_tiny_models_survives_an_interrupt(tmp_path):
             break
         time.sleep(0.2)
     assert proc.wait(timeout=120) != 0, "the run finished before it could be interrupted"
-    snakemake(*args, cwd=work, check=True)
+    resumed = snakemake(*args, cwd=work, check=True)
 
     tables = ["expected_accepted", "relative_gains", "equal_size", "online", "online_gain",
               "consistency", "drift"]
@@ -422,6 +422,28 @@ def test_default_dag_end_to_end_on_tiny_models_survives_an_interrupt(tmp_path):
         auto = [c for c in conds if c["spec"] == "auto"]
         assert {(r["budget"], r["depth"]) for r in records if r["budget_auto"]} == {
             (c["budget"], c["depth"]) for c in auto}
+    # the part-times job timed the pair over every prompt turn, and each decode job of the
+    # resumed run asked for the wall time worked out from it (resources.runtime.decode: auto)
+    from targetrows.core.pool import PoolShape
+    from targetrows.cost.job_time import MeasuredPair, decode_minutes, decode_work
+    from targetrows.decoding.budget import Fixed, parse_budget
+    from targetrows.decoding.registry import get_decoder
+
+    pair = MeasuredPair.from_json(json.loads((work / "results" / "parts" / "tiny-llama.json")
+                                             .read_text()))
+    assert pair.turns == sum(len(json.loads(line)["turns"])
+                             for f in (work / "resources" / "prompts").glob("*.jsonl")
+                             for line in f.read_text().splitlines())
+    jobs = re.finditer(r"rule decode:\n((?:    .*\n)+)", resumed.stdout + resumed.stderr)
+    asked = {re.search(r"decoder=(\w+)", job[1])[1]: int(re.search(r"runtime=(\d+)", job[1])[1])
+             for job in jobs}
+    assert asked, "the resumed run ran no decode job"
+    for decoder, minutes in asked.items():
+        specs = cfg["decode"]["decoder_budgets"].get(decoder, cfg["decode"]["budgets"])
+        budgets = [parse_budget(b, "") for b in specs] if decoder != "ar" else [Fixed(1)]
+        job = decode_work(get_decoder(decoder), budgets, cfg["decode"]["max_new_tokens"],
+                          PoolShape(cfg["pool"]["top_k"], cfg["pool"]["depth"]))
+        assert minutes == decode_minutes(pair, job, 1.5), decoder
     log = (work / "results" / "logs" / "decode" / "tiny-llama" / "T0" / "fts.log")
     assert "fts condition 2: {'matched': 8} -> budget" in log.read_text()
     assert "baseline pearl at 8" in log.read_text()
@@ -483,6 +505,7 @@ def test_the_schemas_defaults_are_the_librarys():
     so that Snakemake fills it in, and must say the same."""
     from targetrows.analysis import stats
     from targetrows.core.pool import PoolShape
+    from targetrows.cost.job_time import decode_minutes
     from targetrows.decoding.config import DecodeConfig
     from targetrows.jobs.decode import DecodeJobSettings
     from targetrows.rowlog.record import RecordConfig
@@ -503,6 +526,7 @@ def test_the_schemas_defaults_are_the_librarys():
         ("pool", "top_k"): pool.top_k, ("pool", "depth"): pool.depth,
         ("decode", "max_new_tokens"): decode.max_new_tokens, ("decode", "seed"): decode.seed,
         ("decode", "batch_size"): DecodeJobSettings(decode).batch_size,
+        ("resources", "runtime_margin"): inspect_default(decode_minutes, "margin"),
         ("record", "stride"): record.stride, ("record", "seed"): record.seed,
         ("record", "max_new_tokens"): record.max_new_tokens,
         ("rerank", "folds"): rerank.folds, ("rerank", "seed"): rerank.seed,

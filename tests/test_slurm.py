@@ -95,20 +95,24 @@ def test_job_resources_come_from_the_config_and_scale_with_the_models(tmp_path):
     assert all("gpu=1" in r for r in res["decode"])  # the pair shares one card by default
     assert all("gpu=1" in r and "mem_mb=4048" in r and "runtime=1920" in r
                for r in res["record_rows"])  # 2000 MB + 2 x 1 GiB of weights
-    assert all("mem_mb=4048" in r and "runtime=960" in r for r in res["decode"])
+    # a decode job's wall time is worked out once its pair's part times are measured
+    assert all("mem_mb=4048" in r and "runtime=<TBD>" in r for r in res["decode"])
+    assert all("gpu=1" in r and "mem_mb=4048" in r and "runtime=30" in r
+               for r in res["part_times"])
     # the replies and the head's training run on the CPU; the replies job holds a batch's cache
     assert all("gpu" not in r and "mem_mb=8048" in r for r in res["target_replies"])
     assert all("gpu" not in r and "mem_mb=4048" in r for r in res["train_eagle3"])
     res = dry_run_resources(work, "resources: {gpus_per_job: 0, mem_mb: {decode: 3000}, "
                                   "runtime: {decode: 7}}")
     assert all("gpu=0" in r and "mem_mb=3000" in r and "runtime=7" in r for r in res["decode"])
+    assert "part_times" not in res  # a fixed wall time needs no timing
     assert all("gpu=0" in r for r in res["record_rows"])
     res = dry_run_resources(work, "resources: {gpus_per_job: 1}")
     assert all("gpu=1" in r for r in res["decode"])
     # under the SLURM profile, command-line resources add to the config's instead of replacing
     res = dry_run_resources(work, "{}", "--workflow-profile", str(PROFILE), "--set-resources",
                             "decode:gpu=0", "--default-resources", "slurm_account=lab")
-    assert all("gpu=0" in r and "runtime=960" in r and "mem_mb=4048" in r and
+    assert all("gpu=0" in r and "runtime=<TBD>" in r and "mem_mb=4048" in r and
                "slurm_account=lab" in r for r in res["decode"])
     assert all("gpu=1" in r and "runtime=1920" in r for r in res["record_rows"])
 

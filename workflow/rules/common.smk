@@ -1,4 +1,5 @@
 # Helpers shared by the rules: config validation, paths, and the lists of files `all` asks for.
+import json
 import re
 from pathlib import Path
 
@@ -6,6 +7,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from targetrows.core.pool import PoolShape
+from targetrows.cost.job_time import MeasuredPair, decode_minutes, decode_work
 from targetrows.decoding.budget import Fixed, Matched, parse_budget
 from targetrows.decoding.registry import DECODERS, RULES, decoder_names
 from targetrows.pipeline.placement import Placement, model_weights_gb, place
@@ -305,6 +307,8 @@ def decode_inputs(wildcards):
     }
     if DECODERS[wildcards.decoder].needs_draft:
         inputs["draft"] = model_dir(DRAFT_OF[wildcards.target])
+    if runtime_from_parts():  # the job's wall-time request is worked out from them
+        inputs["parts"] = f"results/parts/{wildcards.target}.json"
     if DECODERS[wildcards.decoder].learned:
         inputs["reranker"] = reranker_files(wildcards, [DECODERS[wildcards.decoder].rule])
     if matched_at(wildcards.decoder):
@@ -471,6 +475,38 @@ def job_mem_mb(rulename, models=()):
 def job_runtime(rulename):
     """Minutes a job may run: resources.runtime.<rule> (its defaults are the schema's)."""
     return config["resources"]["runtime"][rulename]
+
+
+def runtime_from_parts():
+    """Whether decode jobs ask for a wall time worked out from their pair's part times."""
+    return config["resources"]["runtime"]["decode"] == "auto"
+
+
+def timed_budgets():
+    """The largest tree of each budget condition any decoder runs (a fixed budget, or the
+    baseline budget a matched cap matches): the part-times job times passes up to them."""
+    budgets = {
+        b.nodes if isinstance(b, Fixed) else b.at
+        for d in config["decode"]["decoders"]
+        for b in decode_budgets(d)
+        if isinstance(b, Fixed | Matched)
+    }
+    return sorted(budgets)
+
+
+def decode_runtime(wildcards, input):
+    """Minutes a decode job asks for: resources.runtime.decode, or under auto the bound worked
+    out from its target's part times (targetrows.cost.job_time), read once they are measured."""
+    if not runtime_from_parts():
+        return config["resources"]["runtime"]["decode"]
+    pair = MeasuredPair.from_json(json.loads(Path(input.parts).read_text()))
+    work = decode_work(
+        DECODERS[wildcards.decoder],
+        decode_budgets(wildcards.decoder),
+        config["decode"]["max_new_tokens"],
+        PoolShape(config["pool"]["top_k"], config["pool"]["depth"]),
+    )
+    return decode_minutes(pair, work, config["resources"]["runtime_margin"])
 
 
 def gpu_request(n):

@@ -22,7 +22,7 @@ rule decode:
     resources:
         gpu=lambda w: gpu_request(placement_for(w.target, w.decoder, config["decode"]["dtype"]).gpus),
         mem_mb=lambda w, input: job_mem_mb("decode", [input.target, *decode_drafts(input)]),
-        runtime=job_runtime("decode"),
+        runtime=decode_runtime,
     params:
         budgets=lambda w: decode_budgets(w.decoder),
         max_new_tokens=config["decode"]["max_new_tokens"],

@@ -11,8 +11,13 @@ import argparse
 import importlib
 import signal
 import sys
+import time
 
 from .common import UsageError
+
+# when the command started (`python -m targetrows.cli` imports this module first): what a job
+# spends before its work, imports and loading included, is measured from here
+STARTED = time.perf_counter()
 
 # name -> (module, one-line help)
 COMMANDS = {
@@ -33,6 +38,8 @@ COMMANDS = {
     "bench": ("targetrows.cli.bench", "time the decoders against Hugging Face generation"),
     "drift": ("targetrows.cli.drift", "where greedy decoders' answers part from ar's, and "
               "whether rounding explains it"),
+    "part-times": ("targetrows.cli.part_times", "time a pair's passes on this machine (what the "
+                   "pipeline asks a cluster for)"),
 }
 
 

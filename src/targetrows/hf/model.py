@@ -358,11 +358,10 @@ class HFModel(TorchRows):
         # pass that may run beside drafting only extends it: read them without waiting for
         # that pass (its lock, its stream).
         prefix, held = self._prefix, self._features
-        if (held is not None and len(held) >= end and len(prefix) >= end
-                and np.array_equal(prefix[:end], ctx)):
+        if held is not None and len(held) >= end and _starts_with(prefix, ctx):
             return _read_rows(held, start, end)
         with self._lock:
-            if not (len(self._prefix) >= end and np.array_equal(self._prefix[:end], ctx)) and end:
+            if end and not _starts_with(self._prefix, ctx):
                 self._logits(ctx, Tree.root_only(int(ctx[-1])), [0])
                 self.commit(ctx)
             if self._features is None:  # nothing fed yet, nothing asked for
@@ -431,6 +430,10 @@ class HFModel(TorchRows):
                     self._features = feats[:end]
             self._prefix = ctx[:end].copy()
         self._drop_tree()
+
+
+def _starts_with(prefix: np.ndarray, ctx: np.ndarray) -> bool:
+    return len(prefix) >= len(ctx) and np.array_equal(prefix[: len(ctx)], ctx)
 
 
 def _read_rows(features: torch.Tensor, start: int, end: int) -> torch.Tensor:

@@ -1,0 +1,195 @@
+"""How long a decode job may run, from part times measured on the machine that runs it: the wall
+time the pipeline asks a cluster for (SLURM `runtime`) before the job starts.
+
+A job decodes every prompt turn once per budget condition. Each round commits at least one
+token, so a turn takes at most its prompt's prefill plus `max_new_tokens` rounds, each as dear
+as a round of its decoder can be:
+- the verify pass over the largest tree the job runs (its budget plus the root or t0);
+- the root pass beside or before it (a decoder with one: `Decoder.root_pass`);
+- every level of the draft's pool, each a pass as wide as a level can be (`top_k`), and one
+  more for the tokens an EAGLE-3 head feeds again;
+- what a round costs beyond its passes, measured on `ar`'s rounds.
+An `auto` condition first calibrates (passes timed, rows at 8 contexts), counted as one more
+condition. That bound, plus a job's start (imports, loading the models), times a margin, is
+the request: the margin covers what a job does besides (reading prompts, writing answers,
+the first passes' warm-up) and a machine slower than the one timed.
+
+Asking for the bound, not for the expected time, keeps a job from being killed at its limit:
+speculation commits several tokens a round when the draft agrees, and the bound does not count
+on it. For `ar` the bound is the job's own time; for a tree decoder it is several times more
+(docs/measurements.md, "Wall-time requests"), which a scheduler turns into a longer wait in
+its queue, not a failed job.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from targetrows.core.pool import PoolShape
+from targetrows.decoding.budget import Auto, Budget, Fixed, Matched
+from targetrows.decoding.config import DecodeConfig
+from targetrows.decoding.loop import generate
+from targetrows.decoding.registry import Decoder
+
+from .parttimes import (
+    PartTimes,
+    PassCurve,
+    mean_context_len,
+    measure_parts,
+    target_sizes_for,
+    time_prompt_pass,
+    timing_context,
+)
+from .rounds import DEFAULT_BUDGETS
+
+PREFILL_ROWS_K = 8  # the dearest first pass: RACER's, which reads the top-8 of every prompt row
+
+
+@dataclass(frozen=True)
+class MeasuredPair:
+    """What `targetrows part-times` measures for a pair and its prompts on one machine: its part
+    times at the runs' mean context, the prefill of the longest prompt a turn may have, the
+    prompt turns, and loading both models."""
+
+    parts: PartTimes
+    prefill_s: float  # one pass over `longest_turn` tokens from an empty cache
+    longest_turn: int  # tokens of the longest prompt a turn may have (later turns: answers too)
+    turns: int  # prompt turns over every prompts file (a two-turn question counts twice)
+    load_s: float  # a job's start: its imports and loading the target and the draft
+    # what a round costs beyond its passes (draws and their reads, checks, the loop's own
+    # work): measured on ar's rounds, one pass each
+    round_overhead_s: float = 0.0
+
+    def to_json(self) -> dict:
+        return {"parts": _parts_json(self.parts), "prefill_s": self.prefill_s,
+                "longest_turn": self.longest_turn, "turns": self.turns, "load_s": self.load_s,
+                "round_overhead_s": self.round_overhead_s}
+
+    @classmethod
+    def from_json(cls, doc: dict) -> MeasuredPair:
+        return cls(_parts_from(doc["parts"]), float(doc["prefill_s"]), int(doc["longest_turn"]),
+                   int(doc["turns"]), float(doc["load_s"]), float(doc["round_overhead_s"]))
+
+
+@dataclass(frozen=True)
+class DecodeWork:
+    """What one decode job runs: its decoder at each budget condition over every prompt turn,
+    `max_new_tokens` each, from a pool of `depth` levels of up to `top_k` nodes."""
+
+    decoder: Decoder
+    max_new_tokens: int
+    budgets: tuple[int, ...] = ()  # the fixed budgets (none for a decoder without a tree)
+    auto: bool = False  # one condition is `auto` (at most the largest candidate budget)
+    top_k: int = 10
+    depth: int = 6
+
+    @property
+    def conditions(self) -> int:
+        """Conditions decoded, the `auto` one's calibration counted as one more."""
+        return max(1, len(self.budgets) + 2 * self.auto)
+
+    @property
+    def largest_budget(self) -> int:
+        return max(self.budgets + (tuple(DEFAULT_BUDGETS) if self.auto else ()), default=0)
+
+
+def decode_work(decoder: Decoder, budgets: Sequence[Budget], max_new_tokens: int,
+                pool: PoolShape) -> DecodeWork:
+    """A decode job's `DecodeWork` from its budget conditions: a matched cap is at most the
+    baseline budget it matches."""
+    fixed = tuple(b.nodes if isinstance(b, Fixed) else b.at for b in budgets
+                  if isinstance(b, Fixed | Matched)) if decoder.drafts else ()
+    return DecodeWork(decoder, int(max_new_tokens), fixed,
+                      decoder.drafts and any(isinstance(b, Auto) for b in budgets),
+                      pool.top_k, pool.depth)
+
+
+def worst_round_s(pair: MeasuredPair, work: DecodeWork) -> float:
+    """The dearest round `work` can have: the verify pass over its largest tree and t0 or the
+    root, the root pass, every pool level at full width and one more where an EAGLE-3 head
+    feeds the committed tokens again, and a round's own overhead."""
+    d, parts = work.decoder, pair.parts
+    seconds = pair.round_overhead_s + float(parts.target(work.largest_budget + 1 if d.drafts
+                                                         else 1))
+    if d.root_pass:
+        seconds += float(parts.target(1))
+    if d.needs_draft:
+        if parts.draft is None:
+            raise ValueError(f"{d.name} drafts, but the part times hold no draft passes")
+        levels = work.depth + (1 if parts.draft_refeeds else 0)
+        seconds += levels * float(parts.draft(max(work.top_k, 2)))
+    return seconds
+
+
+def decode_seconds(pair: MeasuredPair, work: DecodeWork) -> float:
+    """The bound on the job's decoding (the module docstring), loading left out: every condition
+    over every turn, each turn a prefill of the longest prompt and one token per round."""
+    turn = pair.prefill_s + work.max_new_tokens * worst_round_s(pair, work)
+    return work.conditions * pair.turns * turn
+
+
+def decode_minutes(pair: MeasuredPair, work: DecodeWork, margin: float = 1.5,
+                   least: int = 10) -> int:
+    """Minutes to ask for: `margin` times the bound plus the load, and at least `least`."""
+    if margin < 1:
+        raise ValueError(f"a runtime margin of {margin} asks for less than the bound; use >= 1")
+    seconds = margin * (decode_seconds(pair, work) + pair.load_s)
+    return max(least, math.ceil(seconds / 60))
+
+
+def measure_pair(target, draft, prompts: Sequence[Sequence[int]], turns: int, longest_turn: int,
+                 max_new_tokens: int, budgets: Sequence[int], top_k: int, load_s: float,
+                 repeats: int = 3) -> MeasuredPair:
+    """Time what a decode job's rounds are made of on this machine: target passes up to the
+    largest budget (and `auto`'s candidates) and draft passes up to `top_k` wide, at the mean
+    context of runs from `prompts` (first turns, token ids); and the prefill of `longest_turn`
+    tokens by the target (the dearest first pass, RACER's) and the draft."""
+    lens = [len(p) for p in prompts]
+    context = timing_context(prompts, mean_context_len(lens, max_new_tokens))
+    sizes = target_sizes_for([*budgets, *DEFAULT_BUDGETS])
+    draft_sizes = sorted({1, 2, max(top_k, 2)}) if draft is not None else ()
+    parts = measure_parts(target, draft, context, sizes, draft_sizes, repeats)
+    longest = timing_context(prompts, longest_turn)
+    prefill = time_prompt_pass(target, longest, repeats, rows_k=PREFILL_ROWS_K)
+    prefill += float(parts.target(1))
+    if draft is not None:
+        prefill += time_prompt_pass(draft, longest, repeats) + float(parts.draft(1))
+    return MeasuredPair(parts, prefill, int(longest_turn), int(turns), float(load_s),
+                        round_overhead(target, prompts[0], parts))
+
+
+def round_overhead(target, prompt: Sequence[int], parts: PartTimes, rounds: int = 16) -> float:
+    """Median seconds of an `ar` round beyond its one-token pass (`parts.target(1)`), over
+    `rounds` rounds after a warm-up decode (its first round, the prefill, left out)."""
+    config = DecodeConfig("ar", max_new_tokens=rounds + 1)
+    generate(target, None, list(prompt), config)
+    result = generate(target, None, list(prompt), config)
+    t_round = [r.t_round for r in result.rounds[1:]]
+    return max(0.0, float(np.median(t_round)) - float(parts.target(1))) if t_round else 0.0
+
+
+# -- JSON ----------------------------------------------------------------------------------------
+
+
+def _curve_json(curve: PassCurve | None) -> dict | None:
+    return None if curve is None else {"sizes": list(curve.sizes), "seconds": list(curve.seconds)}
+
+
+def _curve_from(doc: dict | None) -> PassCurve | None:
+    return None if doc is None else PassCurve(tuple(doc["sizes"]), tuple(doc["seconds"]))
+
+
+def _parts_json(parts: PartTimes) -> dict:
+    return {"target": _curve_json(parts.target), "draft": _curve_json(parts.draft),
+            "context_len": parts.context_len, "draft_refeeds": parts.draft_refeeds,
+            "longer": None if parts.longer is None else _parts_json(parts.longer)}
+
+
+def _parts_from(doc: dict) -> PartTimes:
+    return PartTimes(_curve_from(doc["target"]), _curve_from(doc["draft"]),
+                     int(doc["context_len"]), bool(doc["draft_refeeds"]),
+                     None if doc.get("longer") is None else _parts_from(doc["longer"]))

@@ -1,0 +1,110 @@
+"""A decode job's wall-time request (`targetrows.cost.job_time`): the bound of one token per
+round, each round as dear as its decoder's can be, worked out here pass by pass."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from targetrows.core.pool import PoolShape
+from targetrows.cost.job_time import (
+    DecodeWork,
+    MeasuredPair,
+    decode_minutes,
+    decode_seconds,
+    decode_work,
+)
+from targetrows.cost.parttimes import PartTimes, PassCurve
+from targetrows.cost.rounds import DEFAULT_BUDGETS
+from targetrows.decoding.budget import Auto, Fixed, Matched
+from targetrows.decoding.registry import get_decoder
+
+# a target pass costs 10 ms + 1 ms per fed token, a draft pass 2 ms + 0.5 ms per token
+TARGET = PassCurve((1, 2, 200), (0.011, 0.012, 0.210))
+DRAFT = PassCurve((1, 2, 20), (0.0025, 0.003, 0.012))
+OVER = 0.0015  # a round's own work besides its passes
+PAIR = MeasuredPair(PartTimes(TARGET, DRAFT, 100, draft_refeeds=True), prefill_s=0.5,
+                    longest_turn=300, turns=14, load_s=30.0, round_overhead_s=OVER)
+POOL = PoolShape(top_k=10, depth=6)
+
+
+def target_s(n):
+    return 0.010 + 0.001 * n
+
+
+def draft_s(n):
+    return 0.002 + 0.0005 * n
+
+
+def test_each_decoder_is_bounded_by_its_dearest_rounds_pass_by_pass():
+    new = 32
+    # ar: a one-token step per token
+    ar = decode_work(get_decoder("ar"), [Fixed(1)], new, POOL)
+    assert decode_seconds(PAIR, ar) == pytest.approx(14 * (0.5 + new * (OVER + target_s(1))))
+    # fts at 16 and auto: three conditions (auto's calibration one more), every round at
+    # auto's largest candidate: verify of the tree and t0, root pass, 6 levels 10 wide and
+    # the head's refeed
+    fts = decode_work(get_decoder("fts"), [Fixed(16), Auto()], new, POOL)
+    assert fts.conditions == 3
+    largest = max(DEFAULT_BUDGETS)
+    round_s = OVER + target_s(largest + 1) + target_s(1) + 7 * draft_s(10)
+    assert decode_seconds(PAIR, fts) == pytest.approx(3 * 14 * (0.5 + new * round_s))
+    # draft_rank verifies the root with its tree and has no root pass
+    rank = decode_work(get_decoder("draft_rank"), [Fixed(8)], new, POOL)
+    assert decode_seconds(PAIR, rank) == pytest.approx(
+        14 * (0.5 + new * (OVER + target_s(9) + 7 * draft_s(10))))
+    # racer drafts nothing: its tree comes from the target's rows
+    racer = decode_work(get_decoder("racer"), [Fixed(8)], new, POOL)
+    assert decode_seconds(PAIR, racer) == pytest.approx(14 * (0.5 + new * (OVER + target_s(9))))
+
+
+def test_conditions_come_from_the_budgets_a_job_runs():
+    fts = get_decoder("fts")
+    work = decode_work(fts, [Fixed(16), Matched(59), Auto()], 8, POOL)
+    assert (work.budgets, work.auto, work.conditions) == ((16, 59), True, 4)
+    assert decode_work(get_decoder("ar"), [Fixed(1)], 8, POOL).budgets == ()
+    assert DecodeWork(fts, 8, (3,)).largest_budget == 3
+
+
+def test_the_request_is_the_margin_times_bound_and_load_in_whole_minutes():
+    work = decode_work(get_decoder("pearl"), [Fixed(59), Fixed(8)], 512, POOL)
+    seconds = decode_seconds(PAIR, work) + PAIR.load_s
+    assert seconds > 1000  # above the floor
+    assert decode_minutes(PAIR, work, margin=1.5) == math.ceil(1.5 * seconds / 60)
+    assert decode_minutes(PAIR, work, margin=1.0) == math.ceil(seconds / 60)
+    assert decode_minutes(PAIR, work, margin=1.0, least=10_000) == 10_000
+    with pytest.raises(ValueError, match="margin of 0.5"):
+        decode_minutes(PAIR, work, margin=0.5)
+
+
+def test_measured_part_times_read_back_as_written():
+    longer = PartTimes(TARGET, None, 400)
+    pair = MeasuredPair(PartTimes(TARGET, DRAFT, 100, True, longer), 0.25, 90, 3, 4.0, 0.002)
+    assert MeasuredPair.from_json(json.loads(json.dumps(pair.to_json()))) == pair
+
+
+def test_part_times_command_times_a_pair_and_counts_the_turns(tmp_path):
+    pytest.importorskip("torch")
+    from tiny_models import save_tiny_pair
+
+    from targetrows.cli import main
+
+    target, draft = save_tiny_pair(tmp_path, "llama")
+    prompts = tmp_path / "q.jsonl"
+    prompts.write_text("".join(json.dumps(q) + "\n" for q in [
+        {"question_id": 1, "category": "mt_bench", "turns": ["hi there", "and then?"]},
+        {"question_id": 2, "category": "mt_bench", "turns": ["count to ten"]}]))
+    out = tmp_path / "parts.json"
+    assert main(["part-times", "--target", target, "--draft", draft, "--dtype", "float32",
+                 "--prompts", str(prompts), "--max-new-tokens", "20", "--budgets", "6",
+                 "--top-k", "4", "--repeats", "1", "--out", str(out)]) == 0
+    pair = MeasuredPair.from_json(json.loads(out.read_text()))
+    assert pair.turns == 3
+    assert pair.longest_turn > 20  # the second turn's prompt holds a 20-token answer
+    assert pair.parts.target.sizes[-1] == max(DEFAULT_BUDGETS) + 1 and 7 in pair.parts.target.sizes
+    assert 4 in pair.parts.draft.sizes and pair.parts.draft_refeeds is False
+    assert pair.prefill_s > 0 and pair.load_s > 0 and pair.round_overhead_s >= 0
+    assert main(["part-times", "--target", target, "--prompts", str(prompts), "--budgets", "0",
+                 "--out", str(out)]) == 2
