@@ -9,6 +9,7 @@ from rerankers import decode_config
 from targetrows.core.pool import PoolShape
 from targetrows.core.toy import ToyPair
 from targetrows.decoding.loop import generate
+from targetrows.decoding.registry import decoder_names, get_decoder
 
 
 class RecordingStream:
@@ -64,7 +65,8 @@ def _run(decoder, overlap):
     return generate(target, draft, [1, 2], cfg).tokens, events
 
 
-@pytest.mark.parametrize("decoder", ["rerank", "fts", "pearl", "fts_redraft"])
+@pytest.mark.parametrize("decoder", [n for n in decoder_names(learned=False)
+                                     if get_decoder(n).root_pass])
 def test_the_root_pass_runs_on_the_side_stream_and_is_joined_before_the_target_runs_again(
         decoder):
     tokens, events = _run(decoder, overlap=True)

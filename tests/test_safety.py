@@ -266,9 +266,10 @@ def test_pipeline_runs_a_models_code_only_when_its_config_allows(tmp_path):
                                str(work), "--cores", "1", "--configfile", config],
                               capture_output=True, text=True, timeout=300, env=env)
         log = work / "results/logs/decode/custom/T0/draft_rank.log"
-        if not trust:
+        if not trust:  # the first job to load the pair, the part-times job, refuses
+            first = work / "results/logs/parts/custom.log"
             assert proc.returncode != 0 and not marker.exists()
-            assert "trust_remote_code: true" in log.read_text(), log.read_text()[-2000:]
+            assert "trust_remote_code: true" in first.read_text(), first.read_text()[-2000:]
             assert not (work / out).exists()
         else:
             assert proc.returncode == 0, proc.stderr[-3000:] + log.read_text()[-2000:]

@@ -147,9 +147,10 @@ def dag_config() -> dict:
     return {**cfg, **small, "decode": {**cfg["decode"], **small["decode"]}}
 
 
-def snakemake_slurm(work: Path, env: dict, *extra: str) -> subprocess.Popen:
-    """The command of config/README.md "On a cluster", on the test configuration."""
-    (work / "small_dag.yaml").write_text(SMALL_DAG)
+def snakemake_slurm(work: Path, env: dict, *extra: str, config: str = "") -> subprocess.Popen:
+    """The command of config/README.md "On a cluster", on the test configuration (and
+    `config`, YAML, over it)."""
+    (work / "small_dag.yaml").write_text(SMALL_DAG + config)
     argv = [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--directory", str(work),
             "--workflow-profile", str(PROFILE), "--configfile", str(CONFIG),
             str(work / "small_dag.yaml"), *extra]
@@ -237,7 +238,10 @@ def test_tiny_dag_on_slurm(cluster, tmp_path):
     # the documented command; status checks start sooner than the plugin's 40 s default
     extra = ["--slurm-init-seconds-before-status-checks", "2", "--seconds-between-status-checks",
              "3"] + ([] if accounting else ["--slurm-status-command", "squeue"])
-    proc = snakemake_slurm(work, env, *extra)
+    # with accounting, decode jobs ask for wall times worked out from a part-times job; without,
+    # for a fixed one (the answers are the same either way)
+    fixed = "" if accounting else "resources: {runtime: {decode: 20}}\n"
+    proc = snakemake_slurm(work, env, *extra, config=fixed)
     cancelled: dict[Path, list[str]] = {}  # answers file -> .partial lines when its job died
     if not accounting:  # (with sacct, plugin 2.8.0 waits forever for a job scancel ended:
         cancel_mid_decode(work, env, proc, cancelled)  # docs/cluster.md, "Restarting")
@@ -263,6 +267,11 @@ def test_tiny_dag_on_slurm(cluster, tmp_path):
                                text=True, env=env, check=True).stdout
         assert sacct.count("COMPLETED") >= len(cfg["temperatures"]) * len(
             cfg["decode"]["decoders"]), sacct  # one decode job per temperature and decoder
+        # SLURM's time limits: the part-times job's 30 minutes, and the decode jobs' worked
+        # out from its measurement (the tiny pair's bound is far below the 10-minute floor)
+        limits = subprocess.run(["sacct", "-X", "-n", "-o", "Timelimit"], capture_output=True,
+                                text=True, env=env, check=True).stdout.split()
+        assert "00:30:00" in limits and "00:10:00" in limits, limits
     else:
         assert cancelled, "no decode job was caught mid-run"
         assert "SLURM status is: 'CANCELLED'" in (work / "snakemake.log").read_text()

@@ -53,7 +53,7 @@ PREFILL_ROWS_K = 8  # the dearest first pass: RACER's, which reads the top-8 of 
 class MeasuredPair:
     """What `targetrows part-times` measures for a pair and its prompts on one machine: its part
     times at the runs' mean context, the prefill of the longest prompt a turn may have, the
-    prompt turns, and loading both models."""
+    prompt turns, a job's start and a round's overhead."""
 
     parts: PartTimes
     prefill_s: float  # one pass over `longest_turn` tokens from an empty cache
