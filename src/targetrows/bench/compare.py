@@ -107,8 +107,8 @@ def format_table(rows: list[dict]) -> str:
 def lossless_report(target, prompt_ids, results, batch_size: int = 1) -> tuple[int, list[str]]:
     """(exit status, lines) of the temperature-0 check against `ar`: 0 when every decoder
     reproduced ar's tokens or parted from them only at a near-tie (`drift.explain_parting`: the
-    target's two best logits closer there than rounding between pass shapes, batched ones at
-    `batch_size` above 1, can move them); 1 otherwise."""
+    target's logits of the two tokens closer there than rounding between pass shapes, batched
+    ones at `batch_size` above 1, can move them); 1 otherwise."""
     status, lines = 0, []
     reference = results["ar"].tokens
     for name, res in results.items():
