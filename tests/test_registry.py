@@ -45,7 +45,7 @@ def test_config_schema_enums_equal_the_registry():
 def test_every_decoder_names_a_registered_rule_and_baseline():
     for d in DECODERS.values():
         assert d.rule is None or d.rule in RULES
-        assert d.baseline is None or d.baseline in DECODERS
+        assert all(b in DECODERS and b != d.name for b in d.baselines)
     for r in RULES.values():
         assert all(b in RULES for b in r.baselines)
 

@@ -37,3 +37,14 @@ def ordered(frame: pd.DataFrame, column: str, order) -> pd.DataFrame:
     """`frame` with `column` as an ordered category (see `in_order`)."""
     cats = in_order(frame[column], order)
     return frame.assign(**{column: pd.Categorical(frame[column], categories=cats, ordered=True)})
+
+
+def with_interval(frame: pd.DataFrame, value: str, lo: str, hi: str, fmt: str) -> list[str]:
+    """'1.23 [1.10, 1.35]' per row; the value alone where there is no interval (one prompt)."""
+    out = []
+    for v, a, b in zip(frame[value], frame[lo], frame[hi], strict=True):
+        text = fmt.format(v) if np.isfinite(v) else "n/a"
+        if np.isfinite(a) and np.isfinite(b):
+            text += f" [{fmt.format(a)}, {fmt.format(b)}]"
+        out.append(text)
+    return out

@@ -4,7 +4,9 @@ conditions each decoder ran (a `matched` budget resolved in one place), and the 
 `summarise` gives one row per pair x task x temperature x decoder x condition x prompt (a
 condition: a budget and pool depth); columns: pair, task, temperature, decoder, budget, depth,
 prompt_id, new_tokens, wall_time (seconds, all turns), rounds, committed, accepted (accepted
-draft tokens), nodes (non-root nodes verified), target_passes, draft_passes.
+draft tokens), nodes (non-root nodes verified), target_passes, draft_passes, and how the run
+drafted: draft_kind (eagle3, standalone or none) and overlap (the root pass ran alongside
+drafting); those two are empty for answers written before they were recorded.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from . import stats
 
 ROUND_SUMS = ["committed", "accepted", "nodes", "target_passes", "draft_passes"]
 RUN = ["pair", "temperature", "decoder", "budget", "depth"]  # what identifies one online run
+SETUP = ["draft_kind", "overlap"]  # how a run drafted: the same for every answer of a run
 
 
 def answer_rows(path: str) -> list[dict]:
@@ -40,6 +43,7 @@ def answer_rows(path: str) -> list[dict]:
                     "new_tokens": int(sum(choice["new_tokens"])),
                     "wall_time": float(sum(choice["wall_time"])),
                     "rounds": len(rounds.get("committed", [])),
+                    "draft_kind": rec.get("draft_kind"), "overlap": rec.get("overlap"),
                 }
                 row.update({k: float(sum(rounds.get(k, []))) for k in ROUND_SUMS})
             except (KeyError, TypeError, IndexError) as err:
@@ -135,6 +139,8 @@ def online(decoding: pd.DataFrame, plan: pd.DataFrame, n_boot: int = 2000,
         "new_tokens": s["new_tokens"],
         "prompts": g.size(),
     }).reset_index()
+    setup = with_setup(decoding).groupby(RUN)[SETUP].first().reset_index()
+    table = table.merge(setup, on=RUN, how="left")
     ar = table[table["decoder"] == "ar"].set_index(["pair", "temperature"])["tokens_per_s"]
     at = pd.MultiIndex.from_frame(table[["pair", "temperature"]])
     table["speedup"] = table["tokens_per_s"].to_numpy() / ar.reindex(at).to_numpy()
@@ -179,8 +185,14 @@ METRICS = {"accepted": "accepted draft tokens per round",
            "tokens_per_s": "tokens/s"}
 
 
+def with_setup(decoding: pd.DataFrame) -> pd.DataFrame:
+    """`decoding` with the `SETUP` columns, empty where a summary lacks them."""
+    return decoding.assign(**{k: None for k in SETUP if k not in decoding.columns})
+
+
 def per_prompt(decoding: pd.DataFrame) -> pd.DataFrame:
     """Each run's per-prompt values of the compared metrics (a prompt: task and question)."""
+    decoding = with_setup(decoding)
     return decoding.assign(
         prompt=decoding["task"] + "/" + decoding["prompt_id"].astype(str),
         accepted_pr=decoding["accepted"] / decoding["rounds"],
@@ -190,17 +202,18 @@ def per_prompt(decoding: pd.DataFrame) -> pd.DataFrame:
 
 
 def online_gains(decoding: pd.DataFrame, plan: pd.DataFrame, n_boot: int, seed: int):
-    """Each decoder over its baseline, condition by condition: a condition is compared with the
-    baseline's run at its `baseline_budget` and `baseline_depth` (the same budget, the budget a
-    matched cap was matched at, or the baseline's own auto choice); and each of our decoders
-    over each prior-art decoder that ran (`against_prior_art`). Per metric (`METRICS`), the
-    ratio of per-prompt values summed over prompts minus 1, with a 95% bootstrap interval
-    resampled by prompt; `n_undefined` counts the replicates whose baseline total was zero
-    (dropped from the interval)."""
+    """Each decoder over its baselines, condition by condition: over its first baseline at the
+    condition's `baseline_budget` and `baseline_depth` (the same budget, the budget a matched cap
+    was matched at, or the baseline's own auto choice), and over each further baseline and each
+    prior-art decoder that ran at the same budget (`further_comparisons`). Per metric
+    (`METRICS`), the ratio of per-prompt values summed over prompts minus 1, with a 95%
+    bootstrap interval resampled by prompt; `n_undefined` counts the replicates whose baseline
+    total was zero (dropped from the interval). Each row also says how the decoder's run drafted
+    (`SETUP`: draft_kind, overlap)."""
     runs = per_prompt(decoding[decoding["rounds"] > 0])
     values = {"accepted": "accepted_pr", "nodes": "nodes_pr", "tokens_per_s": "tokens_per_s"}
     out = []
-    plan = pd.concat([plan, against_prior_art(plan)], ignore_index=True)
+    plan = pd.concat([plan, further_comparisons(plan)], ignore_index=True)
     compared = plan[plan["baseline"].notna() & plan["baseline"].isin(runs["decoder"])
                     & plan["baseline_budget"].notna()]
     for row in compared.itertuples(index=False):
@@ -212,6 +225,7 @@ def online_gains(decoding: pd.DataFrame, plan: pd.DataFrame, n_boot: int, seed: 
         both = a.merge(b, on="prompt", suffixes=("", "_base"))
         if both.empty:
             continue
+        setup = {k: a[k].dropna().iloc[0] if a[k].notna().any() else None for k in SETUP}
         for metric, col in values.items():
             table = {
                 "pair": np.full(2 * len(both), row.pair, dtype=object),
@@ -231,7 +245,7 @@ def online_gains(decoding: pd.DataFrame, plan: pd.DataFrame, n_boot: int, seed: 
                 "condition": row.condition, "budget": row.budget, "depth": row.depth,
                 "auto": row.auto, "matched": row.matched, "baseline": row.baseline,
                 "baseline_budget": int(row.baseline_budget),
-                "baseline_depth": int(row.baseline_depth), "metric": metric,
+                "baseline_depth": int(row.baseline_depth), **setup, "metric": metric,
                 "value": float(both[col].mean()), "baseline_value": float(both[col + "_base"].mean()),
                 "gain": float(g["gain"][0]), "lo": float(g["lo"][0]), "hi": float(g["hi"][0]),
                 "n_undefined": int(g["n_undefined"][0]), "n_prompts": int(g["n_prompts"][0]),
@@ -239,19 +253,26 @@ def online_gains(decoding: pd.DataFrame, plan: pd.DataFrame, n_boot: int, seed: 
     return pd.DataFrame(out)
 
 
-def against_prior_art(plan: pd.DataFrame) -> pd.DataFrame:
-    """Our decoders' conditions (`Decoder.ours`) once more for each prior-art decoder in the
-    plan (`Decoder.prior_art`), as its baseline: its run at the same budget (a matched cap: the
-    cap it ran at), or for an auto condition the prior-art decoder's own auto pick."""
+def further_comparisons(plan: pd.DataFrame) -> pd.DataFrame:
+    """The conditions once more for each further baseline of their decoder
+    (`Decoder.baselines[1:]`), and our decoders' (`Decoder.ours`) for each prior-art decoder
+    in the plan (`Decoder.prior_art`), as their baseline: its run at the same budget (a matched
+    cap: the cap it ran at), or for an auto condition that decoder's own auto pick."""
     ran = set(plan["decoder"])
     prior = [d for d in prior_art_decoders() if d in ran]
-    ours = plan[[d in DECODERS and DECODERS[d].ours for d in plan["decoder"]]]
-    if not prior or ours.empty:
+    frames = []
+    for name, rows in plan.groupby("decoder", sort=False):
+        entry = DECODERS.get(name)
+        if entry is None:
+            continue
+        others = [b for b in entry.baselines[1:] if b in ran]
+        others += [p for p in prior if entry.ours and p not in entry.baselines]
+        frames += [rows.assign(baseline=b, baseline_budget=rows["budget"]) for b in others]
+    if not frames:
         return plan.iloc[:0]
-    frames = [ours.assign(baseline=p, baseline_budget=ours["budget"]) for p in prior]
     both = pd.concat(frames, ignore_index=True)
-    return _baseline_runs(pd.concat([plan[plan["decoder"].isin(prior)], both],
-                                    ignore_index=True)).iloc[-len(both):]
+    baselines = plan[plan["decoder"].isin(set(both["baseline"]))]
+    return _baseline_runs(pd.concat([baselines, both], ignore_index=True)).iloc[-len(both):]
 
 
 def consistency(acc: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:

@@ -4,7 +4,8 @@ From the row-log score tables, one target x temperature at a time (tasks pooled;
 identified by task and prompt id, the bootstrap's resampling unit):
 
 expected_accepted  expected accepted draft tokens per verify pass by pair, temperature, rule and
-                   budget, with mean non-root nodes and tokens committed per pass.
+                   budget, with mean non-root nodes and tokens committed per pass (t0 included
+                   for the rules that commit it, which the caption names).
 relative_gains     paired gains with 95% bootstrap CIs (`stats.paired_gain`) of each rule over
                    each of its baselines (`Rule.baselines` in the registry), and of each of
                    our rules over each prior-art rule (`Rule.prior_art`: sequoia) and each
@@ -18,12 +19,13 @@ From the online runs (results/summary/online.csv, `targetrows.analysis.online`):
 online             tokens/s, speedup over ar and accepted draft tokens per round (95% CIs by
                    prompt), non-root nodes and tokens committed per round, by decoder and
                    condition (a budget, a matched cap, or the cost model's auto pick).
-online_gain        each decoder over its baseline (`Decoder.baseline`), condition by condition
-                   (a matched cap against the budget it was matched at), and each of our
-                   decoders over each prior-art decoder (`Decoder.prior_art`: sequoia, racer,
-                   recycle) at the same condition: accepted draft tokens per round, non-root
-                   nodes per round and tokens/s, paired by prompt, with 95% CIs and the count
-                   of undefined bootstrap replicates.
+online_gain        each decoder over its baselines (`Decoder.baselines`), condition by
+                   condition (a matched cap against the budget it was matched at), and each of
+                   our decoders over each prior-art decoder (`Decoder.prior_art`: sequoia,
+                   racer, recycle) at the same condition: accepted draft tokens per round,
+                   non-root nodes per round and tokens/s, paired by prompt, with 95% CIs, the
+                   count of undefined bootstrap replicates, and how the run drafted
+                   (draft_kind, overlap).
 consistency        each decoder online against the scored expectation of its rule, same budget.
 
 From the drift rows (results/drift/<target>.csv, `targetrows drift`; `targetrows.analysis.drift`):
@@ -45,7 +47,7 @@ from targetrows.decoding.registry import DECODERS, RULES, draft_free_decoders
 from . import stats
 from .drift import CAPTION as DRIFT_CAPTION
 from .drift import drift_table, read_drift
-from .frames import ordered, tidy, with_ci
+from .frames import in_order, ordered, tidy, with_ci, with_interval
 from .online import METRICS, condition_label, consistency, online, online_gains
 from .output import write_table
 
@@ -94,20 +96,16 @@ def row_log_tables(paths: list[str], n_boot: int, seed: int):
             pd.concat(equal, ignore_index=True) if equal else pd.DataFrame())
 
 
+def _t0_rules(names) -> str:
+    """The rules and decoders among `names` that commit t0, in the registry's order."""
+    known = {**RULES, **DECODERS}
+    return ", ".join(n for n in in_order(names, known)
+                     if n in known and known[n].commits_t0) or "none here"
+
+
 def _commits_t0(name: str) -> bool:
     """A scored rule that commits t0 (a draft-free decoder, scored under its name, does not)."""
     return name in RULES and RULES[name].commits_t0
-
-
-def _with_interval(frame: pd.DataFrame, value: str, lo: str, hi: str, fmt: str) -> list[str]:
-    """'1.23 [1.10, 1.35]' per row; the value alone where there is no interval (one prompt)."""
-    out = []
-    for v, a, b in zip(frame[value], frame[lo], frame[hi], strict=True):
-        text = fmt.format(v) if np.isfinite(v) else "n/a"
-        if np.isfinite(a) and np.isfinite(b):
-            text += f" [{fmt.format(a)}, {fmt.format(b)}]"
-        out.append(text)
-    return out
 
 
 def write_all(score_paths: list[str], decoding: pd.DataFrame, plan: pd.DataFrame, folder: str,
@@ -127,11 +125,18 @@ def write_row_log_tables(score_paths: list[str], folder: str, n_boot: int,
                          seed: int) -> pd.DataFrame:
     """expected_accepted, relative_gains and equal_size; returns expected_accepted's rows."""
     acc, gains, equal = row_log_tables(score_paths, n_boot, seed)
-    shown = ordered(acc, "rule", RULES).pivot_table(
-        index=["pair", "temperature", "budget"], columns="rule", values="accepted",
-        observed=True)
+    counts = {"accepted": "accepted draft tokens", "committed": "tokens committed"}
+    shown = ordered(acc, "rule", RULES).melt(
+        id_vars=["pair", "temperature", "budget", "rule"], value_vars=list(counts),
+        var_name="per_round").replace({"per_round": counts}).pivot_table(
+        index=["pair", "temperature", "budget", "per_round"], columns="rule", values="value",
+        observed=True, sort=False).sort_index(level=["pair", "temperature", "budget"],
+                                             sort_remaining=False)
     write_table(acc, shown, f"{folder}/expected_accepted",
-                "Expected accepted draft tokens per round (row logs; tasks pooled).")
+                "Expected accepted draft tokens and tokens committed per round (row logs; tasks "
+                "pooled). Tokens committed: the accepted draft tokens, the bonus token, and t0 "
+                f"for the rules that commit it ({_t0_rules(acc['rule'])}); so only the accepted "
+                "draft tokens compare a rule that commits t0 with one that does not.")
 
     shown = gains.assign(comparison=gains["rule"] + " / " + gains["baseline"],
                          gain_ci=with_ci(gains))
@@ -150,6 +155,13 @@ def write_row_log_tables(score_paths: list[str], folder: str, n_boot: int,
     return acc
 
 
+def _drafting(run) -> str:
+    """'eagle3', 'standalone, overlap', ... ('' for answers that did not record it)."""
+    kind = run.draft_kind if isinstance(run.draft_kind, str) else ""
+    overlap = run.overlap if isinstance(run.overlap, bool | np.bool_) else False
+    return kind + (", overlap" if overlap else "")
+
+
 def write_online_tables(decoding: pd.DataFrame, plan: pd.DataFrame, folder: str, n_boot: int,
                         seed: int) -> pd.DataFrame:
     """online and online_gain; returns online's rows."""
@@ -158,16 +170,19 @@ def write_online_tables(decoding: pd.DataFrame, plan: pd.DataFrame, folder: str,
         ["pair", "temperature", "decoder", "condition"])
     shown = shown.assign(
         run=[condition_label(r) for r in shown.itertuples(index=False)],
-        speedup=_with_interval(shown, "speedup", "speedup_lo", "speedup_hi", "{:.2f}"),
-        accepted_per_round=_with_interval(shown, "accepted_per_round", "accepted_lo",
+        speedup=with_interval(shown, "speedup", "speedup_lo", "speedup_hi", "{:.2f}"),
+        accepted_per_round=with_interval(shown, "accepted_per_round", "accepted_lo",
                                           "accepted_hi", "{:.2f}"),
-    )[["pair", "temperature", "run", "tokens_per_s", "speedup", "accepted_per_round",
-       "nodes_per_round", "committed_per_round"]]
+        drafting=[_drafting(r) for r in shown.itertuples(index=False)],
+    )[["pair", "temperature", "run", "drafting", "tokens_per_s", "speedup",
+       "accepted_per_round", "nodes_per_round", "committed_per_round"]]
     write_table(table, shown, f"{folder}/online",
                 "Online decoding per decoder and condition (B: budget; auto: the cost model's "
-                "pick of budget B and pool depth d on the machine that ran it): tokens/s, "
-                "speedup over ar and accepted draft tokens per round (95% CI by prompt), "
-                "non-root nodes and committed tokens per round.")
+                "pick of budget B and pool depth d on the machine that ran it; drafting: the "
+                "draft's kind, and 'overlap' where the root pass ran alongside drafting): "
+                "tokens/s, speedup over ar and accepted draft tokens per round (95% CI by "
+                "prompt), non-root nodes and tokens committed per round (accepted, bonus, and "
+                f"t0 for the decoders that commit it: {_t0_rules(table['decoder'])}).")
 
     gain = online_gains(decoding, plan, n_boot, seed)
     if len(gain):

@@ -24,7 +24,7 @@ from targetrows.core.rules.root_pool import draft_rank
 from targetrows.core.tree import Tree
 from targetrows.core.verify import walk
 from targetrows.decoding.config import DecodeConfig
-from targetrows.decoding.model import edge_probs
+from targetrows.decoding.model import edge_probs, overlaps
 from targetrows.decoding.registry import get_rule
 
 from .draft_free import draft_free_curves
@@ -273,9 +273,7 @@ def auto_budget(
         raise ValueError("auto budget needs prompts to time and calibrate on, none of them empty")
     pool = config.pool
     budgets, depths = _candidates(entry, pool, search)
-    overlap = config.overlap
-    if overlap is None:
-        overlap = draft is not None and target.device != draft.device
+    overlap = overlaps(target, draft, config.overlap)
     if context_len is None:
         context_len = mean_context_len([len(p) for p in prompts], config.max_new_tokens)
     if parts is None:

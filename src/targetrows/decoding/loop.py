@@ -26,6 +26,7 @@ from targetrows.core.tree import Tree
 from targetrows.core.verify import walk
 
 from .config import DecodeConfig
+from .model import overlaps
 from .registry import get_rule
 from .round import Round, RoundStats
 
@@ -61,9 +62,7 @@ def generate(
         raise ValueError("the prompt is empty: it needs at least one token")
     if decoder.needs_draft and draft is None:
         raise ValueError(f"decoder {decoder.name!r} needs a draft model")
-    overlap = config.overlap
-    if overlap is None:
-        overlap = draft is not None and target.device is not None and target.device != draft.device
+    overlap = overlaps(target, draft, config.overlap)
     target.reset(config.seed)
     if draft is not None:
         draft.reset(config.seed)

@@ -84,6 +84,23 @@ def synchronize(model: Any) -> None:
         sync()
 
 
+def overlaps(target: Any, draft: Any | None, asked: bool | None = None) -> bool:
+    """Whether a root pass runs alongside drafting: as `asked` (`DecodeConfig.overlap`), or
+    when that is None, when target and draft live on different devices."""
+    if asked is not None:
+        return bool(asked)
+    return draft is not None and target.device is not None and target.device != draft.device
+
+
+def draft_kind(draft: Any | None) -> str:
+    """What drafts, as answers and tables name it: "none" (no draft model), "eagle3" (a head
+    that reads the target's features: a backend says so with ``draft_kind = "eagle3"``) or
+    "standalone" (a model of its own)."""
+    if draft is None:
+        return "none"
+    return getattr(draft, "draft_kind", "standalone")
+
+
 def side_stream(model: Any):
     """Where `model`'s root pass runs beside drafting: a stream of its own on a GPU backend
     (`targetrows.hf.streams.SideStream`), used as ``with stream: ...`` and then

@@ -34,15 +34,20 @@ class Decoder:
     # the selection rule its trees follow; None for ar (no tree) and the draft-free decoders
     # (their trees come from their state, not from a draft's pool)
     rule: str | None
-    # the decoder it is compared with online; a matched cap ({matched: X} in the config) is
-    # the budget whose trees are as large as the baseline's at X
-    baseline: str | None = None
+    # the decoders it is compared with online, condition by condition; a matched cap
+    # ({matched: X} in the config) is the budget whose trees are as large as the first one's at X
+    baselines: tuple[str, ...] = ()
     planner: Callable | None = None  # plan(Round) -> Plan; None: its rule's kind of tree's
     # a draft-free decoder's state across rounds, made once per decode:
     # new_state(vocab_size, DecodeConfig) -> targetrows.core.recycle.Recycler
     new_state: Callable | None = None
     # a published method ours are compared with in the tables (docs/prior-art.md)
     prior_art: bool = False
+
+    @property
+    def baseline(self) -> str | None:
+        """The baseline a matched cap matches its trees to (the first of `baselines`)."""
+        return self.baselines[0] if self.baselines else None
 
     @property
     def plan(self) -> Callable:
@@ -199,19 +204,21 @@ for _rule in (root_pool.draft_rank, root_pool.target_rerank, root_pool.stale_rer
 for _decoder in (
     Decoder("ar", "the target alone, one token per pass", None, planner=planners.plan_ar),
     Decoder("draft_rank", "EAGLE-2 dynamic tree", "draft_rank"),
-    Decoder("rerank", "first-level branches re-scored by the root row", "target_rerank"),
+    Decoder("rerank", "first-level branches re-scored by the root row", "target_rerank",
+            baselines=("draft_rank",)),
     Decoder("fts", "first-token sampling: t0 from the root row, the budget below t0 in the "
-            "root pool", "first_token", baseline="pearl"),
+            "root pool", "first_token", baselines=("pearl", "draft_rank")),
     Decoder("pearl", "PEARL-style: a predetermined tree pruned to t0's subtree", "pearl"),
     Decoder("fts_redraft", "first-token sampling with a pool drafted anew under t0 (an "
-            "extension)", "first_token_redraft", baseline="pearl"),
+            "extension)", "first_token_redraft", baselines=("pearl",)),
     Decoder("lrerank", "first-level branches scored by a reranker trained on row logs, with the "
-            "root row (an extension)", "learned_rerank", baseline="rerank"),
+            "root row (an extension)", "learned_rerank", baselines=("rerank",)),
     Decoder("lrerank_stale", "first-level branches scored by a reranker trained on row logs, "
-            "without a root pass (an extension)", "learned_stale_rerank", baseline="draft_rank"),
+            "without a root pass (an extension)", "learned_stale_rerank",
+            baselines=("draft_rank",)),
     Decoder("sequoia", "Sequoia's optimal tree shape for an acceptance vector fitted on row "
-            "logs, filled from the draft's pool (prior art)", "sequoia", baseline="draft_rank",
-            prior_art=True),
+            "logs, filled from the draft's pool (prior art)", "sequoia",
+            baselines=("draft_rank",), prior_art=True),
     Decoder("racer", "draft-free: n-gram continuations of the history, then the target's "
             "recycled top-k rows, breadth-first (RACER; prior art)", None,
             planner=planners.plan_recycle, new_state=planners.racer_state, prior_art=True),

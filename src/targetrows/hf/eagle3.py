@@ -183,6 +183,7 @@ class Eagle3Draft(TorchRows):
     # a round's committed tokens are fed again, from the target's features, in the next round's
     # first pass (the cost model prices that pass by the tokens fed: `PartTimes.draft_refeeds`)
     refeeds_committed = True
+    draft_kind = "eagle3"  # what answers and tables call this kind of draft (`draft_kind`)
 
     def __init__(self, head: Eagle3Head, target: HFModel, feature_layers: Sequence[int],
                  name: str = "eagle3"):

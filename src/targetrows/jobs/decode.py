@@ -28,6 +28,7 @@ from targetrows.decoding.batch import check_batchable, run_batched
 from targetrows.decoding.budget import Auto, Budget, Fixed
 from targetrows.decoding.config import DecodeConfig
 from targetrows.decoding.loop import generate, new_state
+from targetrows.decoding.model import draft_kind, overlaps
 from targetrows.specbench.answers import NO_TREE, answer_record, partial_records, write_jsonl_atomic
 from targetrows.specbench.chat import encode_conversation, stop_ids
 from targetrows.specbench.questions import Question, check_prompt, read_questions
@@ -231,6 +232,10 @@ def _answer_file(target, draft, tokenizer, file: _File, conditions: list[Conditi
     todo = [(b, d, q) for b, d in conditions for q in file.questions
             if (str(q.question_id), b, d, fingerprint) not in done]
     bar = _progress(len(todo), s.progress, f"{base.name} {s.model_id}")
+    # how this run drafts, for the tables: the claims about speed hold only with the root pass
+    # alongside drafting, and some only with a standalone draft
+    setup = {"draft_kind": draft_kind(draft),
+             "overlap": base.decoder.root_pass and overlaps(target, draft, base.overlap)}
 
     def job(budget: int, at_depth: int, question: Question):
         config = _condition_config(base, budget, at_depth, question, stops)
@@ -244,7 +249,8 @@ def _answer_file(target, draft, tokenizer, file: _File, conditions: list[Conditi
         texts, results = out
         condition = {"decoder": base.name, "budget": budget, "depth": at_depth,
                      "budget_auto": (budget, at_depth) == auto, "temperature": base.temperature,
-                     "seed": base.seed, "batch_size": s.batch_size, "fingerprint": fingerprint}
+                     "seed": base.seed, "batch_size": s.batch_size, **setup,
+                     "fingerprint": fingerprint}
         record = answer_record(question, s.model_id, condition, texts, results)
         with open(file.partial, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")

@@ -3,8 +3,9 @@
 An answer line carries Spec-Bench's fields (``question_id``, ``category``, ``model_id``,
 ``choices: [{index, turns, new_tokens, wall_time, decoding_steps, accept_lengths}]``) plus
 targetrows' own: the decoder, its condition (budget, pool depth, whether `auto` picked them;
-`ar`, which verifies no tree, records budget 0 and depth 0), the token ids of each turn and
-per-round statistics. `targetrows.jobs.decode` writes them.
+`ar`, which verifies no tree, records budget 0 and depth 0), how it drafted (`draft_kind`:
+eagle3, standalone or none; `overlap`: its root pass ran alongside drafting), the token ids of
+each turn and per-round statistics. `targetrows.jobs.decode` writes them.
 """
 
 from __future__ import annotations

@@ -35,7 +35,8 @@ def stale_row_scores(batch: PoolBatch) -> np.ndarray:
 draft_rank = Rule("draft_rank", "top-B pool nodes by cumulative draft log-prob (EAGLE-2)",
                   draft_scores)
 target_rerank = Rule("target_rerank", "draft_rank with first-level log-probs from the exact "
-                     "root row", root_row_scores, reads=("root_row",), baselines=("draft_rank",))
+                     "root row", root_row_scores, reads=("root_row",),
+                     baselines=("draft_rank", "stale_rerank"))
 stale_rerank = Rule("stale_rerank", "draft_rank with first-level log-probs from the previous "
                     "context's row (inexact reuse, no root pass)", stale_row_scores,
                     reads=("stale_row",), baselines=("draft_rank",))
