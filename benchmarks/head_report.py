@@ -1,5 +1,5 @@
 """A trained head's own report (`train_eagle3_report.json`, written by `targetrows train-eagle3`)
-as the table docs/eagle3.md shows.
+as a Markdown table (docs/eagle3.md links it).
 
     python benchmarks/head_report.py resources/models/smollm2-135m-eagle3 \
         --out benchmarks/results/head_report.md

@@ -1,7 +1,7 @@
 """`targetrows inspect-head` on the paper's three published heads, as the scaled-down fixtures of
 tests/published_heads.py (their published config.json keys and tensor names, random weights,
 hidden size 64, 120 of 272 tokens) against an 8-layer tiny target, and on any trained head
-given; the outputs as the Markdown docs/eagle3.md shows.
+given; the outputs as Markdown (docs/eagle3.md links the report).
 
     python benchmarks/inspect_heads.py --head resources/models/smollm2-135m-eagle3 \
         --target resources/models/smollm2-135m-instruct --out benchmarks/results/inspect_heads.md
