@@ -24,6 +24,7 @@ include: "workflow/rules/drift.smk"
 include: "workflow/rules/rerank.smk"
 include: "workflow/rules/score.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/claims.smk"
 
 
 rule all:

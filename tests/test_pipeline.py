@@ -65,6 +65,29 @@ def default_config() -> dict:
     return yaml.safe_load((REPO / "config" / "config.yaml").read_text())
 
 
+def planned_jobs(output: str) -> list[dict]:
+    """Each job a dry run lists: its rule, wildcards, inputs and resources (key -> value)."""
+    jobs = []
+    for block in re.split(r"^\[", output, flags=re.M):  # each job's listing starts "[date]"
+        rule = re.search(r"^(?:local)?rule (\w+):", block, re.M)
+        if rule is None:
+            continue
+
+        field = {name: value.split(", ") for name, value in
+                 re.findall(r"^\s+(wildcards|input|resources): (.*)$", block, re.M)}
+        jobs.append({"rule": rule[1],
+                     "wildcards": dict(w.split("=", 1) for w in field.get("wildcards", [])),
+                     "input": field.get("input", []),
+                     "resources": dict(r.split("=", 1) for r in field.get("resources", []))})
+    return jobs
+
+
+def pair_decoders(cfg: dict) -> dict[str, list[str]]:
+    """pair name -> the decoders it runs, as the pipeline reads config key `pairs`."""
+    return {p.get("name", p["target"]): p.get("decoders", cfg["decode"]["decoders"])
+            for p in cfg["pairs"]}
+
+
 # -- the workflow as a whole --------------------------------------------------------------------
 
 
@@ -76,38 +99,90 @@ def test_lint_reports_nothing(tmp_path):
     assert "Lints for" not in out
 
 
-def test_paper_config_plans_one_decode_job_per_target_temperature_and_decoder(tmp_path):
-    proc = snakemake("-n", "--configfile", str(REPO / "config" / "paper.yaml"), cwd=tmp_path,
-                     check=True)
-    counts = job_counts(proc.stdout)
-    paper = yaml.safe_load((REPO / "config" / "paper.yaml").read_text())
-    assert counts["decode"] == 6 * 2 * len(paper["decode"]["decoders"])
-    assert counts["record_rows"] == 6 * 2 and counts["score"] == 6 * 7 * 2
-    assert counts["download_model"] == 10  # six targets, three EAGLE-3 heads, one small draft
+PAPER = REPO / "config" / "paper.yaml"
+HEAD_SOURCES = ("eagle3", "train_eagle3")
+SPEED_DECODERS = {"rerank", "fts", "pearl"}  # a root pass beside drafting: the draft's own card
+
+
+@pytest.fixture(scope="module")
+def paper_plan(tmp_path_factory) -> str:
+    """The dry run of config/paper.yaml (its listing of every planned job)."""
+    work = tmp_path_factory.mktemp("paper")
+    return snakemake("-n", "--configfile", str(PAPER), cwd=work, check=True).stdout
+
+
+def test_paper_config_plans_one_decode_job_per_pair_temperature_and_decoder(paper_plan):
+    counts = job_counts(paper_plan)
+    paper = yaml.safe_load(PAPER.read_text())
+    decoders = pair_decoders(paper)
+    assert len(decoders) == 8  # six head pairs, two standalone speed pairs
+    assert counts["decode"] == 2 * sum(len(d) for d in decoders.values())
+    assert counts["record_rows"] == 8 * 2 and counts["score"] == 8 * 7 * 2
+    # six targets, three published EAGLE-3 heads, two standalone drafts
+    assert counts["download_model"] == 11
     assert counts["prepare_prompts"] == 7
     assert counts["tables"] == counts["figures"] == 1
+    trained = sorted(n for n, m in paper["models"].items() if m["source"] == "train_eagle3")
+    assert counts["train_eagle3"] == counts["target_replies"] == len(trained) == 3
+    jobs = planned_jobs(paper_plan)
+    assert sorted(j["wildcards"]["model"] for j in jobs if j["rule"] == "train_eagle3") == trained
+
+    # every target is drafted by an EAGLE-3 head: each of its head pair's decode jobs that uses a
+    # draft reads the head's folder, and no other draft
+    models = paper["models"]
+    heads = {p["target"]: p["draft"] for p in paper["pairs"] if "name" not in p}
+    assert len(heads) == 6 and all(models[h]["source"] in HEAD_SOURCES for h in heads.values())
+    assert all(models[h]["target"] == t for t, h in heads.items())
+    for job in (j for j in jobs if j["rule"] == "decode"):
+        pair, decoder = job["wildcards"]["pair"], job["wildcards"]["decoder"]
+        assert decoder in decoders[pair]
+        read = {f.removeprefix("resources/models/") for f in job["input"]
+                if f.startswith("resources/models/")}
+        if pair in heads:
+            assert read <= {pair, heads[pair]}, job
+            assert (heads[pair] in read) == (decoder not in ("ar", "racer", "recycle")), job
+
+    # the standalone speed pairs: the draft on a card of its own for the decoders with a root
+    # pass, beside the target for ar and draft_rank
+    speed = {p["name"]: p for p in paper["pairs"] if "name" in p}
+    assert {p["target"] for p in speed.values()} == {"Qwen3-8B", "Llama-3.1-8B-Instruct"}
+    asked = {(j["wildcards"]["pair"], j["wildcards"]["decoder"]): j["resources"]["gpu"]
+             for j in jobs if j["rule"] == "decode" and j["wildcards"]["pair"] in speed}
+    assert set(asked) == {(n, d) for n in speed for d in ("ar", "draft_rank", *SPEED_DECODERS)}
+    assert all(gpu == ("2" if d in SPEED_DECODERS else "1") for (_, d), gpu in asked.items())
+    standalone = {j["wildcards"]["pair"]: j["input"] for j in jobs if j["rule"] == "record_rows"}
+    assert all(f"resources/models/{p['draft']}" in standalone[n] for n, p in speed.items())
 
 
 def job_gpus(output: str) -> dict[tuple[str, str], set[int]]:
-    """(rule, target) -> the GPU counts its planned jobs ask for, from a dry run's listing."""
+    """(rule, pair or model) -> the GPU counts its planned jobs ask for, from a dry run's
+    listing."""
     found: dict[tuple[str, str], set[int]] = {}
-    for block in re.split(r"^\[", output, flags=re.M):
-        rule = re.search(r"^(?:local)?rule (\w+):", block, re.M)
-        gpu = re.search(r"resources: .*\bgpu=(\d+)", block)
-        if rule and gpu:
-            target = re.search(r"target=([\w.-]+)", block)[1]
-            found.setdefault((rule[1], target), set()).add(int(gpu[1]))
+    for job in planned_jobs(output):
+        if "gpu" in job["resources"]:
+            w = job["wildcards"]
+            name = w.get("pair") or w.get("target") or w["model"]
+            found.setdefault((job["rule"], name), set()).add(int(job["resources"]["gpu"]))
     return found
 
 
-def test_the_paper_plan_spreads_a_target_that_does_not_fit_one_card(tmp_path):
-    """Qwen2.5-32B in bfloat16 (61 GiB) asks for two 48 GB cards, or one 80 GB card; every other
-    pair fits one card, the draft beside its target; a cap below the target's need is refused."""
-    paper = str(REPO / "config" / "paper.yaml")
-    gpus = job_gpus(snakemake("-n", "--configfile", paper, cwd=tmp_path, check=True).stdout)
-    assert gpus[("decode", "Qwen2.5-32B-Instruct")] == {2}
-    assert gpus[("record_rows", "Qwen2.5-32B-Instruct")] == {2}
-    assert {n for (rule, target), ns in gpus.items() if "32B" not in target for n in ns} == {1}
+def speed_job(rule: str, name: str) -> bool:
+    """A standalone pair's decode job (whose decoders with a root pass ask for two GPUs)."""
+    return rule == "decode" and name.endswith("-standalone")
+
+
+def test_the_paper_plan_spreads_a_target_that_does_not_fit_one_card(tmp_path, paper_plan):
+    """Qwen2.5-32B in bfloat16 (61 GiB) asks for two 48 GB cards, or one 80 GB card, for its
+    decode, row, replies and drift jobs; every other pair fits one card, the draft beside its
+    target (but for the standalone pairs' drafts with a root pass); a head trains on one card;
+    a cap below the target's need is refused."""
+    paper = str(PAPER)
+    gpus = job_gpus(paper_plan)
+    for rule in ("decode", "record_rows", "part_times", "drift", "target_replies"):
+        assert gpus[(rule, "Qwen2.5-32B-Instruct")] == {2}, rule
+    assert gpus[("train_eagle3", "EAGLE3-Qwen2.5-32B-Instruct")] == {1}
+    assert {n for (rule, name), ns in gpus.items()
+            if "32B-Instruct" not in name and not speed_job(rule, name) for n in ns} == {1}
 
     def with_resources(resources: dict) -> str:
         extra = tmp_path / "resources.yaml"
@@ -116,7 +191,11 @@ def test_the_paper_plan_spreads_a_target_that_does_not_fit_one_card(tmp_path):
 
     big = snakemake("-n", "--configfile", paper, with_resources({"gpu_memory_gb": 80}),
                     cwd=tmp_path, check=True).stdout
-    assert {n for ns in job_gpus(big).values() for n in ns} == {1}
+    big_gpus = job_gpus(big)
+    assert {n for (rule, name), ns in big_gpus.items() if not speed_job(rule, name)
+            for n in ns} == {1}
+    assert {n for (rule, name), ns in big_gpus.items() if speed_job(rule, name)
+            for n in ns} == {1, 2}
     capped = snakemake("-n", "--configfile", paper, with_resources({"gpus_per_job": 1}),
                        cwd=tmp_path)
     assert capped.returncode != 0
@@ -151,6 +230,42 @@ def test_the_distilled_draft_is_the_default_configs_other_option(tmp_path):
     assert counts["build_target"] == counts["target_replies"] == counts["distill_draft"] == 1
     assert "train_eagle3" not in counts
     assert counts["decode"] == 2 * len(cfg["decode"]["decoders"])
+
+
+def test_one_target_in_two_named_pairs_writes_separate_results(tmp_path):
+    """A head pair and a named standalone pair on the same target: both validate, each pair's
+    jobs write under its own name (the head pair under its target's, as before), each runs its
+    own decoders, the standalone pair's drafts get their own card, and the target's replies are
+    made once for both trainings."""
+    cfg = default_config()
+    target = cfg["pairs"][0]["target"]
+    speed = ["ar", "draft_rank", "fts", "pearl"]
+    cfg["pairs"].append({"name": "smollm2-standalone", "target": target,
+                         "draft": "smollm2-135m-draft", "decoders": speed, "draft_own_gpu": True})
+    config = tmp_path / "two_pairs.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    out = snakemake("-n", "--configfile", str(config), cwd=tmp_path, check=True).stdout
+    counts = job_counts(out)
+    assert counts["decode"] == 2 * (len(cfg["decode"]["decoders"]) + len(speed))
+    assert counts["record_rows"] == 2 * 2 and counts["part_times"] == counts["drift"] == 2
+    assert counts["target_replies"] == counts["train_eagle3"] == counts["distill_draft"] == 1
+    jobs = planned_jobs(out)
+    decoded = {(j["wildcards"]["pair"], j["wildcards"]["decoder"]) for j in jobs
+               if j["rule"] == "decode"}
+    assert {d for p, d in decoded if p == "smollm2-standalone"} == set(speed)
+    assert {d for p, d in decoded if p == target} == set(cfg["decode"]["decoders"])
+    assert "results/decode/smollm2-standalone/gsm8k/T0/fts.jsonl" in out
+    assert f"results/decode/{target}/gsm8k/T0/fts.jsonl" in out
+    assert "results/rows/smollm2-standalone/gsm8k/T0.npz" in out
+    assert f"results/rows/{target}/gsm8k/T0.npz" in out
+    assert "results/drift/smollm2-standalone.csv" in out and f"results/drift/{target}.csv" in out
+    rows = {j["wildcards"]["pair"]: j["input"] for j in jobs if j["rule"] == "record_rows"}
+    assert "resources/models/smollm2-135m-draft" in rows["smollm2-standalone"]
+    assert "resources/models/smollm2-135m-eagle3" in rows[target]
+    gpus = {(j["wildcards"]["pair"], j["wildcards"]["decoder"]): j["resources"]["gpu"]
+            for j in jobs if j["rule"] == "decode"}
+    assert {d for (p, d), n in gpus.items() if n == "2"} == {"fts", "pearl"}
+    assert all(p == "smollm2-standalone" for (p, d), n in gpus.items() if n == "2")
 
 
 def test_a_local_eagle3_head_is_planned_as_the_draft(tmp_path):
@@ -196,6 +311,27 @@ def _mutate(cfg, path, value):
     (("models", "smollm2-135m-draft"),
      {"source": "eagle3", "repo": "owner/head", "target": "smollm2-135m-draft"},
      r"config key models\.smollm2-135m-draft\.target: 'smollm2-135m-draft' must be a target"),
+    # one target in two pairs: the second needs a name of its own
+    (("pairs",), [{"target": "smollm2-135m-instruct", "draft": "smollm2-135m-eagle3"},
+                  {"target": "smollm2-135m-instruct", "draft": "smollm2-135m-draft"}],
+     r"config key pairs\[1\]\.name: pair name 'smollm2-135m-instruct' is taken by pairs\[0\]"),
+    (("pairs",), [{"target": "smollm2-135m-instruct", "draft": "smollm2-135m-eagle3"},
+                  {"name": "smollm2-135m-instruct", "target": "smollm2-135m-instruct",
+                   "draft": "smollm2-135m-draft"}],
+     r"config key pairs\[1\]\.name: pair name 'smollm2-135m-instruct' is taken"),
+    (("pairs",), [{"name": "a/b", "target": "smollm2-135m-instruct",
+                   "draft": "smollm2-135m-eagle3"}],
+     r"config key pairs\[0\]\.name: 'a/b' does not match"),
+    (("pairs",), [{"target": "smollm2-135m-instruct", "draft": "smollm2-135m-eagle3",
+                   "decoders": ["ar", "beam"]}],
+     r"config key pairs\[0\]\.decoders\[1\]: 'beam' is not one of"),
+    # fts's matched cap (decode.decoder_budgets) needs pearl's runs beside it in the pair
+    (("pairs",), [{"target": "smollm2-135m-instruct", "draft": "smollm2-135m-eagle3",
+                   "decoders": ["ar", "fts"]}],
+     r"config key pairs\[0\]\.decoders: fts's matched cap .* needs pearl's tree sizes; add "
+     r"pearl to pairs\[0\]\.decoders"),
+    (("decode", "decoders"), ["ar", "fts"],
+     r"config key decode\.decoders: fts's matched cap .* add pearl to decode\.decoders"),
 ])
 def test_bad_config_fails_before_any_job_naming_the_key(tmp_path, path, value, expected):
     cfg = default_config()
@@ -246,6 +382,21 @@ def test_gpu_claim_without_gpus_runs_on_cpu(tmp_path):
     assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == []
 
 
+def test_training_jobs_name_the_gpus_they_claimed_and_run_as_before_without(tmp_path):
+    """target_replies and train_eagle3 (workflow/scripts/train_on_gpus.py): `--device` with the
+    claimed GPUs right after the subcommand (the config's args, later, still win); without GPUs
+    the command targetrows_command.py would run, unchanged."""
+    from types import SimpleNamespace
+
+    import train_on_gpus
+
+    command = ["train-eagle3", "--target", "t", "--seed", 0, "--steps", "5"]
+    argv = train_on_gpus.command(SimpleNamespace(params=SimpleNamespace(command=command)))
+    plain = [sys.executable, "-m", "targetrows.cli", *map(str, command)]
+    assert argv("cpu", "cpu") == plain
+    assert argv("cuda:0,1", "cuda:1") == [*plain[:4], "--device", "cuda:0,1", *plain[4:]]
+
+
 def test_slurm_jobs_lock_in_their_own_folder(tmp_path):
     from targetrows.pipeline.gpu_lock import lock_folder
 
@@ -275,7 +426,7 @@ def test_a_matched_cap_equals_the_baselines_mean_tree_size():
     with pytest.raises(ValueError, match="no rounds at budget 16"):
         resolve("fts", [{"matched": 16}], 4, answers, logs)
     with pytest.raises(ValueError, match="has no baseline"):
-        resolve("rerank", [{"matched": 8}], 4, answers, logs)
+        resolve("draft_rank", [{"matched": 8}], 4, answers, logs)
 
 
 def test_an_auto_condition_is_what_its_answers_ran_at():
@@ -396,7 +547,7 @@ def test_default_dag_end_to_end_on_tiny_models_survives_an_interrupt(tmp_path):
     resumed = snakemake(*args, cwd=work, check=True)
 
     tables = ["expected_accepted", "relative_gains", "equal_size", "online", "online_gain",
-              "consistency", "drift"]
+              "consistency", "drift", "reuse"]
     for name in tables:
         for ext in ("csv", "md", "tex"):
             assert (work / "results" / "tables" / f"{name}.{ext}").stat().st_size > 0
@@ -464,9 +615,12 @@ def test_default_dag_end_to_end_on_tiny_models_survives_an_interrupt(tmp_path):
     assert sorted(fts.loc[fts["baseline"] == "pearl", "baseline_budget"]) == sorted(
         [3, 8, 8] * len(cfg["temperatures"]))
     # and each of ours over each prior-art decoder, at the same budget
-    prior = fts[fts["baseline"] != "pearl"]
-    assert set(prior["baseline"]) == {"sequoia", "racer", "recycle"}
-    assert (prior["baseline_budget"] == prior["budget"]).all()
+    others = fts[fts["baseline"] != "pearl"]
+    assert set(others["baseline"]) == {"draft_rank", "sequoia", "racer", "recycle"}
+    assert (others["baseline_budget"] == others["budget"]).all()
+    # rerank over draft_rank, condition by condition, and how each run drafted
+    rerank = gain[(gain["decoder"] == "rerank") & (gain["baseline"] == "draft_rank")]
+    assert len(rerank) and (rerank["draft_kind"] == "eagle3").all() and not rerank["overlap"].any()
     assert gain["auto"].sum() > 0  # auto picks compared with the baseline's auto picks
     # every temperature-0 answer of every decoder but ar compared with ar's, on the CPU in
     # float32 (the test config's dtype auto on a CPU without bfloat16 units) or bfloat16
@@ -481,6 +635,17 @@ def test_default_dag_end_to_end_on_tiny_models_survives_an_interrupt(tmp_path):
     assert "target_rerank" in set(gains.loc[gains["baseline"] == "sequoia", "rule"])
     finite = gains.dropna(subset=["lo", "hi"])  # NaN where the baseline accepted nothing
     assert len(finite) and (finite["lo"] <= finite["hi"]).all()
+
+    # the claims, each judged: the speed claims unmeasured (an EAGLE-3 head, no overlap)
+    claims = pd.read_csv(work / "results" / "claims.csv").set_index("claim")
+    assert len(claims) >= 8 and set(claims["verdict"]) <= {"holds", "does not hold",
+                                                            "not measured"}
+    assert claims.loc["6 rerank faster", "verdict"] == "not measured"
+    assert "no standalone draft" in claims.loc["6 rerank faster", "why"]
+    assert claims.loc["3 rerank, T=0", "verdict"] != "not measured"
+    reuse = pd.read_csv(work / "results" / "tables" / "reuse.csv")
+    assert set(reuse["source"]) == {"toy pair", "tiny-llama"}
+    assert (reuse.loc[reuse["source"] == "toy pair", "found"] == 0).all()
 
     # a finished run has nothing left to do, and its report builds
     again = snakemake(*args, "-n", cwd=work, check=True)

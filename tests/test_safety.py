@@ -224,7 +224,7 @@ def test_every_wildcard_is_constrained():
         for m in re.finditer(r'(?<![\w])"((?:results|resources)/[^"]*)"', source):
             if not source[: m.start()].rstrip().endswith("expand("):
                 used |= set(re.findall(r"\{(\w+)\}", m.group(1)))
-    assert {"target", "task", "temperature", "decoder", "model"} <= used
+    assert {"pair", "target", "task", "temperature", "decoder", "model"} <= used
     assert used <= constrained, used - constrained
 
 

@@ -99,14 +99,16 @@ def test_job_resources_come_from_the_config_and_scale_with_the_models(tmp_path):
     assert all("mem_mb=4048" in r and "runtime=<TBD>" in r for r in res["decode"])
     assert all("gpu=1" in r and "mem_mb=4048" in r and "runtime=30" in r
                for r in res["part_times"])
-    # the replies and the head's training run on the CPU; the replies job holds a batch's cache
-    assert all("gpu" not in r and "mem_mb=8048" in r for r in res["target_replies"])
-    assert all("gpu" not in r and "mem_mb=4048" in r for r in res["train_eagle3"])
+    # the replies are made on the target's card, the head trains on one; the replies job holds
+    # a batch's cache
+    assert all("gpu=1" in r and "mem_mb=8048" in r for r in res["target_replies"])
+    assert all("gpu=1" in r and "mem_mb=4048" in r for r in res["train_eagle3"])
     res = dry_run_resources(work, "resources: {gpus_per_job: 0, mem_mb: {decode: 3000}, "
                                   "runtime: {decode: 7}}")
     assert all("gpu=0" in r and "mem_mb=3000" in r and "runtime=7" in r for r in res["decode"])
     assert "part_times" not in res  # a fixed wall time needs no timing
-    assert all("gpu=0" in r for r in res["record_rows"])
+    for rule in ("record_rows", "target_replies", "train_eagle3"):  # a CPU-only cluster
+        assert all("gpu=0" in r for r in res[rule]), rule
     res = dry_run_resources(work, "resources: {gpus_per_job: 1}")
     assert all("gpu=1" in r for r in res["decode"])
     # under the SLURM profile, command-line resources add to the config's instead of replacing

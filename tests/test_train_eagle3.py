@@ -332,3 +332,39 @@ def test_train_eagle3_builds_a_reproducible_lossless_head(tmp_path, capsys):
     assert cli.main(["train-eagle3", "--target", target_dir, "--replies", str(tmp_path / "nf"),
                      "--out", str(tmp_path / "c")]) == 2
     assert "--no-features" in capsys.readouterr().err
+
+
+
+def test_replies_written_by_a_copy_loaded_on_their_device_are_the_targets(tmp_path):
+    """`targetrows replies --device`: the training replies and self prompts come from the target
+    loaded onto that device in the replies' dtype, the held-out replies from the float32 target
+    as loaded. Here, on the CPU in float32 (and the target unpacked, as the copy is), both ways
+    write the same replies bit for bit; the copy is freed before the held-out replies. In
+    bfloat16 the copy's weights are the cast target's (its rotary buffers stay float32, as
+    every decoder loads a model)."""
+    from targetrows.train.replies import (
+        DeviceCopies,
+        RepliesConfig,
+        generate_replies,
+        in_dtype,
+        load_target,
+    )
+
+    target_dir = save_tiny(tmp_path / "target", n_layers=N_LAYERS)
+    tokenizer, _ = load_target(target_dir)
+    target = AutoModelForCausalLM.from_pretrained(target_dir).eval()
+    config = RepliesConfig(prompts=6, self_prompts=2, sampled=3, heldout=2, max_new_tokens=6,
+                           heldout_max_new_tokens=6, gen_batch=8, top_k=4, dtype="float32",
+                           write_dtype="float32")
+    plain = generate_replies(target, tokenizer, config)
+    copies = DeviceCopies(target_dir, "cpu")
+    moved = generate_replies(target, tokenizer, config, copies)
+    assert moved[2]["device"] == "cpu" and "device" not in plain[2] and not copies.models
+    assert moved[2]["self_prompt_examples"] == plain[2]["self_prompt_examples"]
+    for got, want in zip(moved[:2], plain[:2], strict=True):
+        assert got.sequences == want.sequences and got.prompt_lens == want.prompt_lens
+        for name in ("hidden", "top", "features"):
+            assert torch.equal(getattr(got, name), getattr(want, name)), name
+    cast = in_dtype(target, torch.bfloat16).state_dict()
+    loaded = DeviceCopies(target_dir, "cpu").get(torch.bfloat16).state_dict()
+    assert cast.keys() == loaded.keys() and all(torch.equal(cast[k], loaded[k]) for k in cast)

@@ -50,8 +50,12 @@ ENV = "../envs/targetrows.yaml"
 # when both are free again; 20 outweighs any two other jobs), then the row logs and the reranker
 # fitted on them, then the decode jobs (`decode_priority`).
 PRIORITY = {"draft_agreement": 20, "record_rows": 8, "train_reranker": 8}
-TARGETS = [pair["target"] for pair in config["pairs"]]
-DRAFT_OF = {pair["target"]: pair["draft"] for pair in config["pairs"]}
+
+
+def pair_name(spec):
+    """A pair's name (config key pairs[i].name): its results folder, `results/*/<name>/`, and
+    the `pair` column of the tables; the target's name by default."""
+    return spec.get("name") or spec["target"]
 
 
 def fmt_temperature(t):
@@ -84,7 +88,7 @@ DRAFT_SOURCES = ("distill", "train_eagle3", "eagle3")
 def check_config(cfg):
     """Cross-references the schema cannot express; each error names the config key to fix."""
     models = cfg["models"]
-    seen = set()
+    seen = {}
     for i, pair in enumerate(cfg["pairs"]):
         for role in ("target", "draft"):
             if pair[role] not in models:
@@ -93,12 +97,14 @@ def check_config(cfg):
                     f"'models'; add it there (source: hub, embedded, distill, train_eagle3, "
                     f"eagle3 or local) or fix the name (defined: {', '.join(sorted(models))})"
                 )
-        if pair["target"] in seen:
+        name = pair_name(pair)
+        if name in seen:
             raise WorkflowError(
-                f"config key pairs[{i}].target: {pair['target']!r} appears in two pairs; "
-                "each target names its results folder, so give it one draft"
+                f"config key pairs[{i}].name: pair name {name!r} is taken by pairs[{seen[name]}] "
+                "(a pair's name, by default its target's, names its results folder); give this "
+                "pair a name of its own"
             )
-        seen.add(pair["target"])
+        seen[name] = i
     for name, spec in models.items():
         if spec["source"] == "distill" and spec["target"] not in models:
             raise WorkflowError(
@@ -121,11 +127,6 @@ def check_config(cfg):
                 f"config key {key}: a matched cap takes a baseline decoder's tree size, and "
                 f"{decoder} has none; give it numeric budgets"
             )
-        if matched and baseline not in dec["decoders"]:
-            raise WorkflowError(
-                f"config key {key}: a matched cap needs {baseline}'s tree sizes; add {baseline} "
-                f"to decode.decoders or give {decoder} numeric budgets"
-            )
         if matched and DECODERS[decoder].learned:
             raise WorkflowError(
                 f"config key {key}: a matched cap is found from the row logs' tree sizes of "
@@ -138,12 +139,8 @@ def check_config(cfg):
                 f"config key {key}: matched at {missing[0]}, a budget {baseline} does not run; "
                 f"match at one of its budgets ({runs})"
             )
-    learned = [d for d in dec["decoders"] if DECODERS[d].learned]
-    if learned and not cfg["rerank"]["train"]:
-        raise WorkflowError(
-            f"config key decode.decoders: {', '.join(learned)} decode with trained rerankers; "
-            "set rerank.train: true (the pipeline trains them on the row logs) or drop them"
-        )
+    for key, decoders in decoder_lists(cfg):
+        check_decoders(cfg, key, decoders)
     pool = PoolShape(cfg["pool"]["top_k"], cfg["pool"]["depth"]).size
     for key, budgets in (("decode.budgets", dec["budgets"]), ("score.budgets", cfg["score"]["budgets"])):
         budgets = [b.nodes for b in map(parse_budget, budgets) if isinstance(b, Fixed)]
@@ -152,6 +149,34 @@ def check_config(cfg):
                 f"config key {key}: budget {max(budgets)} exceeds the candidate pool of {pool} "
                 "nodes (pool.top_k + (pool.depth - 1) * pool.top_k^2); lower it or grow the pool"
             )
+
+
+def decoder_lists(cfg):
+    """(config key, decoders) of every decoder list a pair runs: each pair's own (key
+    pairs[i].decoders), and decode.decoders when a pair has none."""
+    own = [(f"pairs[{i}].decoders", p["decoders"]) for i, p in enumerate(cfg["pairs"]) if "decoders" in p]
+    if len(own) < len(cfg["pairs"]):
+        own.insert(0, ("decode.decoders", cfg["decode"]["decoders"]))
+    return own
+
+
+def check_decoders(cfg, key, decoders):
+    """One pair's decoders (config key `key`): a matched cap's baseline runs beside it, and a
+    learned decoder has its reranker trained."""
+    for decoder in decoders:
+        baseline = DECODERS[decoder].baseline
+        if matched_at(decoder, cfg) and baseline not in decoders:
+            raise WorkflowError(
+                f"config key {key}: {decoder}'s matched cap (decode.decoder_budgets.{decoder}) "
+                f"needs {baseline}'s tree sizes; add {baseline} to {key} or give {decoder} "
+                "numeric budgets"
+            )
+    learned = [d for d in decoders if DECODERS[d].learned]
+    if learned and not cfg["rerank"]["train"]:
+        raise WorkflowError(
+            f"config key {key}: {', '.join(learned)} decode with trained rerankers; "
+            "set rerank.train: true (the pipeline trains them on the row logs) or drop them"
+        )
 
 
 def check_eagle3_head(cfg, name, spec):
@@ -177,6 +202,33 @@ def check_eagle3_head(cfg, name, spec):
 
 check_config(config)
 
+# The pairs by name (config key pairs[i].name, by default the target's): a pair's jobs, results
+# and logs are named by it; models are built and replies made per model.
+PAIRS = {pair_name(spec): spec for spec in config["pairs"]}
+
+
+def target_of(pair):
+    return PAIRS[pair]["target"]
+
+
+def draft_of(pair):
+    return PAIRS[pair]["draft"]
+
+
+def pair_decoders(pair):
+    """The decoders a pair runs: config key pairs[i].decoders, else decode.decoders."""
+    return PAIRS[pair].get("decoders", config["decode"]["decoders"])
+
+
+def draft_own_gpu(pair):
+    """Whether the pair's drafts get a GPU of their own (config key pairs[i].draft_own_gpu,
+    else resources.draft_own_gpu) for a decoder whose root pass runs alongside drafting."""
+    return PAIRS[pair].get("draft_own_gpu", config["resources"]["draft_own_gpu"])
+
+
+# every decoder some pair runs, in registry order
+ALL_DECODERS = [d for d in DECODERS if any(d in pair_decoders(p) for p in PAIRS)]
+
 
 def alternation(names):
     """A regex matching exactly these names (one that matches nothing when there are none)."""
@@ -197,7 +249,7 @@ def trained_from():
 def trained_drafts():
     """Drafts a pair uses that the pipeline trains (their agreement is measured)."""
     trained = set(models_from("distill") + models_from("train_eagle3"))
-    return sorted(set(DRAFT_OF.values()) & trained)
+    return sorted({draft_of(p) for p in PAIRS} & trained)
 
 
 def replies_dir(model):
@@ -233,10 +285,11 @@ def hub_heads():
 # resources/ (the schema also restricts names to [A-Za-z0-9._-] without '..').
 wildcard_constraints:
     model=alternation(config["models"]),
-    target=alternation(TARGETS),
+    target=alternation(trained_from()),
+    pair=alternation(PAIRS),
     task=alternation(config["tasks"]),
     temperature=alternation(TEMPERATURES),
-    decoder=alternation(config["decode"]["decoders"]),
+    decoder=alternation(ALL_DECODERS),
 
 
 def model_dir(name):
@@ -249,12 +302,12 @@ def prompts_file(task):
     return f"resources/prompts/{task}.jsonl"
 
 
-def trust_args(target):
-    """`--trust-remote-code` for the models of `target`'s pair whose config allows their own
-    code to run (`trust_remote_code: true`); nothing otherwise."""
+def trust_args(pair):
+    """`--trust-remote-code` for the models of the pair whose config allows their own code to
+    run (`trust_remote_code: true`); nothing otherwise."""
     trusted = [
         role
-        for role, name in (("target", target), ("draft", DRAFT_OF[target]))
+        for role, name in (("target", target_of(pair)), ("draft", draft_of(pair)))
         if config["models"][name].get("trust_remote_code")
     ]
     if not trusted:
@@ -274,10 +327,10 @@ LEARNED_RULES = [n for n, r in RULES.items() if r.learned] if config["rerank"]["
 
 
 def rerank_inputs(wildcards):
-    """Every task's row log at one target and temperature (what a reranker trains on)."""
+    """Every task's row log of one pair at one temperature (what a reranker trains on)."""
     return expand(
-        "results/rows/{target}/{task}/T{temperature}.npz",
-        target=wildcards.target,
+        "results/rows/{pair}/{task}/T{temperature}.npz",
+        pair=wildcards.pair,
         task=config["tasks"],
         temperature=wildcards.temperature,
     )
@@ -285,42 +338,48 @@ def rerank_inputs(wildcards):
 
 def reranker_files(wildcards, rules=None):
     return expand(
-        "results/rerankers/{target}/T{temperature}/{name}.json",
-        target=wildcards.target,
+        "results/rerankers/{pair}/T{temperature}/{name}.json",
+        pair=wildcards.pair,
         temperature=wildcards.temperature,
         name=LEARNED_RULES if rules is None else rules,
     )
 
 
 def decode_answers():
-    """One decode job's answers: one file per task (wildcards target, temperature, decoder)."""
-    return expand("results/decode/{{target}}/{task}/T{{temperature}}/{{decoder}}.jsonl", task=config["tasks"])
+    """One decode job's answers: one file per task (wildcards pair, temperature, decoder)."""
+    return expand("results/decode/{{pair}}/{task}/T{{temperature}}/{{decoder}}.jsonl", task=config["tasks"])
+
+
+def pair_inputs(wildcards, draft=True):
+    """A pair's job's models (the draft unless `draft` is False) and every task's prompts, in
+    config order."""
+    models = {"target": model_dir(target_of(wildcards.pair))}
+    if draft:
+        models["draft"] = model_dir(draft_of(wildcards.pair))
+    return {**models, "prompts": [prompts_file(task) for task in config["tasks"]]}
 
 
 def decode_inputs(wildcards):
     """Target, draft (none for a draft-free decoder: its jobs wait for no draft training) and
     every task's prompts (in config order, as the answers), the model of a learned decoder, and
     for a matched cap the baseline's runs and the row logs."""
-    inputs = {
-        "target": model_dir(wildcards.target),
-        "prompts": [prompts_file(task) for task in config["tasks"]],
-    }
+    inputs = pair_inputs(wildcards, draft=False)
     if DECODERS[wildcards.decoder].needs_draft:
-        inputs["draft"] = model_dir(DRAFT_OF[wildcards.target])
+        inputs["draft"] = model_dir(draft_of(wildcards.pair))
     if runtime_from_parts():  # the job's wall-time request is worked out from them
-        inputs["parts"] = f"results/parts/{wildcards.target}.json"
+        inputs["parts"] = f"results/parts/{wildcards.pair}.json"
     if DECODERS[wildcards.decoder].learned:
         inputs["reranker"] = reranker_files(wildcards, [DECODERS[wildcards.decoder].rule])
     if matched_at(wildcards.decoder):
-        # a matched cap waits for the baseline's runs and the row logs on every task at this
-        # target and temperature
-        tasks = dict(target=wildcards.target, task=config["tasks"], temperature=wildcards.temperature)
+        # a matched cap waits for the baseline's runs and the row logs on every task of this
+        # pair at this temperature
+        tasks = dict(pair=wildcards.pair, task=config["tasks"], temperature=wildcards.temperature)
         inputs["baseline"] = expand(
-            "results/decode/{target}/{task}/T{temperature}/{baseline}.jsonl",
+            "results/decode/{pair}/{task}/T{temperature}/{baseline}.jsonl",
             baseline=DECODERS[wildcards.decoder].baseline,
             **tasks,
         )
-        inputs["rows"] = expand("results/rows/{target}/{task}/T{temperature}.npz", **tasks)
+        inputs["rows"] = expand("results/rows/{pair}/{task}/T{temperature}.npz", **tasks)
     return inputs
 
 
@@ -329,11 +388,11 @@ def decode_drafts(input):
     return [input.draft] if "draft" in input.keys() else []
 
 
-def decode_priority(decoder, cfg=config):
+def decode_priority(decoder, decoders, cfg=config):
     """A decode job's scheduling priority: the longest jobs first (its number of budget
-    conditions), and a decoder whose runs another's matched cap waits for (pearl, for fts) before
-    that one."""
-    waiting = [d for d in cfg["decode"]["decoders"] if DECODERS[d].baseline == decoder and matched_at(d, cfg)]
+    conditions), and a decoder whose runs another of the pair's `decoders` waits for with a
+    matched cap (pearl, for fts) before that one."""
+    waiting = [d for d in decoders if DECODERS[d].baseline == decoder and matched_at(d, cfg)]
     return len(decode_budgets(decoder, cfg)) + sum(len(decode_budgets(d, cfg)) for d in waiting)
 
 
@@ -343,21 +402,30 @@ def model_gb(name, dtype):
     return model_weights_gb(model_dir(name), config["models"][name].get("params_b"), dtype)
 
 
-def placement_for(target, decoder=None, dtype="auto"):
+def placement_for(pair, decoder=None, dtype="auto"):
     """Where a job's pair goes on GPUs (targetrows.pipeline.placement): the target spread over
     as many cards of resources.gpu_memory_gb as it needs, the draft beside it, or on a card of
-    its own for a decoder whose root pass runs alongside drafting when resources.draft_own_gpu
-    says so; never more GPUs than resources.gpus_per_job."""
-    res = config["resources"]
-    own = decoder is not None and DECODERS[decoder].gpus > 1 and res["draft_own_gpu"]
+    its own for a decoder whose root pass runs alongside drafting when the pair's draft_own_gpu
+    (else resources.draft_own_gpu) says so; never more GPUs than resources.gpus_per_job."""
+    own = decoder is not None and DECODERS[decoder].gpus > 1 and draft_own_gpu(pair)
     drafted = decoder is None or DECODERS[decoder].needs_draft  # a draft-free job loads none
-    draft_gb = model_gb(DRAFT_OF[target], dtype) if drafted else 0.0
-    placed = place(model_gb(target, dtype), draft_gb, res["gpu_memory_gb"], own)
-    cap = res["gpus_per_job"]
+    draft_gb = model_gb(draft_of(pair), dtype) if drafted else 0.0
+    target = target_of(pair)
+    return capped(target, place(model_gb(target, dtype), draft_gb, gpu_card_gb(), own), dtype)
+
+
+def gpu_card_gb():
+    return config["resources"]["gpu_memory_gb"]
+
+
+def capped(target, placed, dtype):
+    """`placed` within resources.gpus_per_job: a target that needs more cards than the cap is
+    a config error; with no card left for the draft it shares the target's last."""
+    cap = config["resources"]["gpus_per_job"]
     if cap and placed.target_cards > cap:
         raise WorkflowError(
             f"config key resources.gpus_per_job: {target} needs {placed.target_cards} GPUs of "
-            f"{res['gpu_memory_gb']} GB (resources.gpu_memory_gb) for its weights in {dtype}, "
+            f"{gpu_card_gb()} GB (resources.gpu_memory_gb) for its weights in {dtype}, "
             f"more than the cap of {cap}; raise the cap, or set gpu_memory_gb to your cards' size"
         )
     if cap and placed.gpus > cap:  # no card left for the draft: it shares the target's last
@@ -365,33 +433,46 @@ def placement_for(target, decoder=None, dtype="auto"):
     return placed
 
 
+def replies_placement(target):
+    """The GPUs a target's replies job generates on: the target in the replies' dtype (auto:
+    bfloat16 on a GPU) spread over as many cards as it needs, as a decode job's target; its
+    float32 copy for the held-out replies stays on the CPU."""
+    return capped(target, place(model_gb(target, "auto"), 0.0, gpu_card_gb()), "auto")
+
+
+# A head trains on one GPU: the replies hold the target's features, so the target stays on the
+# CPU and only its embedding and output rows join the head on the card.
+TRAIN_PLACEMENT = Placement(1, False)
+
+
 def gpu_lock_dir():
     return config["gpu_lock_dir"] or ""
 
 
 def decode_outputs():
-    return expand(
-        "results/decode/{target}/{task}/T{temperature}/{decoder}.jsonl",
-        target=TARGETS,
-        task=config["tasks"],
-        temperature=TEMPERATURES,
-        decoder=config["decode"]["decoders"],
-    )
+    """Every pair's answers: each task and temperature for each of the pair's decoders."""
+    return [
+        f"results/decode/{pair}/{task}/T{temperature}/{decoder}.jsonl"
+        for pair in PAIRS
+        for task in config["tasks"]
+        for temperature in TEMPERATURES
+        for decoder in pair_decoders(pair)
+    ]
 
 
 def condition_outputs():
-    return expand(
-        "results/conditions/{target}/T{temperature}/{decoder}.json",
-        target=TARGETS,
-        temperature=TEMPERATURES,
-        decoder=config["decode"]["decoders"],
-    )
+    return [
+        f"results/conditions/{pair}/T{temperature}/{decoder}.json"
+        for pair in PAIRS
+        for temperature in TEMPERATURES
+        for decoder in pair_decoders(pair)
+    ]
 
 
 def score_outputs():
     return expand(
-        "results/scores/{target}/{task}/T{temperature}.csv",
-        target=TARGETS,
+        "results/scores/{pair}/{task}/T{temperature}.csv",
+        pair=list(PAIRS),
         task=config["tasks"],
         temperature=TEMPERATURES,
     )
@@ -409,24 +490,26 @@ TABLES = [
 
 
 def drift_outputs():
-    """One drift file per target when ar and another decoder run at temperature 0."""
-    decoders = config["decode"]["decoders"]
-    if "0" not in TEMPERATURES or "ar" not in decoders or len(decoders) < 2:
+    """One drift file per pair that runs ar and another decoder at temperature 0."""
+    if "0" not in TEMPERATURES:
         return []
-    return expand("results/drift/{target}.csv", target=TARGETS)
+    return [
+        f"results/drift/{pair}.csv"
+        for pair in PAIRS
+        if "ar" in pair_decoders(pair) and len(pair_decoders(pair)) > 1
+    ]
 
 
 def drift_inputs(wildcards):
-    """The target, every task's prompts, and every decoder's temperature-0 answers (ar's are
-    the reference)."""
-    answers = dict(target=wildcards.target, task=config["tasks"], temperature="0")
-    others = [d for d in config["decode"]["decoders"] if d != "ar"]
+    """The target, every task's prompts, and every decoder's temperature-0 answers of the pair
+    (ar's are the reference)."""
+    answers = dict(pair=wildcards.pair, task=config["tasks"], temperature="0")
+    others = [d for d in pair_decoders(wildcards.pair) if d != "ar"]
     return {
-        "target": model_dir(wildcards.target),
-        "prompts": [prompts_file(task) for task in config["tasks"]],
-        "reference": expand("results/decode/{target}/{task}/T{temperature}/ar.jsonl", **answers),
+        **pair_inputs(wildcards, draft=False),
+        "reference": expand("results/decode/{pair}/{task}/T{temperature}/ar.jsonl", **answers),
         "answers": expand(
-            "results/decode/{target}/{task}/T{temperature}/{decoder}.jsonl", decoder=others, **answers
+            "results/decode/{pair}/{task}/T{temperature}/{decoder}.jsonl", decoder=others, **answers
         ),
     }
 
@@ -434,11 +517,26 @@ def drift_inputs(wildcards):
 FIGURES = ["expected_accepted", "accepted_vs_tree_size", "relative_gains", "online"]
 
 
+def row_logs():
+    """(pair, row log) of every pair, task and temperature."""
+    return [
+        (pair, f"results/rows/{pair}/{task}/T{temperature}.npz")
+        for pair in PAIRS
+        for task in config["tasks"]
+        for temperature in TEMPERATURES
+    ]
+
+
+# the tables results/claims.md reads (targetrows.analysis.claims.TABLES)
+CLAIM_TABLES = ["relative_gains", "equal_size", "online", "online_gain", "reuse"]
+
+
 def final_outputs():
     return (
-        expand("results/tables/{name}.{ext}", name=TABLES, ext=["csv", "md", "tex"])
+        expand("results/tables/{name}.{ext}", name=TABLES + ["reuse"], ext=["csv", "md", "tex"])
         + expand("results/figures/{name}.{ext}", name=FIGURES, ext=["png", "pdf"])
         + expand("results/tables/draft_agreement_{model}.md", model=trained_drafts())
+        + ["results/claims.md", "results/claims.csv"]
     )
 
 
@@ -482,12 +580,13 @@ def runtime_from_parts():
     return config["resources"]["runtime"]["decode"] == "auto"
 
 
-def timed_budgets():
-    """The largest tree of each budget condition any decoder runs (a fixed budget, or the
-    baseline budget a matched cap matches): the part-times job times passes up to them."""
+def timed_budgets(pair):
+    """The largest tree of each budget condition any of the pair's decoders runs (a fixed
+    budget, or the baseline budget a matched cap matches): its part-times job times passes up
+    to them."""
     budgets = {
         b.nodes if isinstance(b, Fixed) else b.at
-        for d in config["decode"]["decoders"]
+        for d in pair_decoders(pair)
         for b in decode_budgets(d)
         if isinstance(b, Fixed | Matched)
     }
@@ -496,7 +595,7 @@ def timed_budgets():
 
 def decode_runtime(wildcards, input):
     """Minutes a decode job asks for: resources.runtime.decode, or under auto the bound worked
-    out from its target's part times (targetrows.cost.job_time), read once they are measured."""
+    out from its pair's part times (targetrows.cost.job_time), read once they are measured."""
     if not runtime_from_parts():
         return config["resources"]["runtime"]["decode"]
     pair = MeasuredPair.from_json(json.loads(Path(input.parts).read_text()))

@@ -1,8 +1,8 @@
-# Decoding online, one job per target x temperature x decoder over every task's prompts (the
-# models load once, and an `auto` condition is picked once for the pair and temperature). The
-# job resolves the decoder's budget conditions (a matched cap from the baseline's runs and the
-# row logs, `auto` from the cost model on this machine), runs them one after another, writes
-# them to a conditions file and claims its GPUs itself.
+# Decoding online, one job per pair x temperature x decoder (the pair's decoders) over every
+# task's prompts (the models load once, and an `auto` condition is picked once for the pair and
+# temperature). The job resolves the decoder's budget conditions (a matched cap from the
+# baseline's runs and the row logs, `auto` from the cost model on this machine), runs them one
+# after another, writes them to a conditions file and claims its GPUs itself.
 
 
 rule decode:
@@ -10,17 +10,17 @@ rule decode:
         unpack(decode_inputs),
     output:
         answers=decode_answers(),
-        conditions="results/conditions/{target}/T{temperature}/{decoder}.json",
+        conditions="results/conditions/{pair}/T{temperature}/{decoder}.json",
     log:
-        "results/logs/decode/{target}/T{temperature}/{decoder}.log",
+        "results/logs/decode/{pair}/T{temperature}/{decoder}.log",
     benchmark:
-        "results/benchmarks/decode/{target}/T{temperature}/{decoder}.tsv"
-    priority: lambda w: decode_priority(w.decoder)
+        "results/benchmarks/decode/{pair}/T{temperature}/{decoder}.tsv"
+    priority: lambda w: decode_priority(w.decoder, pair_decoders(w.pair))
     conda:
         ENV
     threads: config["threads"]["decode"]
     resources:
-        gpu=lambda w: gpu_request(placement_for(w.target, w.decoder, config["decode"]["dtype"]).gpus),
+        gpu=lambda w: gpu_request(placement_for(w.pair, w.decoder, config["decode"]["dtype"]).gpus),
         mem_mb=lambda w, input: job_mem_mb("decode", [input.target, *decode_drafts(input)]),
         runtime=decode_runtime,
     params:
@@ -32,9 +32,9 @@ rule decode:
         top_k=config["pool"]["top_k"],
         depth=config["pool"]["depth"],
         args=config["decode"]["args"],
-        trust=lambda w: trust_args(w.target),
-        chat=lambda w: chat_args(w.target),
+        trust=lambda w: trust_args(w.pair),
+        chat=lambda w: chat_args(target_of(w.pair)),
         lock_dir=gpu_lock_dir(),
-        placement=lambda w: placement_for(w.target, w.decoder, config["decode"]["dtype"]),
+        placement=lambda w: placement_for(w.pair, w.decoder, config["decode"]["dtype"]),
     script:
         "../scripts/decode.py"

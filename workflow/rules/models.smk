@@ -1,7 +1,9 @@
 # Model folders under resources/models/: downloaded from the hub (models and EAGLE-3 heads), or
 # built offline (the embedded SmolLM2 target from its PyPI wheel; standalone drafts distilled
 # from a target and EAGLE-3 heads trained for it, both from the target's replies under
-# resources/replies/). Local models and heads are used where they are and have no rule.
+# resources/replies/). Local models and heads are used where they are and have no rule. The
+# replies and the heads are made on the GPUs the jobs claim where there are any (the target's
+# cards for the replies, one card for a head), else on the CPU.
 
 
 rule download_model:
@@ -66,9 +68,12 @@ rule target_replies:
         ENV
     threads: config["threads"]["build"]
     resources:
+        gpu=lambda w: gpu_request(replies_placement(w.target).gpus),
         mem_mb=lambda w, input: job_mem_mb("target_replies", [input.target]),
         runtime=job_runtime("target_replies"),
     params:
+        lock_dir=gpu_lock_dir(),
+        placement=lambda w: replies_placement(w.target),
         command=lambda w, input, output, threads: [
             "replies",
             "--target",
@@ -81,7 +86,7 @@ rule target_replies:
             *chat_args(w.target),
         ],
     script:
-        "../scripts/targetrows_command.py"
+        "../scripts/train_on_gpus.py"
 
 
 rule distill_draft:
@@ -137,9 +142,12 @@ rule train_eagle3:
         ENV
     threads: config["threads"]["build"]
     resources:
+        gpu=gpu_request(TRAIN_PLACEMENT.gpus),
         mem_mb=lambda w, input: job_mem_mb("train_eagle3", [input.target, input.replies]),
         runtime=job_runtime("train_eagle3"),
     params:
+        lock_dir=gpu_lock_dir(),
+        placement=TRAIN_PLACEMENT,
         command=lambda w, input, output, threads: [
             "train-eagle3",
             "--target",
@@ -155,4 +163,4 @@ rule train_eagle3:
             *config["models"][w.model]["args"],
         ],
     script:
-        "../scripts/targetrows_command.py"
+        "../scripts/train_on_gpus.py"

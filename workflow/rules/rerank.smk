@@ -1,5 +1,5 @@
-# Learned rerankers: the learned rules' models, fitted on the row logs of every task at one
-# target x temperature and cross-fitted by prompt (each prompt is scored, offline and online, by
+# Learned rerankers: the learned rules' models, fitted on the row logs of every task of one
+# pair x temperature and cross-fitted by prompt (each prompt is scored, offline and online, by
 # a model trained without it). NumPy only, seconds.
 
 
@@ -7,11 +7,11 @@ rule train_reranker:
     input:
         rerank_inputs,
     output:
-        models=expand("results/rerankers/{{target}}/T{{temperature}}/{name}.json", name=LEARNED_RULES),
-        report="results/rerankers/{target}/T{temperature}/report.md",
-        report_csv="results/rerankers/{target}/T{temperature}/report.csv",
+        models=expand("results/rerankers/{{pair}}/T{{temperature}}/{name}.json", name=LEARNED_RULES),
+        report="results/rerankers/{pair}/T{temperature}/report.md",
+        report_csv="results/rerankers/{pair}/T{temperature}/report.csv",
     log:
-        "results/logs/rerankers/{target}/T{temperature}.log",
+        "results/logs/rerankers/{pair}/T{temperature}.log",
     priority: PRIORITY["train_reranker"]
     localrule: True
     conda:

@@ -4,12 +4,12 @@
 
 rule score:
     input:
-        rows="results/rows/{target}/{task}/T{temperature}.npz",
+        rows="results/rows/{pair}/{task}/T{temperature}.npz",
         rerankers=reranker_files,
     output:
-        "results/scores/{target}/{task}/T{temperature}.csv",
+        "results/scores/{pair}/{task}/T{temperature}.csv",
     log:
-        "results/logs/scores/{target}/{task}/T{temperature}.log",
+        "results/logs/scores/{pair}/{task}/T{temperature}.log",
     localrule: True
     conda:
         ENV
@@ -18,7 +18,7 @@ rule score:
             "score",
             input.rows,
             "--pair",
-            w.target,
+            w.pair,
             "--budgets",
             *config["score"]["budgets"],
             *(["--reranker", *input.rerankers] if input.rerankers else []),

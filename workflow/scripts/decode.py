@@ -1,4 +1,4 @@
-"""Snakemake job: one decoder on one target x temperature, every task, all its budget conditions.
+"""Snakemake job: one decoder on one pair x temperature, every task, all its budget conditions.
 
 Resolves the conditions (a matched cap from the baseline's runs and the row logs:
 `targetrows.pipeline.conditions`), claims its GPUs and calls `targetrows decode` once for every
@@ -44,7 +44,7 @@ def command(smk, budgets: list):
             "--max-new-tokens", str(smk.params.max_new_tokens), "--seed", str(smk.params.seed),
             "--batch-size", str(smk.params.batch_size),
             "--top-k", str(smk.params.top_k), "--depth", str(smk.params.depth),
-            "--model-id", smk.wildcards.target, "--no-progress",
+            "--model-id", smk.wildcards.pair, "--no-progress",
             *reranker, *smk.params.trust, *smk.params.chat, *extra,
             "--out", *smk.output.answers,
         ]
@@ -75,7 +75,7 @@ def main(smk) -> None:
     budgets = budgets_of(decoder, conditions)
     run_job(smk, command(smk, budgets), "decode", fresh_log=False)  # after the conditions
     conditions = fill_auto(conditions, read_answers(list(smk.output.answers)))
-    write_conditions(smk.output.conditions, smk.wildcards.target,
+    write_conditions(smk.output.conditions, smk.wildcards.pair,
                      float(smk.wildcards.temperature), decoder, conditions)
 
 

@@ -1,4 +1,4 @@
-"""Snakemake job: one target's temperature-0 answers against ar's (`targetrows drift`), on the
+"""Snakemake job: one pair's temperature-0 answers against ar's (`targetrows drift`), on the
 GPUs it claims (gpu_lock.py)."""
 
 import sys
@@ -13,7 +13,7 @@ def command(smk):
             "--target", smk.input.target, "--target-device", target_device,
             "--dtype", smk.params.dtype, "--prompts", *smk.input.prompts,
             "--reference", *smk.input.reference, "--answers", *smk.input.answers,
-            "--pair", smk.wildcards.target, *smk.params.trust, *smk.params.chat,
+            "--pair", smk.wildcards.pair, *smk.params.trust, *smk.params.chat,
             "--out", smk.output[0],
         ]
     return argv

@@ -1,4 +1,4 @@
-"""Snakemake job: time one target's pair on the GPUs it claims (`targetrows part-times`), what
+"""Snakemake job: time one pair on the GPUs it claims (`targetrows part-times`), what
 its decode jobs' wall-time requests are worked out from (gpu_lock.py)."""
 
 import sys

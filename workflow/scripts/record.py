@@ -1,4 +1,4 @@
-"""Snakemake job: record the target's rows on one target x temperature, one row log per task.
+"""Snakemake job: record the target's rows on one pair x temperature, one row log per task.
 
 Claims a GPU (gpu_lock.py) and calls `targetrows record` once for every task, which keeps finished
 prompts in OUT.parts/ so an interrupted job resumes, and writes the log OUT atomically at the end.

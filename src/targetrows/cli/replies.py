@@ -108,6 +108,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="skip the EAGLE-3 feature layers (enough for distill only)")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch CPU threads (default: torch's choice, one per core)")
+    parser.add_argument("--device", default="cpu",
+                        help="where the training replies and self prompts are written: cpu, "
+                        "cuda, cuda:1, or cuda:0,1 (the target spread evenly over those GPUs) "
+                        "(default cpu); the held-out replies are the float32 target's, on the "
+                        "CPU")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -115,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
 
     set_threads(args.threads)
     summary = make_replies(args.target, args.out, replies_config(args, args.features),
-                           force=args.force)
+                           force=args.force, device=args.device)
     print(f"replies: {summary['train_prompts']} training and {summary['heldout_prompts']} "
           f"held-out replies; wrote {args.out}", file=sys.stderr)
     return 0

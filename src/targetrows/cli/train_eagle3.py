@@ -40,7 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--freeze-lm-head", dest="train_lm_head", action="store_false",
                         help="keep lm_head at the target's rows (with its initialisation)")
     parser.add_argument("--device", default=d.device,
-                        help="where the target and the head run: cpu, cuda, cuda:1 (default cpu)")
+                        help="where the head trains: cpu, cuda, cuda:1 (default cpu); the "
+                        "target runs there when it generates the replies now, and with "
+                        "--replies stays on the CPU (only its weights are read)")
     parser.add_argument("--autocast", default=d.autocast,
                         help="dtype of the training's matrix products (autocast; float32 weights "
                         "and labels): auto (bfloat16 on a GPU or a CPU with AMX or AVX512-BF16, "

@@ -22,6 +22,7 @@ EAGLE-3 (and SpecForge):
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from dataclasses import dataclass, field
@@ -66,7 +67,7 @@ class Eagle3TrainConfig:
     # (EAGLE's and SpecForge's `loss_mask`); off: every position teaches the renormalised row
     mask_outside_vocab: bool = False
     eval_depth: int = 4  # chain depths reported on held-out replies
-    device: str = "cpu"  # where the target (for replies generated now) and the head run
+    device: str = "cpu"  # where the head trains (and the target runs for replies generated now)
     autocast: str = "auto"  # dtype of the matrix products (auto: bfloat16 where it is fast)
     train_minutes: float | None = None  # stop training after this (the schedule is not rescaled)
 
@@ -355,16 +356,19 @@ def evaluate(head: Eagle3Head, embed, data: TeacherData, depth: int,
 @torch.inference_mode()
 def forward_cost(target, head: Eagle3Head, context: int = 128, reps: int = 15) -> dict:
     """One head step (one new entry after `context` cached ones, its draft-vocabulary logits)
-    against one cached target decode step, both batch 1, median of `reps`. The head is timed
-    as the decoders run it by default: a copy with packed linear layers, in the dtype `load_pair`
-    gives a draft (`draft_dtype_for`: bfloat16 where that is fast)."""
+    against one cached target decode step, both batch 1, median of `reps`, both on the target's
+    device (a head trained on a GPU beside a target left on the CPU is timed there too). The
+    head is timed as the decoders run it by default: a copy with packed linear layers, in the
+    dtype `load_pair` gives a draft (`draft_dtype_for`: bfloat16 where that is fast)."""
     from targetrows.hf.loading import draft_dtype_for, resolve_dtype
     from targetrows.hf.packed import packed_copy
 
     from .distill import forward_seconds
 
-    dev = head.d2t.device
+    dev = target.device
     dtype = resolve_dtype(draft_dtype_for("auto", None, str(dev)), str(dev))
+    if head.d2t.device != dev:
+        head = copy.deepcopy(head).to(dev)
     head = packed_copy(head, dtype)
     s = head.shape
     past = torch.randn(s.num_kv_heads, context, s.head_dim, device=dev, dtype=dtype)
@@ -420,7 +424,10 @@ class HeadTraining:
                                      config.init_from_target, config.seed, config.init_layer)
         head.to(config.device)
         embed = target.get_input_embeddings().requires_grad_(False)
-        return _Head(head, head_config, embed, draft_ids, target_rows(target, draft_ids),
+        if embed.weight.device != head.d2t.device:  # the target stayed on the CPU: a copy
+            embed = copy.deepcopy(embed).to(head.d2t.device)
+        return _Head(head, head_config, embed, draft_ids,
+                     target_rows(target, draft_ids).to(head.d2t.device),
                      int(target.config.vocab_size))
 
     def fit(self, state: _Head, train: TeacherData, deadline: float | None) -> list[float]:

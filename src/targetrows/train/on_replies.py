@@ -27,7 +27,7 @@ class Training(Protocol):
     config: object  # a dataclass: its fields go into the report; `train_minutes` caps fitting
     report_name: str  # the report's file in the output folder
     data: RepliesConfig  # the replies to generate when no folder is given
-    device: str  # where the target (for replies generated now) and the model run
+    device: str  # where the model trains, and the target runs when it generates the replies now
     seed: int | None  # torch's global seed before anything is loaded, if the training wants one
 
     def build(self, target, tokenizer, train: TeacherData):
@@ -46,14 +46,17 @@ class Training(Protocol):
 def train_on_replies(training: Training, target_dir: str, out: str | Path,
                      replies: str | Path | None = None, force: bool = False) -> dict:
     """Train `training`'s model for the target at `target_dir` on the replies folder `replies`
-    (or replies generated now) into folder `out`; return the report (also in the folder)."""
+    (or replies generated now) into folder `out`; return the report (also in the folder). The
+    target runs on `training.device` when it generates the replies now; with a replies folder it
+    is only read (its weights, its cost timed), on the CPU, and `training.build` moves what the
+    model trains with to its device."""
     out = Path(out)
     if out.exists() and not force:
         raise ValueError(f"{out} already exists; pass --force to replace it")
     start = time.perf_counter()
     if training.seed is not None:
         torch.manual_seed(training.seed)
-    tokenizer, target = load_target(target_dir, training.device)
+    tokenizer, target = load_target(target_dir, training.device if replies is None else "cpu")
     check_head(target)  # before the replies, which may take minutes to generate
     train, held, data_summary = replies_for(target, tokenizer, replies, training.data)
     data_s = time.perf_counter() - start

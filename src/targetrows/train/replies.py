@@ -20,6 +20,12 @@ in the dtype the decoders run the target in (bfloat16 where that is fast, else f
 `dtype`), the held-out replies, which measure agreement, by the target as loaded (float32). The
 folder holds ``train.pt`` and ``heldout.pt`` (plain tensors, loaded weights-only) and
 ``replies.json`` (settings, sizes, time).
+
+On GPUs (`make_replies(device=...)`, `targetrows replies --device`) the training replies and the
+self prompts are written by a copy of the target loaded onto them in its dtype (spread over
+several cards for a target larger than one); the float32 target, which writes the held-out
+replies, stays on the CPU, so a target whose float32 weights fit no GPU still makes its
+replies there.
 """
 
 from __future__ import annotations
@@ -178,17 +184,24 @@ def generate_batch(model, prompts: list[list[int]], max_new: int, stop: set[int]
     base, head = model.base_model, model.get_output_embeddings()  # logits: head(hidden)
     n, width = len(prompts), max(len(p) for p in prompts)
     label_from = [len(p) - 1 for p in prompts] if label_from is None else label_from
-    ids, mask, pos = _left_padded(prompts, width, head.weight.device)
+    # a model spread over GPUs reads its inputs on its embedding's card and gives its rows on
+    # its head's; the bookkeeping stays on the head's (one device: no copies at all)
+    dev, into = head.weight.device, model.get_input_embeddings().weight.device
+    ids, mask, pos = _left_padded(prompts, width, dev)
     cache = growing_cache(model.config, width + max_new)
     with layer_inputs(model, feature_layers) as store:
 
         def grab() -> torch.Tensor | None:  # the fed positions' features, layers concatenated
             if not feature_layers:
                 return None
-            return torch.cat([store[i] for i in feature_layers], -1).half()
+            return torch.cat([store[i].to(dev) for i in feature_layers], -1).half()
 
-        states = base(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
-                      **cache_kwargs(base, cache)).last_hidden_state
+        def run(ids, mask, pos) -> torch.Tensor:  # the last layer's output states
+            return base(input_ids=ids.to(into), attention_mask=mask.to(into),
+                        position_ids=pos.to(into), use_cache=True,
+                        **cache_kwargs(base, cache)).last_hidden_state.to(dev)
+
+        states = run(ids, mask, pos)
         hidden, prefill = states[:, -1], grab()
         # the prompts' own labelled positions (before the last), row by row: logits are wide
         early = [states[i, width - len(p) + label_from[i] : -1] for i, p in enumerate(prompts)]
@@ -196,8 +209,7 @@ def generate_batch(model, prompts: list[list[int]], max_new: int, stop: set[int]
                  for h in early]
 
         def step(nxt, mask, pos):  # one token per live row: the next hidden state
-            return base(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos,
-                        use_cache=True, **cache_kwargs(base, cache)).last_hidden_state[:, -1]
+            return run(nxt[:, None], mask, pos)[:, -1]
 
         steps = _reply_steps(head, step, cache, hidden, mask, pos[:, -1:], stop, max_new, top_k,
                              sampler, grab if feature_layers else None)
@@ -338,9 +350,37 @@ def in_dtype(model, dtype: torch.dtype):
     return model if dtype == model.dtype else copy.deepcopy(model).to(dtype)
 
 
-def generate_replies(target, tokenizer, config: RepliesConfig) -> tuple[TeacherData, TeacherData,
-                                                                          dict]:
-    """(training data, held-out data, summary) for the loaded `target` (a transformers model)."""
+class DeviceCopies:
+    """The target loaded from `folder` onto `device` (a GPU, or "cuda:0,1": spread evenly over
+    those) once per dtype, for the replies written there: straight from its weights in that
+    dtype (the values a cast of the float32 target holds; its rotary buffers stay float32, as
+    in every decoder's load)."""
+
+    def __init__(self, folder: str, device: str):
+        self.folder, self.device, self.models = folder, device, {}
+
+    def get(self, dtype: torch.dtype):
+        if dtype not in self.models:
+            from transformers import AutoModelForCausalLM
+
+            from targetrows.hf.loading import device_map
+
+            placement, max_memory = device_map(self.device)
+            self.models[dtype] = AutoModelForCausalLM.from_pretrained(
+                self.folder, dtype=dtype, device_map=placement, max_memory=max_memory).eval()
+        return self.models[dtype]
+
+    def clear(self) -> None:
+        self.models.clear()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def generate_replies(target, tokenizer, config: RepliesConfig,
+                     copies: DeviceCopies | None = None) -> tuple[TeacherData, TeacherData, dict]:
+    """(training data, held-out data, summary) for the loaded `target` (a transformers model).
+    With `copies`, the training replies and self prompts are written on their device by the
+    target loaded there; the held-out replies always by `target` as loaded."""
     from targetrows.hf.loading import resolve_dtype
     from targetrows.specbench.chat import encode_prompt, set_thinking, stop_ids
 
@@ -349,12 +389,18 @@ def generate_replies(target, tokenizer, config: RepliesConfig) -> tuple[TeacherD
         raise ValueError(f"--heldout must be between 1 and {len(HELDOUT_PROMPTS)}")
     start = time.perf_counter()
     stop = stop_ids(tokenizer, target)
-    dtype = resolve_dtype(config.dtype, str(target.device))
-    generator = in_dtype(target, dtype)
+    where = str(target.device) if copies is None else copies.device
+
+    def writing_in(dtype: str):  # the model that writes in `dtype` (resolved on its device)
+        dtype = resolve_dtype(dtype, where)
+        return in_dtype(target, dtype) if copies is None else copies.get(dtype)
+
+    generator = writing_in(config.dtype)
+    dtype = generator.dtype
     prompts = training_prompts(config.prompts, config.seed)
     written = []
     if config.self_prompts:  # only their text is kept: written in bfloat16 where that is fast
-        writer = in_dtype(target, resolve_dtype(config.write_dtype, str(target.device)))
+        writer = writing_in(config.write_dtype)
         written = self_prompts(writer, tokenizer, config.self_prompts, config.seed, stop,
                                exclude={*prompts, *HELDOUT_PROMPTS})
         del writer
@@ -366,7 +412,8 @@ def generate_replies(target, tokenizer, config: RepliesConfig) -> tuple[TeacherD
                          config.learn_prompts)
     if config.sampled:  # more replies, sampled (seeded), to prompts spread over the list
         again = [train_ids[i * len(train_ids) // config.sampled] for i in range(config.sampled)]
-        sampler = torch.Generator(device=target.device).manual_seed(config.seed + 1)
+        sampler = torch.Generator(device=generator.get_output_embeddings().weight.device)
+        sampler.manual_seed(config.seed + 1)
         train = train + teacher_data(generator, again, config, stop, "sampled replies", cap,
                                      config.learn_prompts, sampler=sampler)
     library = []
@@ -377,6 +424,8 @@ def generate_replies(target, tokenizer, config: RepliesConfig) -> tuple[TeacherD
         train = train + teacher_data(generator, library, short, stop, "library passages", cap,
                                      learn_prompts=True)
     del generator
+    if copies is not None:
+        copies.clear()
     held_config = replace(config, max_new_tokens=config.heldout_max_new_tokens)
     held = teacher_data(target, held_ids, held_config, stop, "held-out replies")
     summary = {
@@ -389,6 +438,8 @@ def generate_replies(target, tokenizer, config: RepliesConfig) -> tuple[TeacherD
         "stop_ids": sorted(stop), "seconds": time.perf_counter() - start,
         "threads": torch.get_num_threads(), "torch": torch.__version__,
     }
+    if copies is not None:
+        summary["device"] = copies.device
     print(f"replies: {summary['train_prompts']} replies, {summary['train_positions']} positions "
           f"in {summary['seconds']:.0f} s", file=sys.stderr)
     return train, held, summary
@@ -409,13 +460,16 @@ def load_target(target_dir: str, device: str = "cpu"):
 
 
 def make_replies(target_dir: str, out: str | Path, config: RepliesConfig,
-                 force: bool = False) -> dict:
-    """Write the replies folder `out` for the target at `target_dir`; return its summary."""
+                 force: bool = False, device: str = "cpu") -> dict:
+    """Write the replies folder `out` for the target at `target_dir`; return its summary.
+    `device`: where the training replies and self prompts are written ("cpu", or GPUs: "cuda",
+    "cuda:1", "cuda:0,1"); the held-out replies are the float32 target's, on the CPU."""
     out = Path(out)
     if out.exists() and not force:
         raise ValueError(f"{out} already exists; pass --force to replace it")
     tokenizer, target = load_target(target_dir)
-    train, held, summary = generate_replies(target, tokenizer, config)
+    copies = None if device == "cpu" else DeviceCopies(target_dir, device)
+    train, held, summary = generate_replies(target, tokenizer, config, copies)
     summary = {"target": str(target_dir), **summary}
     with new_folder(out, force) as tmp:
         train.to_file(tmp / "train.pt")

@@ -56,13 +56,14 @@ def sample_turns(model, prefix: list[int], n: int, max_tokens: int, stop: set[in
     from targetrows.hf.batched_attention import batched_attention
     from targetrows.hf.cache import cache_kwargs, growing_cache
 
-    dev = model.get_output_embeddings().weight.device
-    ids = torch.tensor(prefix, device=dev).repeat(n, 1)
+    # a model spread over GPUs reads on its embedding's card; rows are drawn on its head's
+    dev, into = model.get_output_embeddings().weight.device, model.get_input_embeddings().weight.device
+    ids = torch.tensor(prefix, device=into).repeat(n, 1)
     cache = growing_cache(model.config, len(prefix) + max_tokens)
     with batched_attention(model):  # unmasked one-token passes: not torch's fused kernel
         # logits of the last position only: a batch of full prefixes would be n x len x vocab
         logits = model(input_ids=ids, use_cache=True, logits_to_keep=1,
-                       **cache_kwargs(model, cache)).logits[:, -1]
+                       **cache_kwargs(model, cache)).logits[:, -1].to(dev)
         stop_t = torch.tensor(sorted(stop), dtype=torch.long, device=dev)
         alive = torch.arange(n, device=dev)
         turns: list[list[int] | None] = [None] * n
@@ -80,8 +81,8 @@ def sample_turns(model, prefix: list[int], n: int, max_tokens: int, stop: set[in
             if not keep.all():
                 cache.reorder_cache(keep.nonzero()[:, 0])
                 alive, nxt = alive[keep], nxt[keep]
-            logits = model(input_ids=nxt[:, None], use_cache=True,
-                           **cache_kwargs(model, cache)).logits[:, -1]
+            logits = model(input_ids=nxt[:, None].to(into), use_cache=True,
+                           **cache_kwargs(model, cache)).logits[:, -1].to(dev)
     for rows, tokens in picked:
         for row, tok in zip(rows.tolist(), tokens.tolist(), strict=True):
             if turns[row] is not None and tok not in stop:
