@@ -43,7 +43,7 @@ def test_rerank_holds_only_where_every_interval_lies_above_zero():
     assert got["3 rerank, T=0"] == claims.HOLDS
     assert "+40.0% [+30.0, +50.0] (p T=0 B=2)" in table.loc["3 rerank, T=0", "ours"]
     assert got["3 rerank, T=1"] == claims.FAILS
-    assert "1 of 2 cells' intervals do not exclude 0" in table.loc["3 rerank, T=1", "why"]
+    assert "1 of 2 cells' intervals include 0" in table.loc["3 rerank, T=1", "why"]
     # larger at small budgets: T=0's B=2 interval lies above B=32's, T=1's too
     assert got["3 rerank, small budgets"] == claims.HOLDS
     # nothing planted for these
@@ -56,6 +56,18 @@ def test_a_gain_below_zero_is_named_with_its_cell():
     got, table = verdicts({"relative_gains": rel})
     assert got["4 fts, equal cap"] == claims.FAILS
     assert "lowest: -45.0% [-64.0, -12.0] at p T=0 B=2" in table.loc["4 fts, equal cap", "why"]
+
+
+def test_a_cell_without_a_ratio_is_left_out_and_named():
+    # pearl at budget 1 accepts nothing: no ratio, no interval; it neither makes nor breaks it
+    rel = gains("first_token", "pearl", [(0, 1, np.nan, np.nan, np.nan),
+                                         (0, 16, 0.1, 0.05, 0.2)])
+    got, table = verdicts({"relative_gains": rel})
+    assert got["4 fts, equal cap"] == claims.HOLDS
+    assert "left out: 1 cells without a ratio" in table.loc["4 fts, equal cap", "why"]
+    assert "p T=0 B=1" in table.loc["4 fts, equal cap", "why"]
+    only = gains("first_token", "pearl", [(0, 1, np.nan, np.nan, np.nan)])
+    assert verdicts({"relative_gains": only})[0]["4 fts, equal cap"] == claims.UNMEASURED
 
 
 def test_small_budget_gain_must_clear_the_large_budget_interval():

@@ -72,24 +72,27 @@ def _range(cells: pd.DataFrame) -> str:
 
 
 def _positive(cells: pd.DataFrame, what: str, conditions: str) -> Finding:
-    """Holds when every cell's interval lies above 0 (a cell without an interval, one prompt or
-    no ratio, cannot show it)."""
+    """Holds when every cell's interval lies above 0. A cell without a ratio (its baseline
+    accepted nothing: `pearl` at budget 1) or without an interval (one prompt) shows nothing
+    either way: it is left out of the verdict, and the row says how many there were."""
     defined = cells[np.isfinite(cells["gain"])] if len(cells) else cells
     if defined.empty:
         return Finding("", conditions, UNMEASURED, f"no {what} in this run's tables")
     above = defined["lo"] > 0
     below = defined["hi"] < 0
-    ours = _range(defined)
-    if above.all() and len(defined) == len(cells):
-        return Finding(ours, conditions, HOLDS)
-    why = [f"{int((~above).sum())} of {len(defined)} cells' intervals do not exclude 0"]
+    why = []
+    if not above.all():
+        why.append(f"{int((~above).sum())} of {len(defined)} cells' intervals include 0 or lie "
+                   "below it")
     if below.any():
         worst = defined[below].sort_values("gain", kind="stable").head(1)
         w = next(worst.assign(text=with_ci(worst)).itertuples())
         why.append(f"{int(below.sum())} lie below 0 (lowest: {w.text} at {_cell(w)})")
     if len(defined) < len(cells):
-        why.append(f"{len(cells) - len(defined)} cells have no ratio")
-    return Finding(ours, conditions, FAILS, "; ".join(why))
+        left = cells[~np.isfinite(cells["gain"])]
+        why.append(f"left out: {len(left)} cells without a ratio, the baseline accepting nothing "
+                   f"({', '.join(_cell(r) for r in left.itertuples())})")
+    return Finding(_range(defined), conditions, HOLDS if above.all() else FAILS, "; ".join(why))
 
 
 def _gains(t: dict, rule: str, baseline: str, temperature: float | None = None) -> pd.DataFrame:
@@ -114,6 +117,12 @@ def _budgets(cells: pd.DataFrame) -> str:
     return ", ".join(str(int(b)) for b in sorted(set(cells["budget"])))
 
 
+def _span(values: pd.Series, fmt: str) -> str:
+    """'0.24 to 0.31', or '0.31' when they agree at that precision."""
+    lo, hi = fmt.format(values.min()), fmt.format(values.max())
+    return lo if lo == hi else f"{lo} to {hi}"
+
+
 # -- the claims ---------------------------------------------------------------------------------
 
 def exact_reuse(t: dict) -> Finding:
@@ -128,9 +137,8 @@ def exact_reuse(t: dict) -> Finding:
     for name, rows in (("toy pair", toy), ("row logs", logs)):
         if len(rows):
             parts.append(f"{name}: row one token short vs exact row, total variation "
-                         f"{rows['tv'].min():.2f} to {rows['tv'].max():.2f}, first-ranked token "
-                         f"differs at {rows['best_differs'].min():.0%} to "
-                         f"{rows['best_differs'].max():.0%} of positions")
+                         f"{_span(rows['tv'], '{:.2f}')}, first-ranked token differs at "
+                         f"{_span(rows['best_differs'], '{:.0%}')} of positions")
     conditions = (f"toy pair and {len(logs)} pair x temperature row logs "
                   "(first-level tokens: a lower bound)") if len(logs) else "toy pair only"
     exact = found == 0 and (reuse["tv_lo"] > 0).all()
@@ -237,9 +245,12 @@ def faster(decoder: str, baseline: str, *, overlap: bool, budget: int | None = N
             cells = cells[cells["budget"] == budget]
         missing = []
         if cells.empty:
+            ran = t["online_gain"]
+            kinds = sorted(map(str, set(ran["draft_kind"].dropna()))) if len(ran) else []
             missing.append(f"no {decoder} run beside {baseline}"
                            + (f" at B={budget}" if budget else "")
-                           + (" at a matched cap" if matched else ""))
+                           + (" at a matched cap" if matched else "")
+                           + (f" (this run's drafts: {', '.join(kinds)})" if kinds else ""))
         else:
             standalone = cells[cells["draft_kind"] == "standalone"]
             if standalone.empty:

@@ -132,6 +132,7 @@ def write_row_log_tables(score_paths: list[str], folder: str, n_boot: int,
         index=["pair", "temperature", "budget", "per_round"], columns="rule", values="value",
         observed=True, sort=False).sort_index(level=["pair", "temperature", "budget"],
                                              sort_remaining=False)
+    shown = shown[in_order(acc["rule"], RULES)]  # columns in the registry's order
     write_table(acc, shown, f"{folder}/expected_accepted",
                 "Expected accepted draft tokens and tokens committed per round (row logs; tasks "
                 "pooled). Tokens committed: the accepted draft tokens, the bonus token, and t0 "
