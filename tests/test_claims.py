@@ -147,3 +147,18 @@ def test_the_next_root_is_never_among_the_verify_pass_rows():
     assert len(toy["found"]) > 10 and not toy["found"].any()
     assert toy["next_best_exact"].all()  # greedy: the exact row's first token comes next
     assert (toy["tv"] > 0).all() and toy["best_differs"].mean() > 0.5
+
+
+def test_fts_online_is_judged_on_eagle3_drafts_where_the_run_has_them():
+    heads = pd.concat([online_gain("fts", "pearl", "accepted", [(59, 59, False, 0.05, 0.02, 0.08)],
+                                   kind="eagle3"),
+                       online_gain("fts", "pearl", "nodes", [(59, 59, False, 0.5, 0.4, 0.6)],
+                                   kind="eagle3")])
+    standalone = online_gain("fts", "pearl", "accepted", [(59, 59, False, -0.1, -0.2, -0.05)])
+    got, table = verdicts({"online_gain": pd.concat([heads, standalone])})
+    assert got["5 fts online"] == claims.HOLDS  # the standalone pair's cell is claim 7's
+    assert table.loc["5 fts online", "conditions"] == "online, B=59, eagle3 drafts"
+    got, table = verdicts({"online_gain": pd.concat([heads, standalone.assign(
+        metric="tokens_per_s", budget=8, baseline_budget=8, overlap=False)])})
+    assert got["7 fts vs pearl, caps 8"] == claims.FAILS
+    assert "root pass in turn" in table.loc["7 fts vs pearl, caps 8", "conditions"]
