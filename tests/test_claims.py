@@ -162,3 +162,13 @@ def test_fts_online_is_judged_on_eagle3_drafts_where_the_run_has_them():
         metric="tokens_per_s", budget=8, baseline_budget=8, overlap=False)])})
     assert got["7 fts vs pearl, caps 8"] == claims.FAILS
     assert "root pass in turn" in table.loc["7 fts vs pearl, caps 8", "conditions"]
+
+
+def test_empty_and_missing_tables_read_as_empty(tmp_path):
+    pd.DataFrame().to_csv(tmp_path / "equal_size.csv", index=False)  # what a run writes for none
+    gains("target_rerank", "draft_rank", [(0, 2, 0.4, 0.3, 0.5)]).to_csv(
+        tmp_path / "relative_gains.csv", index=False)
+    tables = claims.read_tables(str(tmp_path))
+    assert tables["equal_size"].empty and tables["online_gain"].empty
+    got, _ = verdicts(tables)
+    assert got["3 rerank, T=0"] == claims.HOLDS and got["4 fts, equal size"] == claims.UNMEASURED

@@ -19,7 +19,6 @@ claim about a condition the run does not reproduce exactly (a budget of 16 where
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -332,9 +331,15 @@ def claims_table(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
 
 
 def read_tables(folder: str) -> dict[str, pd.DataFrame]:
-    """The tidy tables `claims_table` reads, from `folder` (a missing one: empty)."""
-    return {name: pd.read_csv(f"{folder}/{name}.csv") for name in TABLES
-            if os.path.exists(f"{folder}/{name}.csv")}
+    """The tidy tables `claims_table` reads, from `folder` (a missing or empty one: empty;
+    a run without rules that commit t0 writes an empty equal_size table)."""
+    tables = {}
+    for name in TABLES:
+        try:
+            tables[name] = pd.read_csv(f"{folder}/{name}.csv")
+        except (FileNotFoundError, pd.errors.EmptyDataError):
+            tables[name] = pd.DataFrame()
+    return tables
 
 
 def write_claims(tables: dict[str, pd.DataFrame], stem: str) -> pd.DataFrame:
