@@ -146,6 +146,20 @@ class Eagle3Head(nn.Module):
                    past_k: torch.Tensor, past_v: torch.Tensor, allowed: torch.Tensor):
         """`step` over n sequences at once: h and embeds [n, q, H], positions [n, q], past
         keys/values [n, kv_heads, S, head_dim], `allowed` [n, 1, q, S + q]."""
+        q, k, v, residual = self.attention_inputs(h, embeds, positions)
+        keys, values = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
+        s = self.shape
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed,
+                                             enable_gqa=s.num_heads != s.num_kv_heads)
+        return self.layer_output(residual, out), keys, values
+
+    # The layer in two halves around its attention, which inference (`step_batch`, over a KV
+    # cache) and training (`targetrows.train.eagle3_train.unrolled`, over the unrolled steps)
+    # compute each its own way: everything else is written once, here.
+    def attention_inputs(self, h: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor):
+        """(queries, keys, values, residual) of q new entries per sequence: h and embeds
+        [n, q, H], positions [n, q]; queries [n, heads, q, head_dim] and keys and values
+        [n, kv_heads, q, head_dim], rotated to their positions."""
         s, layer, attn = self.shape, self.layer, self.layer.self_attn
         n, q_len = h.shape[:2]
         normed = layer.hidden_norm(h)
@@ -159,14 +173,17 @@ class Eagle3Head(nn.Module):
         v = attn.v_proj(x).view(n, q_len, s.num_kv_heads, s.head_dim).transpose(1, 2)
         cos, sin = self.rotary(x, positions)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        keys, values = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed,
-                                             enable_gqa=s.num_heads != s.num_kv_heads)
-        h = residual + attn.o_proj(out.transpose(1, 2).reshape(n, q_len, -1))
+        return q, k, v, residual
+
+    def layer_output(self, residual: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        """g [n, q, H] from the residual and the attention's output [n, heads, q, head_dim]:
+        the output projection, the residual, the MLP."""
+        n, _, q_len, _ = attended.shape
+        layer = self.layer
+        h = residual + layer.self_attn.o_proj(attended.transpose(1, 2).reshape(n, q_len, -1))
         mlp = layer.mlp
         x = layer.post_attention_layernorm(h)
-        g = h + mlp.down_proj(self.act(mlp.gate_proj(x)) * mlp.up_proj(x))
-        return g, keys, values
+        return h + mlp.down_proj(self.act(mlp.gate_proj(x)) * mlp.up_proj(x))
 
     def draft_logits(self, g: torch.Tensor) -> torch.Tensor:
         """Logits over the draft vocabulary [rows, draft_vocab_size]."""

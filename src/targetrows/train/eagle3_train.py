@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from targetrows.hf.eagle3 import Eagle3Head
 from targetrows.hf.loading import resolve_dtype
@@ -133,7 +132,7 @@ def unrolled(head: Eagle3Head, embed: torch.nn.Embedding, batch: Batch, k_steps:
     when it is unrolled on its own outputs (the training-time test), batched over sequences.
     Step 0 runs at every index (its entries are what later queries attend to); later steps only
     where a tree can be rooted (index >= prompt length - 2), as at inference."""
-    s, layer, attn = head.shape, head.layer, head.layer.self_attn
+    s = head.shape
     n_b, width = batch.features.shape[:2]
     scale = 1.0 / math.sqrt(s.head_dim)
     group = s.num_heads // s.num_kv_heads
@@ -145,18 +144,8 @@ def unrolled(head: Eagle3Head, embed: torch.nn.Embedding, batch: Batch, k_steps:
         start = 0 if k == 0 else lo  # the indices this step runs at
         n_q = width - start
         emb = embed(batch.tokens[:, start + k : width + k]).float()
-        normed = layer.hidden_norm(h)
-        residual = normed if s.norm_before_residual else h
-        x = torch.cat([layer.input_layernorm(emb), normed], dim=-1)
-        q = attn.q_proj(x).view(n_b, n_q, s.num_heads, s.head_dim)
-        kk = attn.k_proj(x).view(n_b, n_q, s.num_kv_heads, s.head_dim)
-        if s.qk_norm:
-            q, kk = attn.q_norm(q), attn.k_norm(kk)
-        q, kk = q.transpose(1, 2), kk.transpose(1, 2)
-        vv = attn.v_proj(x).view(n_b, n_q, s.num_kv_heads, s.head_dim).transpose(1, 2)
         pos = (torch.arange(start, width, device=dev) + k).expand(n_b, n_q)
-        cos, sin = head.rotary(x, pos)
-        q, kk = apply_rotary_pos_emb(q, kk, cos, sin)
+        q, kk, vv, residual = head.attention_inputs(h, emb, pos)
         # step 0's keys span every index; a later step's, indices lo.. (seen only at their own)
         keys.append(kk.repeat_interleave(group, 1))
         values.append(vv.repeat_interleave(group, 1))
@@ -168,10 +157,7 @@ def unrolled(head: Eagle3Head, embed: torch.nn.Embedding, batch: Batch, k_steps:
         out = probs[..., :width] @ values[0]
         for j, value in enumerate(values[1:k + 1]):
             out = out + probs[..., width + j : width + j + 1] * value
-        h = residual + attn.o_proj(out.transpose(1, 2).reshape(n_b, n_q, -1))
-        mlp = layer.mlp
-        y = layer.post_attention_layernorm(h)
-        g = (h + mlp.down_proj(head.act(mlp.gate_proj(y)) * mlp.up_proj(y)))[:, lo - start:]
+        g = head.layer_output(residual, out)[:, lo - start:]
         yield k, g
         h = head.fed_back(g)
 
