@@ -44,20 +44,69 @@ def test_each_decoder_is_bounded_by_its_dearest_rounds_pass_by_pass():
     ar = decode_work(get_decoder("ar"), [Fixed(1)], new, POOL)
     assert decode_seconds(PAIR, ar) == pytest.approx(14 * (0.5 + new * (OVER + target_s(1))))
     # fts at 16 and auto: three conditions (auto's calibration one more), every round at
-    # auto's largest candidate: verify of the tree and t0, root pass, 6 levels 10 wide and
-    # the head's refeed
+    # auto's largest candidate: verify of the tree and t0, root pass, 6 levels of the pool
+    # (the root, then 10 nodes each), the head's first pass feeding the last round's tokens
+    # again (t0, a path of at most 6, the bonus)
     fts = decode_work(get_decoder("fts"), [Fixed(16), Auto()], new, POOL)
     assert fts.conditions == 3
     largest = max(DEFAULT_BUDGETS)
-    round_s = OVER + target_s(largest + 1) + target_s(1) + 7 * draft_s(10)
+    round_s = OVER + target_s(largest + 1) + target_s(1) + draft_s(8) + 5 * draft_s(10)
     assert decode_seconds(PAIR, fts) == pytest.approx(3 * 14 * (0.5 + new * round_s))
-    # draft_rank verifies the root with its tree and has no root pass
+    # draft_rank verifies the root with its tree and has no root pass; its pool is pruned to
+    # what a tree of 8 can use (7 frontier nodes a level)
     rank = decode_work(get_decoder("draft_rank"), [Fixed(8)], new, POOL)
     assert decode_seconds(PAIR, rank) == pytest.approx(
-        14 * (0.5 + new * (OVER + target_s(9) + 7 * draft_s(10))))
+        14 * (0.5 + new * (OVER + target_s(9) + 6 * draft_s(7))))
     # racer drafts nothing: its tree comes from the target's rows
     racer = decode_work(get_decoder("racer"), [Fixed(8)], new, POOL)
     assert decode_seconds(PAIR, racer) == pytest.approx(14 * (0.5 + new * (OVER + target_s(9))))
+
+
+def test_a_redraft_is_bounded_with_its_second_pool_and_draft_free_calibration_by_its_union():
+    new = 32
+    # fts_redraft: the root and its 2 guesses, then 5 levels of 2 x 10; when the guesses miss
+    # t0, a pool under t0 after the root pass (the root, then 5 levels of 10)
+    redraft = decode_work(get_decoder("fts_redraft"), [Fixed(16)], new, POOL)
+    drafting = draft_s(8) + draft_s(2) + 5 * draft_s(20) + draft_s(1) + 5 * draft_s(10)
+    round_s = OVER + target_s(17) + target_s(1) + drafting
+    assert decode_seconds(PAIR, redraft) == pytest.approx(14 * (0.5 + new * round_s))
+    # racer under auto calibrates along whole runs, verifying the union of every candidate
+    # budget's tree: at most their sizes summed, plus the root
+    racer = decode_work(get_decoder("racer"), [Auto()], new, POOL)
+    union = 1 + sum(DEFAULT_BUDGETS)
+    decoding = OVER + target_s(max(DEFAULT_BUDGETS) + 1)
+    assert decode_seconds(PAIR, racer) == pytest.approx(
+        14 * (0.5 + new * decoding) + 14 * (0.5 + new * (OVER + target_s(union))))
+    # auto's candidates are the budgets that fit the pool: a pool of 5 + 3 x 25 = 80 nodes
+    small = decode_work(get_decoder("racer"), [Auto()], new, PoolShape(5, 4))
+    assert small.candidates == tuple(b for b in DEFAULT_BUDGETS if b <= 80)
+
+
+def test_the_worst_round_bounds_every_round_the_loop_runs():
+    """Each decoder's `worst_round` against the rounds it runs on the toy pair: no round feeds
+    its verify pass more tokens, drafts more passes, commits more tokens or runs more target
+    passes than it says (a draft that rarely guesses t0, so fts_redraft redrafts)."""
+    from targetrows.core.toy import ToyPair
+    from targetrows.decoding.config import DecodeConfig
+    from targetrows.decoding.loop import generate
+    from targetrows.decoding.registry import decoder_names
+
+    pair = ToyPair(vocab_size=24, seed=3, closeness=0.3)
+    pool = PoolShape(top_k=3, depth=3)
+    redrafted = 0
+    for name in decoder_names(learned=False):
+        decoder = get_decoder(name)
+        for budget in (1, 4, 12):
+            config = DecodeConfig(name, budget=budget, pool=pool, temperature=1.0,
+                                  max_new_tokens=24)
+            shape = decoder.worst_round(pool, config.budget)
+            for r in generate(pair.target, pair.draft, [1, 2, 3], config).rounds[1:]:
+                assert r.nodes + decoder.verify_feeds <= shape.verify_nodes, (name, budget)
+                assert r.draft_passes <= len(shape.draft_widths), (name, budget)
+                assert r.committed <= shape.committed, (name, budget)
+                assert r.target_passes <= 1 + shape.root_pass, (name, budget)
+                redrafted += decoder.guesses_pool and r.draft_passes == len(shape.draft_widths)
+    assert redrafted > 0  # the guesses missed t0, and a second pool was drafted under it
 
 
 def test_conditions_come_from_the_budgets_a_job_runs():

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from targetrows.core.acceptance import reach_probability
-from targetrows.core.pool import expand_model
+from targetrows.core.pool import PoolShape, expand_model
 from targetrows.core.rows import greedy
 from targetrows.core.rules.batch import PoolBatch, stack_pools
 from targetrows.core.rules.root_pool import draft_rank
@@ -320,12 +320,17 @@ def _fits(entry, pool, depths, budgets) -> np.ndarray:
     return fits
 
 
+def candidate_budgets(pool: PoolShape, budgets=DEFAULT_BUDGETS) -> tuple[int, ...]:
+    """The budgets `auto` tries: those of `budgets` that fit the pool (else the pool's size)."""
+    return tuple(sorted({int(b) for b in budgets if 1 <= int(b) <= pool.size})) or (pool.size,)
+
+
 def _candidates(entry, pool, search: BudgetSearch) -> tuple[list[int], list[int]]:
     """The budgets and pool depths tried: those of the search that fit the pool. A draft-free
     decoder drafts no pool, but tries the same budgets, so that `auto` compares it with the
     pool decoders at budgets they could pick too, and one depth, the setting's (recorded, not
     used)."""
-    budgets = sorted({int(b) for b in search.budgets if 1 <= int(b) <= pool.size}) or [pool.size]
+    budgets = list(candidate_budgets(pool, search.budgets))
     if not entry.needs_draft:
         return budgets, [pool.depth]
     depths = sorted(set(_check_depths(search.depths or range(1, pool.depth + 1), pool.depth)))

@@ -3,16 +3,19 @@ time the pipeline asks a cluster for (SLURM `runtime`) before the job starts.
 
 A job decodes every prompt turn once per budget condition. Each round commits at least one
 token, so a turn takes at most its prompt's prefill plus `max_new_tokens` rounds, each as dear
-as a round of its decoder can be:
+as a round of its decoder can be (`Decoder.worst_round`, the registry's: each decoder says
+which passes its dearest round runs):
 - the verify pass over the largest tree the job runs (its budget plus the root or t0);
 - the root pass beside or before it (a decoder with one: `Decoder.root_pass`);
-- every level of the draft's pool, each a pass as wide as a level can be (`top_k`), and one
-  more for the tokens an EAGLE-3 head feeds again;
+- every draft pass of the pool at its widest, a redraft's second pool under t0 included; an
+  EAGLE-3 head's first pass feeds the tokens the last round committed again;
 - what a round costs beyond its passes, measured on `ar`'s rounds.
 An `auto` condition first calibrates (passes timed, rows at 8 contexts), counted as one more
-condition. That bound, plus a job's start (imports, loading the models), times a margin, is
-the request: the margin covers what a job does besides (reading prompts, writing answers,
-the first passes' warm-up) and a machine slower than the one timed.
+condition; a draft-free decoder calibrates along whole runs, each round verifying the union of
+every candidate budget's tree (`targetrows.cost.draft_free`), priced at the sum of their sizes.
+That bound, plus a job's start (imports, loading the models), times a margin, is the request:
+the margin covers what a job does besides (reading prompts, writing answers, the first passes'
+warm-up) and a machine slower than the one timed.
 
 Asking for the bound, not for the expected time, keeps a job from being killed at its limit:
 speculation commits several tokens a round when the draft agrees, and the bound does not count
@@ -33,8 +36,9 @@ from targetrows.core.pool import PoolShape
 from targetrows.decoding.budget import Auto, Budget, Fixed, Matched
 from targetrows.decoding.config import DecodeConfig
 from targetrows.decoding.loop import generate
-from targetrows.decoding.registry import Decoder
+from targetrows.decoding.registry import Decoder, RoundShape
 
+from .calibration import candidate_budgets
 from .parttimes import (
     PartTimes,
     PassCurve,
@@ -93,8 +97,17 @@ class DecodeWork:
         return max(1, len(self.budgets) + 2 * self.auto)
 
     @property
+    def pool(self) -> PoolShape:
+        return PoolShape(self.top_k, self.depth)
+
+    @property
+    def candidates(self) -> tuple[int, ...]:
+        """The budgets an `auto` condition may pick (`calibration.candidate_budgets`)."""
+        return candidate_budgets(self.pool) if self.auto else ()
+
+    @property
     def largest_budget(self) -> int:
-        return max(self.budgets + (tuple(DEFAULT_BUDGETS) if self.auto else ()), default=0)
+        return max(self.budgets + self.candidates, default=0)
 
 
 def decode_work(decoder: Decoder, budgets: Sequence[Budget], max_new_tokens: int,
@@ -108,28 +121,46 @@ def decode_work(decoder: Decoder, budgets: Sequence[Budget], max_new_tokens: int
                       pool.top_k, pool.depth)
 
 
-def worst_round_s(pair: MeasuredPair, work: DecodeWork) -> float:
-    """The dearest round `work` can have: the verify pass over its largest tree and t0 or the
-    root, the root pass, every pool level at full width and one more where an EAGLE-3 head
-    feeds the committed tokens again, and a round's own overhead."""
-    d, parts = work.decoder, pair.parts
-    seconds = pair.round_overhead_s + float(parts.target(work.largest_budget + 1 if d.drafts
-                                                         else 1))
-    if d.root_pass:
+def round_s(pair: MeasuredPair, shape: RoundShape) -> float:
+    """Seconds of a round of `shape`'s passes with the pair's part times, and its overhead."""
+    parts = pair.parts
+    seconds = pair.round_overhead_s + float(parts.target(shape.verify_nodes))
+    if shape.root_pass:
         seconds += float(parts.target(1))
-    if d.needs_draft:
+    if shape.draft_widths:
         if parts.draft is None:
-            raise ValueError(f"{d.name} drafts, but the part times hold no draft passes")
-        levels = work.depth + (1 if parts.draft_refeeds else 0)
-        seconds += levels * float(parts.draft(max(work.top_k, 2)))
+            raise ValueError("the round drafts, but the part times hold no draft passes")
+        widths = list(shape.draft_widths)
+        if parts.draft_refeeds:  # an EAGLE-3 head's first pass feeds the last round's tokens
+            widths[0] = max(widths[0], shape.committed)
+        seconds += sum(float(parts.draft(w)) for w in widths)
     return seconds
+
+
+def worst_round_s(pair: MeasuredPair, work: DecodeWork) -> float:
+    """The dearest round `work` can have: its decoder's at the largest budget it may run."""
+    return round_s(pair, work.decoder.worst_round(work.pool, work.largest_budget))
+
+
+def calibration_round_s(pair: MeasuredPair, work: DecodeWork) -> float:
+    """The dearest round of an `auto` condition's calibration: a decode round for a decoder
+    with a draft (its rows are read at a few contexts), and for a draft-free one a pass over
+    the union of every candidate budget's tree."""
+    if work.decoder.needs_draft or not work.decoder.drafts:
+        return worst_round_s(pair, work)
+    union = 1 + sum(work.candidates)
+    return round_s(pair, RoundShape(union, False, (), union))
 
 
 def decode_seconds(pair: MeasuredPair, work: DecodeWork) -> float:
     """The bound on the job's decoding (the module docstring), loading left out: every condition
     over every turn, each turn a prefill of the longest prompt and one token per round."""
-    turn = pair.prefill_s + work.max_new_tokens * worst_round_s(pair, work)
-    return work.conditions * pair.turns * turn
+    def turns(round_seconds: float) -> float:
+        return pair.turns * (pair.prefill_s + work.max_new_tokens * round_seconds)
+
+    calibrations = int(work.auto and work.decoder.drafts)
+    return ((work.conditions - calibrations) * turns(worst_round_s(pair, work))
+            + calibrations * turns(calibration_round_s(pair, work)))
 
 
 def decode_minutes(pair: MeasuredPair, work: DecodeWork, margin: float = 1.5,

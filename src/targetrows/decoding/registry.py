@@ -18,13 +18,24 @@ decoders; a test checks that list against this registry).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from targetrows.core.pool import PoolShape, pool_depth
 from targetrows.core.rules import after_t0, learned, root_pool, sequoia_model
 from targetrows.core.rules.rule import Rule
 
 from . import planners
+
+
+@dataclass(frozen=True)
+class RoundShape:
+    """The dearest round a decoder can run at one budget, pass by pass: what a bound on a
+    decode job's time prices (`targetrows.cost.job_time`)."""
+
+    verify_nodes: int  # tokens its verify pass feeds at most: the tree's nodes, the root or t0
+    root_pass: bool  # a root pass besides
+    draft_widths: tuple[int, ...]  # new tokens of each draft pass, in order (first: the root)
+    committed: int  # tokens a round commits at most (what a draft that refeeds them feeds first)
 
 
 @dataclass(frozen=True)
@@ -138,6 +149,22 @@ class Decoder:
             return [1, pool.guesses] + [pool.guesses * k] * (depth - 1)
         frontier = k if budget is None or not self.prunes_pool else min(k, budget - 1)
         return [1] + [frontier] * (depth - 1)
+
+
+    def worst_round(self, pool: PoolShape, budget: int | None) -> RoundShape:
+        """Its dearest round at `budget` from a pool of `pool`'s shape: the largest tree with
+        the root or t0, the root pass, every level of the pool it drafts at its widest
+        (`draft_widths`) and, for a decoder drafting under guesses of t0, the pool it drafts
+        under t0 after a miss; the most tokens a round commits (the path, the bonus, t0)."""
+        if not self.drafts:
+            return RoundShape(1, False, (), 1)
+        levels = self.pool_depth(pool.depth, budget)
+        widths = self.draft_widths(replace(pool, depth=levels), budget)
+        if self.guesses_pool:  # the guesses missed t0: a pool drafted under it, level by level
+            widths += [1] + [pool.top_k] * (levels - 1)
+        path = min(budget, levels) if self.needs_draft else budget
+        return RoundShape(budget + self.verify_feeds, self.root_pass, tuple(widths),
+                          path + 1 + int(self.commits_t0))
 
 
 RULES: dict[str, Rule] = {}
