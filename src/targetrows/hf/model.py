@@ -31,7 +31,7 @@ from targetrows.hf.fed_tree import adopt, common_prefix, extends
 from targetrows.hf.gqa_attention import NAME as GQA_ATTENTION
 from targetrows.hf.gqa_attention import use_gqa_kernel
 from targetrows.hf.lean_forward import lean_forward
-from targetrows.hf.streams import SideStream, record_use
+from targetrows.hf.streams import SideStream, ready_event, record_use, wait_for
 from targetrows.hf.torch_rows import TorchRows, host_to_device
 
 
@@ -156,6 +156,7 @@ class HFModel(TorchRows):
         # a view of the first rows of a buffer that grows like the KV cache (no copy per pass)
         self._features: torch.Tensor | None = None
         self._feature_buffer: torch.Tensor | None = None
+        self._features_copied = None  # the last growth's copy, queued: readers wait for it
 
     def _new_cache(self):
         """An empty KV cache (a lane of a batch shares one with the other lanes: `lanes`)."""
@@ -339,6 +340,9 @@ class HFModel(TorchRows):
             if held:
                 grown[:held] = buf[:held]
                 record_use(buf)  # copied on this stream, maybe not the one it was made on
+                # a head reading committed rows on its own stream waits for that copy; set
+                # before the buffer switches, so a reader who sees the new one sees this too
+                self._features_copied = ready_event(self.device)
             self._feature_buffer = buf = grown
         buf[held:end] = fresh
         self._features = buf[:end]
@@ -357,8 +361,9 @@ class HFModel(TorchRows):
         # Rows of the committed prefix never change while it stays committed, and the root
         # pass that may run beside drafting only extends it: read them without waiting for
         # that pass (its lock, its stream).
-        prefix, held = self._prefix, self._features
+        prefix, held, copied = self._prefix, self._features, self._features_copied
         if held is not None and len(held) >= end and _starts_with(prefix, ctx):
+            wait_for(copied, self.device)  # rows a growth beside this read copied over
             return _read_rows(held, start, end)
         with self._lock:
             if end and not _starts_with(self._prefix, ctx):
@@ -367,6 +372,7 @@ class HFModel(TorchRows):
             if self._features is None:  # nothing fed yet, nothing asked for
                 return torch.zeros((0, len(self.feature_layers) * self.hidden_size),
                                    dtype=self.dtype, device=self.device)
+            wait_for(self._features_copied, self.device)
             return _read_rows(self._features, start, end)
 
     def _check_finite(self, rows: torch.Tensor, positions: np.ndarray) -> None:

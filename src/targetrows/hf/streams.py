@@ -17,6 +17,11 @@ or the block could be reused while that read is still queued. Outputs the root p
 (its rows) are recorded on the caller's stream by `join`; buffers that grow during a pass record
 the stream that copied out of them (`targetrows.hf.cache`, `HFModel`).
 
+A buffer that grows during the root pass is switched at once, but its rows are copied into the
+new buffer on the side stream: a reader on another stream (an EAGLE-3 head reading committed
+features while it drafts) first waits for that copy (`ready_event` where it was queued,
+`wait_for` where it is read).
+
 The same code runs on the CPU, whose streams are torch's no-op ones: the decode loop is the
 same on every device, and only a GPU orders anything.
 """
@@ -24,6 +29,24 @@ same on every device, and only a GPU orders anything.
 from __future__ import annotations
 
 import torch
+
+
+def device_module(device: torch.device):
+    """torch's stream functions for `device`'s kind (`torch.cuda`, `torch.cpu`): the one place
+    they are looked up, so that a test can watch the calls."""
+    return torch.get_device_module(torch.device(device).type)
+
+
+def ready_event(device: torch.device):
+    """An event marking the work queued so far on `device`'s current stream (None off a GPU,
+    where nothing is queued)."""
+    return device_module(device).current_stream(device).record_event()
+
+
+def wait_for(event, device: torch.device) -> None:
+    """`device`'s current stream waits (on the device: the host does not) for `event`."""
+    if event is not None:
+        device_module(device).current_stream(device).wait_event(event)
 
 
 def record_use(tensor: torch.Tensor | None) -> None:
@@ -42,9 +65,9 @@ class SideStream:
         self.device = torch.device(device)
         if self.device.type not in ("cuda", "cpu"):
             raise ValueError(f"no side stream on a {self.device.type} device (cuda or cpu)")
-        self._module = torch.get_device_module(self.device.type)
-        self.stream = (torch.cuda.Stream(self.device) if self.device.type == "cuda"
-                       else torch.cpu.Stream())
+        self._module = device_module(self.device)
+        self.stream = (self._module.Stream(self.device) if self.device.type == "cuda"
+                       else self._module.Stream())
         self._caller = self._context = self._done = None
 
     def __enter__(self) -> SideStream:
