@@ -1,7 +1,7 @@
 """Batched decoding: every decoder, many sequences at once, each token-identical to its batch-1
 run (`targetrows.decoding.batch`, `targetrows.hf.lanes`)."""
 
-import threading
+import dataclasses
 
 import numpy as np
 import pytest
@@ -9,10 +9,11 @@ import pytest
 from targetrows.core.pool import PoolShape
 from targetrows.core.toy import ToyPair
 from targetrows.core.tree import Tree
-from targetrows.decoding.batch import BatchStats, PassBatcher, generate_batch, run_batched
+from targetrows.decoding.batch import generate_batch
 from targetrows.decoding.config import DecodeConfig
-from targetrows.decoding.loop import generate
+from targetrows.decoding.loop import decode_passes, generate
 from targetrows.decoding.registry import decoder_names, get_decoder
+from targetrows.decoding.schedule import BatchStats, run_batched
 
 STOP = 7  # a token the toy and the tiny models emit now and then: some sequences stop early
 
@@ -62,49 +63,82 @@ def test_a_sequences_tokens_do_not_depend_on_its_batch():
         assert got[order.index(0)].tokens == alone
 
 
-def test_a_failing_sequence_fails_the_call_and_the_others_finish():
-    pair = ToyPair(vocab_size=30, seed=1)
-    done = []
-
+def _failing_jobs(bad: int, n: int, started: list, done: list):
+    """n fts jobs on the toy pair; job `bad` fails at its first round's verify pass."""
     def job(i):
         def run(target, draft):
-            if i == 2:
-                raise ValueError("sequence 2 is bad")
-            out = generate(target, draft, [1, 2], DecodeConfig("fts", max_new_tokens=8, seed=i))
+            started.append(i)
+            steps = decode_passes(target, draft, [1, 2], DecodeConfig("fts", max_new_tokens=8,
+                                                                      seed=i))
+            if i == bad:
+                yield from _fail_at_verify(steps)
+            out = yield from steps
             done.append(i)
             return out
         return run
+    return [job(i) for i in range(n)]
 
+
+def _fail_at_verify(steps):
+    request = next(steps)
+    while len(request.item[2]) == 1:  # drafting and the root pass: one-node trees
+        request = steps.send((yield request))
+    raise ValueError("sequence 2 is bad")
+
+
+def test_a_failing_sequence_fails_the_call_the_others_finish_and_none_starts_after():
+    pair = ToyPair(vocab_size=30, seed=1)
+    started, done = [], []
     with pytest.raises(ValueError, match="sequence 2 is bad"):
-        run_batched(pair.target, pair.draft, [job(i) for i in range(6)], 3)
-    assert 2 not in done and {0, 1} <= set(done)  # those running alongside it finished
+        run_batched(pair.target, pair.draft, _failing_jobs(2, 9, started, done), 3)
+    assert sorted(started) == [0, 1, 2] and sorted(done) == [0, 1]  # its batch finished
 
 
-def test_the_batcher_runs_a_pass_only_when_every_worker_waits():
-    """Three workers: the pass waits for the third, then holds all three requests."""
-    batcher = PassBatcher()
-    seen = []
+def test_an_interrupt_stops_at_once_and_every_answer_handed_over_is_whole():
+    """Ctrl-C in the middle of a batch's pass: the call raises it from that pass, nothing runs
+    after it, and the answers handed to `on_done` so far are complete decodes."""
+    pair = ToyPair(vocab_size=30, seed=1)
+    passes, answered = [0], []
 
-    class Group:
+    class Interrupting:  # the target's batched pass, interrupted at its 12th
+        def __init__(self, inner):
+            self.inner = inner
+
         def run_batch(self, items):
-            seen.append(sorted(items))
-            return [i * 10 for i in items]
+            passes[0] += 1
+            if passes[0] == 12:
+                raise KeyboardInterrupt
+            return self.inner.run_batch(items)
 
-    group, out = Group(), {}
-    batcher.join(3)
+    lanes = pair.target.lanes(4)
+    group = Interrupting(lanes[0]._group)
+    lanes = [dataclasses.replace(lane, _group=group) for lane in lanes]
+    target = dataclasses.replace(pair.target)
+    target.lanes = lambda n, target_lanes=None: lanes
+    configs = _configs("draft_rank", 8)
+    prompts = [[1, 2], [3], [4, 5, 6], [7, 8], [9], [10, 11], [12], [13, 14]]
+    jobs = [lambda t, d, p=p, c=c: decode_passes(t, d, p, c)
+            for p, c in zip(prompts, configs, strict=True)]
+    with pytest.raises(KeyboardInterrupt):
+        run_batched(target, pair.draft, jobs, 4, on_done=lambda j, r: answered.append((j, r)))
+    assert passes[0] == 12
+    want = _one_by_one(pair.target, pair.draft, prompts, configs)
+    assert answered and all(r.tokens == want[j] for j, r in answered)
 
-    def worker(i):
-        try:
-            out[i] = batcher.submit(group, i)
-        finally:
-            batcher.leave()
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert seen == [[0, 1, 2]] and out == {0: 0, 1: 10, 2: 20}
+def test_the_same_command_runs_the_same_passes_in_the_same_order():
+    """The pass schedule is a function of the requests: eight runs, one schedule (sequences
+    of unequal rounds, so groups of equal size meet)."""
+    pair = ToyPair(vocab_size=50, seed=3, closeness=0.8)
+    prompts = [[1, 2, 3], [9] * 12, [4], [30, 31], [5, 6], [7]]
+    schedules = set()
+    for _ in range(8):
+        stats = BatchStats()
+        generate_batch(pair.target, pair.draft, prompts, _configs("fts", 6, overlap=True), 4,
+                       stats)
+        schedules.add(tuple(stats.schedule))
+    assert len(schedules) == 1
+    assert any(kind.endswith("side") for kind, _ in stats.schedule)  # root passes alongside
 
 
 def test_state_carried_across_prompts_is_refused_in_a_batch():
@@ -174,7 +208,7 @@ def test_a_batched_pass_equals_each_lanes_own_pass(llama):
     prompt's first pass beside trees after committed prefixes) equal batch-1 passes."""
     target_hf, _ = llama
     model = HFModel(target_hf, name="t", feature_layers=[0, 1])
-    lanes = model.lanes(3, PassBatcher())
+    lanes = model.lanes(3)
     trees = [Tree([5, 9, 8, 7, 6], [-1, 0, 0, 1, 3]), Tree([3, 4], [-1, 0]),
              Tree([11, 12, 13], [-1, 0, 0])]
     contexts = [[2, 8, 1, 5], [1, 2, 3, 4, 5, 6, 7, 8, 9, 3], [11]]
@@ -187,9 +221,9 @@ def test_a_batched_pass_equals_each_lanes_own_pass(llama):
         lane._keep_prefix(c)
         lane._adopt_tree(tree, len(c))
         feed = lane._plan_feed(c, tree, nodes)
-        items.append((lane, feed, lane._region(feed)))
+        items.append((lane, feed))
     out = lanes[0]._passes.run_batch(items)
-    for (lane, feed, _), (logits, captured), ctx, tree in zip(items, out, contexts, trees,
+    for (lane, feed), (logits, captured), ctx, tree in zip(items, out, contexts, trees,
                                                                strict=True):
         lane._append_features(captured, feed.base)
         one = HFModel(target_hf, name="one", feature_layers=[0, 1])
@@ -220,3 +254,64 @@ def test_eagle3_head_lanes_equal_batch_1_and_greedy(tmp_path):
             assert tokens == ref[: len(tokens)], name
         got = generate_batch(target, head, HF_PROMPTS, configs, 3)
         assert [r.tokens for r in got] == want, name
+
+
+def test_a_resumed_run_batches_as_the_uninterrupted_one():
+    """Rows that depend on the batch's companions (as a bfloat16 batched pass rounds them): a
+    run resumed with its first answers known (`needed`) still gives every other answer the
+    tokens of the uninterrupted run, because the segments it runs batch as they did."""
+    pair = ToyPair(vocab_size=12, seed=4, closeness=0.7, scale=0.3)  # flat rows: near-ties
+
+    class Companions:  # each lane's rows moved by who shares its pass
+        def run_batch(self, items):
+            shift = 0.05 * sum(len(context) for _, context, _, _ in items)
+            return [m._rows(c, t, n) + shift * np.sin(np.arange(12) * len(items))
+                    for m, c, t, n in items]
+
+    group = Companions()
+    target = dataclasses.replace(pair.target)
+    target.lanes = lambda n, target_lanes=None: [dataclasses.replace(pair.target, _group=group)
+                                                 for _ in range(n)]
+    prompts = [[i % 12, (3 * i) % 12] for i in range(20)]
+    configs = _configs("fts", 20, temperature=1.0)
+    jobs = [lambda t, d, p=p, c=c: decode_passes(t, d, p, c)
+            for p, c in zip(prompts, configs, strict=True)]
+    full = [r.tokens for r in run_batched(target, pair.draft, jobs, 3)]
+    for known in (1, 13, 14):
+        needed = [j >= known for j in range(20)]
+        resumed = run_batched(target, pair.draft, jobs, 3, needed=needed)
+        assert [r.tokens for r in resumed[known:]] == full[known:], known
+    # the test can fail: the same jobs batched from the first unknown one differ
+    alone = [r.tokens for r in run_batched(target, pair.draft, jobs[13:], 3)]
+    assert alone != full[13:]
+
+
+def _head_draft(target, head, context, tree):
+    """Steps: the target's root pass over `context` (its features), then the head's rows at
+    every node of `tree`; returns those rows, the head's keys, values and g."""
+    yield from target.logits_passes(context, Tree.root_only(context[-1]), [0])
+    target.commit(context)
+    rows = yield from head.logits_passes(context, tree, range(len(tree)))
+    return rows, head._k.clone(), head._v.clone(), head._g.clone()
+
+
+def test_a_batched_head_step_drafts_what_each_lanes_own_step_does(tmp_path):
+    """The head's batched steps over lanes at different lengths and positions (trees of other
+    shapes): each lane's rows, keys, values and outputs g equal its batch-1 head's (float64),
+    and the steps did run batched."""
+    target_hf = tiny_model("llama", seed=0, n_layers=6, dtype=torch.float64)
+    folder = save_tiny_head(tmp_path / "h", target_hf.config, draft_vocab_size=150)
+    target = HFModel(target_hf, name="t")
+    head = load_eagle3(str(folder), target)
+    contexts = [[2, 8, 1, 5], [1, 2, 3, 4, 5, 6, 7, 8, 9, 3], [11, 4]]
+    trees = [Tree([5, 9, 8, 7, 6], [-1, 0, 0, 1, 3]), Tree([3, 4], [-1, 0]),
+             Tree([4, 12, 13, 14], [-1, 0, 0, 2])]
+    jobs = [lambda t, d, c=c, tree=tree: _head_draft(t, d, c, tree)
+            for c, tree in zip(contexts, trees, strict=True)]
+    stats = BatchStats()
+    batched = run_batched(target, head, jobs, 3, stats)
+    assert ("HeadSteps", 3) in stats.schedule
+    for job, got in zip(jobs, batched, strict=True):
+        want = run_batched(target, head, [job], 1)[0]
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10)

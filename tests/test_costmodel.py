@@ -4,6 +4,7 @@ picked from a predicted-throughput curve, and acceptance predictions that match 
 import numpy as np
 import pytest
 
+from targetrows.core.passes import no_passes
 from targetrows.core.pool import PoolShape
 from targetrows.core.toy import ToyPair
 from targetrows.cost import calibration, parttimes, rounds
@@ -241,10 +242,10 @@ def test_a_slow_spell_does_not_price_one_pass_size(monkeypatch):
     shared machine) slow one sample of three sizes, and the medians drop them."""
     calls = []
 
-    def fake_pass(model, ctx, tree):
+    def fake_pass(model, ctx, tree):  # steps, as `_timed_pass`: no pass asked for
         calls.append(len(tree) - 1)
         slow = 4 <= len(calls) <= 6  # the 4th to 6th timed passes (the 1st is the warm-up)
-        return 0.010 * (len(tree) - 1) + (0.050 if slow else 0.0)
+        return no_passes(0.010 * (len(tree) - 1) + (0.050 if slow else 0.0))
 
     monkeypatch.setattr(parttimes, "_timed_pass", fake_pass)
     pair = ToyPair(vocab_size=24, seed=0)
@@ -336,7 +337,7 @@ def test_auto_budget_times_at_the_runs_mean_context():
     the mean context of the runs the budget is for."""
     pair = ToyPair(vocab_size=24, seed=3, closeness=0.8)
     seen = []
-    real = parttimes.time_passes
+    real = parttimes.time_passes_steps
 
     def spy(model, context, sizes, repeats=3, seed=0):
         seen.append(len(context))
@@ -346,7 +347,7 @@ def test_auto_budget_times_at_the_runs_mean_context():
     config = DecodeConfig("draft_rank", pool=PoolShape(3, 2), max_new_tokens=10)
     search = BudgetSearch(budgets=(1, 2), contexts=1)
     import unittest.mock as mock
-    with mock.patch.object(parttimes, "time_passes", spy):
+    with mock.patch.object(parttimes, "time_passes_steps", spy):
         choice = calibration.auto_budget(pair.target, pair.draft, config, prompts, search)
         assert seen == [8, 8]  # round(8/3 + 10/2): the target's passes, then the draft's
         assert choice.context_len == 8

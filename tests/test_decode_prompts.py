@@ -90,16 +90,19 @@ def test_answers_at_batch_size_3_are_the_batch_1_answers(pair, prompts, tmp_path
     assert [key(r) for r in lines["3"]] == [key(r) for r in lines["1"]]
 
 
-def test_resume_gives_identical_answers(pair, prompts, tmp_path):
+@pytest.mark.parametrize("batch", [["--batch-size", "1"],
+                                   ["--batch-size", "3", "--dtype", "bfloat16"]],
+                         ids=["batch1", "batch3-bf16"])
+def test_resume_gives_identical_answers(pair, prompts, tmp_path, batch):
+    """In a batch, in bfloat16 too: the resumed run batches its answers as the full run did."""
     full = tmp_path / "full.jsonl"
-    assert decode(pair, prompts, full, "--decoder", "rerank", "--budgets", "6",
-                  "--temperature", "1").returncode == 0
+    options = ["--decoder", "rerank", "--budgets", "6", "3", "--temperature", "1", *batch]
+    assert decode(pair, prompts, full, *options).returncode == 0
     # an interrupted run: the first answer finished, the second torn mid-line
     resumed = tmp_path / "resumed.jsonl"
     first = full.read_text().splitlines()[0]
     (tmp_path / "resumed.jsonl.partial").write_text(first + "\n" + first[: len(first) // 2])
-    assert decode(pair, prompts, resumed, "--decoder", "rerank", "--budgets", "6",
-                  "--temperature", "1").returncode == 0
+    assert decode(pair, prompts, resumed, *options).returncode == 0
     strip = lambda text: [  # noqa: E731 - wall times differ between runs, tokens must not
         (r["question_id"], r["token_ids"]) for r in map(json.loads, text.splitlines())
     ]

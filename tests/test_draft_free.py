@@ -7,6 +7,7 @@ other decoder."""
 import numpy as np
 import pytest
 
+from targetrows.core.passes import run_now
 from targetrows.core.recycle import TOKEN_RECYCLING_TEMPLATE, fill_template, template_prefix
 from targetrows.core.toy import ToyPair
 from targetrows.decoding.config import DecodeConfig
@@ -25,9 +26,12 @@ class Recorded:
     def __getattr__(self, name):
         return getattr(self.model, name)
 
-    def logits(self, context, tree, nodes):
+    def logits_passes(self, context, tree, nodes):
         self.passes.append((list(context), tree, [int(n) for n in nodes]))
-        return self.model.logits(context, tree, nodes)
+        return (yield from self.model.logits_passes(context, tree, nodes))
+
+    def logits(self, context, tree, nodes):
+        return run_now(self.logits_passes(context, tree, nodes))
 
 
 def brute_table(pair, passes, k):

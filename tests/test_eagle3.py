@@ -5,7 +5,6 @@ import itertools
 import json
 import subprocess
 import sys
-import threading
 
 import numpy as np
 import pytest
@@ -262,9 +261,9 @@ def test_every_decoder_matches_greedy(tmp_path, arch, layout, vocab):
             assert generate(target, draft, prompt, cfg).tokens == reference, (decoder, budget, prompt)
 
 
-def test_drafting_alongside_the_root_pass_in_a_thread(llama_target, tmp_path):
-    """overlap=True: the head drafts in a worker thread while the target's root pass runs (the
-    first round's feeds the prompt, which the head's first read then waits for)."""
+def test_drafting_alongside_the_root_pass(llama_target, tmp_path):
+    """overlap=True: the head drafts while the target's root pass is queued on its side stream
+    (the first round's feeds the prompt before the head's first read)."""
     folder = save_tiny_head(tmp_path / "h", llama_target.config, draft_vocab_size=150)
     target, draft = _draft(llama_target, folder)
     reference = hf_greedy(llama_target, PROMPTS[1], 30)
@@ -274,10 +273,11 @@ def test_drafting_alongside_the_root_pass_in_a_thread(llama_target, tmp_path):
         assert generate(target, draft, PROMPTS[1], cfg).tokens == reference, decoder
 
 
-def test_the_head_drafts_while_the_root_pass_holds_the_target(llama_target, tmp_path):
+def test_the_head_drafts_while_the_root_pass_is_queued(llama_target, tmp_path):
     """The head's draft at context c + [t] reads the target's features up to c, which the last
-    round committed: it does not wait for the root pass at c + [t], though that pass holds the
-    target (stopped here before its forward), and its rows are those of an undisturbed head."""
+    round committed: it needs nothing from the root pass at c + [t], though that pass has been
+    asked for and not yet run (as the scheduler leaves it beside drafting), and its rows are
+    those of an undisturbed head."""
     folder = save_tiny_head(tmp_path / "h", llama_target.config, draft_vocab_size=150)
     target, draft = _draft(llama_target, folder)
     ctx, t = PROMPTS[1], 5
@@ -286,29 +286,21 @@ def test_the_head_drafts_while_the_root_pass_holds_the_target(llama_target, tmp_
     _, undisturbed = _draft(llama_target, folder)
     want = undisturbed.logits(ctx + [t], Tree.root_only(t), [0])
 
-    entered, release = threading.Event(), threading.Event()
-    forward = target._pass
-
-    def held_pass(feed):
-        entered.set()
-        assert release.wait(60)
-        return forward(feed)
-
-    target._pass = held_pass
-    root = threading.Thread(target=target.logits, args=(ctx + [t], Tree.root_only(t), [0]))
-    root.start()
-    assert entered.wait(60)
-    drafted = []
-    head = threading.Thread(
-        target=lambda: drafted.append(draft.logits(ctx + [t], Tree.root_only(t), [0])))
-    head.start()
-    head.join(30)
-    waited = head.is_alive()
-    release.set()
-    root.join()
-    head.join()
-    assert not waited, "the head waited for the root pass"
-    torch.testing.assert_close(drafted[0], want, rtol=0, atol=0)
+    root = target.logits_passes(ctx + [t], Tree.root_only(t), [0])
+    pending = next(root)  # the root pass, asked for, not run
+    head = draft.logits_passes(ctx + [t], Tree.root_only(t), [0])
+    asked = []
+    try:
+        request = next(head)
+        while True:
+            asked.append(request.group)
+            request = head.send(request.group.run_batch([request.item])[0])
+    except StopIteration as done:
+        drafted = done.value
+    assert target._passes not in asked, "the head asked for a target pass"
+    torch.testing.assert_close(drafted, want, rtol=0, atol=0)
+    with pytest.raises(StopIteration):  # the root pass then completes as asked
+        root.send(pending.group.run_batch([pending.item])[0])
 
 
 def test_sampling_is_lossless_with_a_reduced_vocabulary(tmp_path):

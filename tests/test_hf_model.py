@@ -401,13 +401,14 @@ def test_plain_decoding_passes_are_hugging_faces_own():
     hf = HFModel(model, name="tiny")
     prompt = [5, 17, 3, 99, 42, 7, 8]
     seen = []
-    logits = hf.logits
+    logits_passes = hf.logits_passes
 
     def recording(*args):
-        seen.append(logits(*args)[0].clone())
-        return seen[-1][None]
+        rows = yield from logits_passes(*args)
+        seen.append(rows[0].clone())
+        return rows
 
-    hf.logits = recording
+    hf.logits_passes = recording
     result = generate(hf, None, prompt, DecodeConfig("ar", max_new_tokens=6))
     with torch.inference_mode():
         out = model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False,

@@ -672,7 +672,6 @@ def test_the_schemas_defaults_are_the_librarys():
     from targetrows.core.pool import PoolShape
     from targetrows.cost.job_time import decode_minutes
     from targetrows.decoding.config import DecodeConfig
-    from targetrows.jobs.decode import DecodeJobSettings
     from targetrows.rowlog.record import RecordConfig
     from targetrows.train.replies import RepliesConfig
     from targetrows.train.reranker import RerankerConfig
@@ -690,7 +689,7 @@ def test_the_schemas_defaults_are_the_librarys():
     pairs = {
         ("pool", "top_k"): pool.top_k, ("pool", "depth"): pool.depth,
         ("decode", "max_new_tokens"): decode.max_new_tokens, ("decode", "seed"): decode.seed,
-        ("decode", "batch_size"): DecodeJobSettings(decode).batch_size,
+        ("decode", "batch_size"): decode.batch_size,
         ("resources", "runtime_margin"): inspect_default(decode_minutes, "margin"),
         ("record", "stride"): record.stride, ("record", "seed"): record.seed,
         ("record", "max_new_tokens"): record.max_new_tokens,

@@ -63,13 +63,11 @@ def test_unknown_names_raise_naming_the_known_ones():
 
 def plan_shallow(r):
     """A new decoder for the test: draft_rank's rule on a pool of depth 1."""
-    from targetrows.core.pool import expand_model
+    from targetrows.core.pool import pool_passes
 
-    def work():
-        r.stats.draft_passes += 1
-        return expand_model(r.draft, r.context, r.config.pool.top_k, 1)
-
-    cand, logq = timed_draft_work(r, work)
+    r.stats.draft_passes += 1
+    cand, logq = yield from timed_draft_work(r, pool_passes(r.draft, r.context,
+                                                            r.config.pool.top_k, 1))
     return Plan([], cand.subtree(draft_rank.select(cand, logq, r.config.budget)))
 
 
@@ -181,13 +179,13 @@ def test_draft_passes_are_as_wide_as_the_registry_prices_them(decoder):
     is at most as wide as `draft_widths` says."""
     pair = ToyPair(vocab_size=16, seed=2, closeness=0.7)
     widths = []
-    topk_at = pair.draft.topk_at
+    topk_at_passes = pair.draft.topk_at_passes
 
     def counted(context, tree, nodes, k):
         widths.append(len(nodes))
-        return topk_at(context, tree, nodes, k)
+        return topk_at_passes(context, tree, nodes, k)
 
-    pair.draft.topk_at = counted
+    pair.draft.topk_at_passes = counted
     config = DecodeConfig(decoder, budget=2, max_new_tokens=12, pool=PoolShape(top_k=3, depth=2))
     result = generate(pair.target, pair.draft, [1, 2, 3], config)
     planned = get_decoder(decoder).draft_widths(PoolShape(3, config.pool_depth),

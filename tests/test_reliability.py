@@ -347,10 +347,10 @@ def test_out_of_memory_suggests_smaller_trees_or_a_device_map(pair, tmp_path, ca
                                                               monkeypatch, command):
     from targetrows.hf.model import HFModel
 
-    def no_memory(self, context, tree, nodes):
+    def no_memory(self, feed, mask):  # every pass, however it is asked for
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0)")
 
-    monkeypatch.setattr(HFModel, "logits", no_memory)
+    monkeypatch.setattr(HFModel, "_forward", no_memory)
     prompts = write_prompts(tmp_path / "prompts.jsonl", QUESTIONS[:2])
     out = tmp_path / "out" / "o"
     out.parent.mkdir()

@@ -6,6 +6,7 @@ of the asks is what is checked here, on the toy pair, with a stream that records
 import pytest
 from rerankers import decode_config
 
+from targetrows.core.passes import Pass
 from targetrows.core.pool import PoolShape
 from targetrows.core.toy import ToyPair
 from targetrows.decoding.loop import generate
@@ -43,15 +44,21 @@ class Recorded:
     def side_stream(self):
         return self._stream
 
-    def logits(self, context, tree, nodes):
-        rows = self._model.logits(context, tree, nodes)
-        on_side = self._stream is not None and self._stream.open
-        self._events.append((self._kind, len(tree), on_side, rows))
-        return rows
+    def logits_passes(self, context, tree, nodes):
+        return (yield Pass(self, (context, tree, nodes)))
 
-    def topk_at(self, context, tree, nodes, k):
+    def run_batch(self, items):  # its passes' group: the pass, and the stream it ran on
+        out = []
+        for context, tree, nodes in items:
+            rows = self._model.logits(context, tree, nodes)
+            on_side = self._stream is not None and self._stream.open
+            self._events.append((self._kind, len(tree), on_side, rows))
+            out.append(rows)
+        return out
+
+    def topk_at_passes(self, context, tree, nodes, k):
         self._events.append((self._kind, len(tree), False, None))
-        return self._model.topk_at(context, tree, nodes, k)
+        return (yield from self._model.topk_at_passes(context, tree, nodes, k))
 
 
 def _run(decoder, overlap):
@@ -71,17 +78,19 @@ def test_the_root_pass_runs_on_the_side_stream_and_is_joined_before_the_target_r
         decoder):
     tokens, events = _run(decoder, overlap=True)
     assert tokens == _run(decoder, overlap=False)[0]
-    ours = [e for e in events if e[0] != "draft"]  # the drafting runs on a thread beside
-    opened = [i for i, e in enumerate(ours) if e[0] == "enter"]
-    assert len(opened) > 1, "no root pass went on the side stream"
-    for i in opened:
+    side = [i for i, e in enumerate(events) if e[0] == "target" and e[2]]
+    assert len(side) > 1, "no root pass went on the side stream"
+    for i in side:
         # the root pass, one node, alone on the side stream
-        root, closed = ours[i + 1], ours[i + 2]
-        assert root[:3] == ("target", 1, True) and closed == ("exit",)
-        # the target's stream waits for it, handed its row, before the target runs again
-        assert ours[i + 3] == ("join", (root[3],))
+        assert events[i][1] == 1 and events[i - 1] == ("enter",) and events[i + 1] == ("exit",)
+        # the draft's passes are queued next, beside it; then the target's stream waits for
+        # it, handed its row, before the target runs again
+        join = next(j for j in range(i, len(events)) if events[j][0] == "join")
+        later = [e[0] for e in events[i + 1 : join]]
+        assert "draft" in later and "target" not in later
+        assert events[join][1] == (events[i][3],)
     # every other target pass runs on the target's own stream
-    assert sum(e[2] for e in ours if e[0] == "target") == len(opened)
+    assert sum(e[2] for e in events if e[0] == "target") == len(side)
 
 
 def test_one_after_the_other_nothing_goes_on_a_side_stream():
@@ -90,8 +99,7 @@ def test_one_after_the_other_nothing_goes_on_a_side_stream():
 
 
 def test_the_first_round_prefills_the_prompt_before_anything_drafts():
-    """An EAGLE-3 head reads the prompt's target features; were the root pass to race it for the
-    prompt's prefill, the passes' shapes would depend on thread timing."""
+    """An EAGLE-3 head reads the prompt's target features: they exist before it drafts."""
     for overlap in (False, True):
         _, events = _run("fts", overlap=overlap)
         first_target = next(i for i, e in enumerate(events) if e[0] == "target")

@@ -6,6 +6,7 @@ import pytest
 
 from targetrows import Tree
 from targetrows.core import pool
+from targetrows.core.passes import no_passes
 from targetrows.core.rules.after_t0 import first_token, pearl
 from targetrows.core.rules.root_pool import draft_rank, stale_rerank, target_rerank
 from targetrows.core.rules.rule import draw_first_token, first_level_logp, tree_after_t0
@@ -163,6 +164,9 @@ class _CoarseDraft:
             logits = rng.integers(self.levels, size=self.vocab) * (4.0 / self.levels)
             rows.append(logits - np.log(np.exp(logits).sum()))
         return pool.topk_tokens(np.stack(rows), k)
+
+    def topk_at_passes(self, context, tree, nodes, k):
+        return no_passes(self.topk_at(context, tree, nodes, k))
 
 
 def _paths(tree, nodes):

@@ -27,10 +27,11 @@ import numpy as np
 
 from targetrows.core.atomic import atomic_write_text
 from targetrows.core.rows import greedy
-from targetrows.decoding.batch import BatchStats, generate_batch
+from targetrows.decoding.batch import generate_batch
 from targetrows.decoding.budget import Fixed
 from targetrows.decoding.model import synchronize
 from targetrows.decoding.registry import get_decoder
+from targetrows.decoding.schedule import BatchStats
 from targetrows.hf.baselines import hf_generate_batch
 
 from .report import csv_text

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from targetrows.core.passes import Passes, run_now
 from targetrows.core.tree import Tree
 
 
@@ -84,17 +85,17 @@ def _tree_with(row_token: int, root: int, n: int, vocab: int, rng) -> Tree:
     return Tree(np.array(tokens), np.array(parents))
 
 
-def _step_and_trees(model, ctx: list[int], sizes: Sequence[int], seed: int) -> dict:
+def _step_and_trees(model, ctx: list[int], sizes: Sequence[int], seed: int) -> Passes[dict]:
     """The row at `ctx` from a one-token step on the cached ctx[:-1] ("step"), then as node 1 of
-    a tree pass of each of `sizes` nodes ("tree n")."""
+    a tree pass of each of `sizes` nodes ("tree n"); as steps that ask for their passes."""
     rng = np.random.default_rng(seed)
-    model.logits(ctx[:-1], Tree.root_only(ctx[-2]), [0])
+    yield from model.logits_passes(ctx[:-1], Tree.root_only(ctx[-2]), [0])
     model.commit(ctx[:-1])
-    rows = {"step": model.logits(ctx, Tree.root_only(ctx[-1]), [0])}
+    rows = {"step": (yield from model.logits_passes(ctx, Tree.root_only(ctx[-1]), [0]))}
     model.commit(ctx[:-1])
     for n in (n for n in sizes if n < model.vocab_size):  # a tree's first level: distinct tokens
         tree = _tree_with(ctx[-1], ctx[-2], int(n), model.vocab_size, rng)
-        rows[f"tree {n}"] = model.logits(ctx[:-1], tree, [1])
+        rows[f"tree {n}"] = yield from model.logits_passes(ctx[:-1], tree, [1])
         model.commit(ctx[:-1])
     return {k: _numpy(r)[0] for k, r in rows.items()}
 
@@ -104,7 +105,7 @@ def _in_a_batch(model, ctx: list[int], sizes: Sequence[int], seed: int,
     """`_step_and_trees` at `ctx` as lane 0 of a batch of `batch_size` lanes
     (`targetrows.decoding.batch`), the other lanes making the same passes at random contexts
     of other lengths: each pass is padded and masked as a real batch's is."""
-    from targetrows.decoding.batch import run_batched
+    from targetrows.decoding.schedule import run_batched
 
     rng = np.random.default_rng(seed)
     contexts = [ctx] + [rng.integers(model.vocab_size, size=int(n)).tolist() for n in
@@ -129,7 +130,7 @@ def row_spread(model, context: Sequence[int], sizes: Sequence[int] = (2, 8, 32, 
     prefill = model.logits(ctx, Tree.root_only(ctx[-1]), [0])
     dtype, eps, prefill = str(getattr(prefill, "dtype", "")), _eps(prefill), _numpy(prefill)[0]
     model.reset(seed)
-    shapes = _step_and_trees(model, ctx, sizes, seed)
+    shapes = run_now(_step_and_trees(model, ctx, sizes, seed))
     step_row = shapes.pop("step")
     rows = {"prefill": prefill, **shapes}
     model.reset(seed)

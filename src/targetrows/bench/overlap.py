@@ -47,7 +47,7 @@ def measure_overlap(target, draft, prompts: Sequence[Sequence[int]], config: Dec
         for i, prompt in enumerate(prompts):
             for alongside in (False, True):
                 cfg = replace(config, decoder=get_decoder(name), overlap=alongside)
-                if i == 0:  # warm-up: first passes, allocations, the worker thread's start
+                if i == 0:  # warm-up: first passes, allocations
                     generate(target, draft, list(prompt), cfg)
                 runs[alongside].append(generate(target, draft, list(prompt), cfg))
         same = all(a.tokens == b.tokens for a, b in zip(runs[False], runs[True], strict=True))
@@ -66,8 +66,9 @@ def measure_overlap(target, draft, prompts: Sequence[Sequence[int]], config: Dec
 def overlap_markdown(rows: Sequence[dict], title: str) -> str:
     """The table of `measure_overlap`'s rows under a `## title`."""
     lines = [f"## {title}", "",
-             "Mean ms per round. Alongside: the root pass on the round's thread (and on a GPU a "
-             "stream of its own), the drafting on a worker thread. Overlap pays only where "
+             "Mean ms per round. Alongside: the root pass queued on a stream of its own (a "
+             "GPU runs it beside the draft's passes; a CPU runs the two in turn). Overlap pays "
+             "only where "
              "drafting < root + draft, and the round with it. Same tokens: every prompt's "
              "tokens equal both ways.", "",
              "| decoder | alongside | root | draft | drafting | root + draft | verify | round | "

@@ -77,9 +77,10 @@ def add_batch_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def batch_size_from(args: argparse.Namespace) -> int:
+    """--batch-size, checked; 1 for a command without it."""
     from targetrows.core.checks import check_count
 
-    return check_count(args.batch_size, "--batch-size")
+    return check_count(getattr(args, "batch_size", 1), "--batch-size")
 
 
 def add_reranker_argument(parser: argparse.ArgumentParser) -> None:
@@ -144,7 +145,7 @@ def decode_config(args: argparse.Namespace, decoder: str = "ar", budget: int | N
                         temperature=args.temperature if temperature is None else temperature,
                         max_new_tokens=args.max_new_tokens, pool=pool_from(args), seed=args.seed,
                         recycle_k=args.recycle_k, keep_across_prompts=args.keep_across_prompts,
-                        **fields)
+                        batch_size=batch_size_from(args), **fields)
 
 
 def check_outputs(prompts, outs, what: str) -> None:

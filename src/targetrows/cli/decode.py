@@ -49,7 +49,6 @@ def run(args: argparse.Namespace) -> int:
         decode=decode, budgets=tuple(args.budgets),
         model_id=args.model_id or os.path.basename(os.path.normpath(args.target)),
         draft_name=common.draft_label(args), dtype=args.dtype, progress=args.progress,
-        batch_size=common.batch_size_from(args),
     )
     target, draft, tokenizer = common.load_from_args(args)
     answer_files(target, draft, tokenizer, list(zip(args.prompts, args.out, strict=True)), settings)

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from .checks import check_count
+from .passes import Passes, run_now
 from .tree import Tree
 
 
@@ -116,6 +117,11 @@ class LookupDraft:
             raise AttributeError(name)
         return getattr(self.inner, name)
 
+    def lanes(self, n: int, target_lanes=None) -> list[LookupDraft]:
+        """`n` lanes for a batch: the inner draft's lanes, each with an n-gram index of its
+        own (a sequence's guesses come from its own context)."""
+        return [type(self)(lane, self.weights) for lane in self.inner.lanes(n, target_lanes)]
+
     def reset(self, seed: int | None = None) -> None:
         self.index.clear()
         self.inner.reset(seed)
@@ -138,10 +144,17 @@ class LookupDraft:
     def probs(self, logits: Any, temperature: float) -> np.ndarray:
         return self.inner.probs(logits, temperature)
 
+    def logits_passes(self, context: Sequence[int], tree: Tree, nodes: Sequence[int]) -> Passes:
+        return self.inner.logits_passes(context, tree, nodes)
+
     def topk_at(self, context: Sequence[int], tree: Tree, nodes: Sequence[int],
                 k: int) -> tuple[np.ndarray, np.ndarray]:
+        return run_now(self.topk_at_passes(context, tree, nodes, k))
+
+    def topk_at_passes(self, context: Sequence[int], tree: Tree, nodes: Sequence[int],
+                       k: int) -> Passes[tuple[np.ndarray, np.ndarray]]:
         """The inner draft's top-k at each node, with the node's guess mixed in."""
-        tokens, logp = self.inner.topk_at(context, tree, nodes, k)
+        tokens, logp = yield from self.inner.topk_at_passes(context, tree, nodes, k)
         self.index.extend(context)
         tokens, logp = tokens.copy(), logp.copy()
         tail_from_context = [int(t) for t in context[-self.index.max_ngram:]]

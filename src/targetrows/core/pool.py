@@ -21,10 +21,12 @@ from typing import Any
 import numpy as np
 
 from .checks import check_count
+from .passes import Passes, no_passes, run_now
 from .tree import Tree
 
-# propose(tokens, parents, nodes) -> (child tokens [len(nodes), k], child log-probs [len(nodes), k])
-Propose = Callable[[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
+# propose(tokens, parents, nodes) -> (child tokens [len(nodes), k], child log-probs [len(nodes), k]),
+# as steps that may ask for a draft pass (`targetrows.core.passes`)
+Propose = Callable[[np.ndarray, np.ndarray, np.ndarray], Passes[tuple[np.ndarray, np.ndarray]]]
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,7 @@ def grow(
     top_k: int,
     depth: int,
     budget: int | None = None,
-) -> None:
+) -> Passes[None]:
     """Expand a pool of `depth` levels under each of `roots`, in place, every level of every root
     in one `propose` call (one draft pass per level). With `budget` (one root only), expand only
     the nodes that can still enter the pool's draft_rank tree of that many nodes; the pool may
@@ -104,7 +106,7 @@ def grow(
         nodes = np.concatenate(frontier)
         if len(nodes) == 0:
             return
-        child_tok, child_lp = propose(np.array(tokens), np.array(parents), nodes)
+        child_tok, child_lp = yield from propose(np.array(tokens), np.array(parents), nodes)
         levels = []
         row = 0
         for f in frontier:
@@ -144,10 +146,10 @@ def expand(
                 node = int(parents[node])
             with np.errstate(divide="ignore"):
                 rows.append(np.log(np.asarray(draft_row_fn(root_context + path[::-1]), float)))
-        return topk_tokens(np.stack(rows), top_k)
+        return no_passes(topk_tokens(np.stack(rows), top_k))
 
     tokens, parents, logq = [root_context[-1]], [-1], [0.0]
-    grow(propose, tokens, parents, logq, [0], top_k, depth)
+    run_now(grow(propose, tokens, parents, logq, [0], top_k, depth))
     return Tree(tokens, parents), np.array(logq)
 
 
@@ -155,15 +157,29 @@ def expand_model(model: Any, context: Sequence[int], top_k: int, depth: int,
                  budget: int | None = None) -> tuple[Tree, np.ndarray]:
     """The candidate pool from a `targetrows.decoding.model.Model`: one draft pass per level. With
     `budget`, only as much of it as a draft_rank tree of `budget` nodes can use (`grow`)."""
+    return run_now(pool_passes(model, context, top_k, depth, budget))
+
+
+def pool_passes(model: Any, context: Sequence[int], top_k: int, depth: int,
+                budget: int | None = None) -> Passes[tuple[Tree, np.ndarray]]:
+    """`expand_model` as steps that ask for the draft's passes (`targetrows.core.passes`)."""
     _check_shape(top_k, depth)
     tokens, parents, logq = [int(context[-1])], [-1], [0.0]
-    grow(_model_propose(model, context, top_k), tokens, parents, logq, [0], top_k, depth, budget)
+    yield from grow(_model_propose(model, context, top_k), tokens, parents, logq, [0], top_k,
+                    depth, budget)
     return Tree(tokens, parents), np.array(logq)
 
 
 def expand_under_guesses(
     model: Any, context: Sequence[int], guesses: int, top_k: int, depth: int
 ) -> tuple[Tree, np.ndarray]:
+    """`guessed_pools_passes` run at once."""
+    return run_now(guessed_pools_passes(model, context, guesses, top_k, depth))
+
+
+def guessed_pools_passes(
+    model: Any, context: Sequence[int], guesses: int, top_k: int, depth: int
+) -> Passes[tuple[Tree, np.ndarray]]:
     """Pools under the draft's `guesses` most likely next tokens, expanded together.
 
     First-token sampling commits t0 before drafting; while the target's root pass runs, the
@@ -173,12 +189,12 @@ def expand_under_guesses(
     """
     _check_shape(top_k, depth)
     propose = _model_propose(model, context, max(top_k, guesses))
-    g_tok, g_lp = propose(np.array([int(context[-1])]), np.array([-1]), np.array([0]))
+    g_tok, g_lp = yield from propose(np.array([int(context[-1])]), np.array([-1]), np.array([0]))
     tokens = [int(context[-1])] + g_tok[0, :guesses].tolist()
     parents = [-1] + [0] * guesses
     logq = [0.0] + g_lp[0, :guesses].tolist()
-    grow(_model_propose(model, context, top_k), tokens, parents, logq,
-         list(range(1, guesses + 1)), top_k, depth)
+    yield from grow(_model_propose(model, context, top_k), tokens, parents, logq,
+                    list(range(1, guesses + 1)), top_k, depth)
     return Tree(tokens, parents), np.array(logq)
 
 
@@ -203,7 +219,7 @@ def _rank(logq: list[float]) -> np.ndarray:
 
 def _model_propose(model: Any, context: Sequence[int], k: int) -> Propose:
     def propose(tokens, parents, nodes):
-        return model.topk_at(context, Tree(tokens, parents), nodes, k)
+        return model.topk_at_passes(context, Tree(tokens, parents), nodes, k)
 
     return propose
 

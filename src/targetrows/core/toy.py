@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from .passes import Pass, Passes, run_now
 from .pool import topk_tokens
 from .rows import greedy, log_softmax, ranking_temperature, softmax
 from .tree import Tree
@@ -39,9 +40,9 @@ class ToyModel:
     device: None = None
     _memo: dict = field(default_factory=dict, repr=False)
     _rng: np.random.Generator = field(default=None, repr=False)
-    # a lane of a batch (`lanes`): its passes go through this `PassBatcher`
-    _batcher: Any = field(default=None, repr=False)
-    _group: Any = field(default=None, repr=False)  # the batched pass its lanes share
+    # what runs its passes (`targetrows.core.passes`): the toy's batched pass, shared by a
+    # batch's lanes (`lanes`)
+    _group: Any = field(default=None, repr=False)
 
     def row_logits(self, context: Sequence[int]) -> np.ndarray:
         key = tuple(int(t) for t in context)
@@ -65,9 +66,11 @@ class ToyModel:
         self._rng = np.random.default_rng(seed)
 
     def logits(self, context: Sequence[int], tree: Tree, nodes: Sequence[int]) -> np.ndarray:
-        if self._batcher is not None:
-            return self._batcher.submit(self._group, (self, context, tree, nodes))
-        return self._rows(context, tree, nodes)
+        return run_now(self.logits_passes(context, tree, nodes))
+
+    def logits_passes(self, context: Sequence[int], tree: Tree,
+                      nodes: Sequence[int]) -> Passes[np.ndarray]:
+        return (yield Pass(self._group or _PASSES, (self, context, tree, nodes)))
 
     def _rows(self, context: Sequence[int], tree: Tree, nodes: Sequence[int]) -> np.ndarray:
         context = list(context)
@@ -92,7 +95,11 @@ class ToyModel:
 
     def topk_at(self, context: Sequence[int], tree: Tree, nodes: Sequence[int],
                 k: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.topk(self.logits(context, tree, nodes), k)
+        return run_now(self.topk_at_passes(context, tree, nodes, k))
+
+    def topk_at_passes(self, context: Sequence[int], tree: Tree, nodes: Sequence[int],
+                       k: int) -> Passes[tuple[np.ndarray, np.ndarray]]:
+        return self.topk((yield from self.logits_passes(context, tree, nodes)), k)
 
     def logprobs(self, logits: np.ndarray, tokens: np.ndarray, temperature: float) -> np.ndarray:
         lp = log_softmax(logits, ranking_temperature(temperature))
@@ -101,12 +108,12 @@ class ToyModel:
     def probs(self, logits: np.ndarray, temperature: float) -> np.ndarray:
         return softmax(logits, temperature)
 
-    def lanes(self, n: int, batcher, target_lanes=None) -> list[ToyModel]:
+    def lanes(self, n: int, target_lanes=None) -> list[ToyModel]:
         """`n` copies for a batch (`targetrows.decoding.batch`), each with its own generator,
-        whose passes go through `batcher`: rows are a pure function of the context, so a
-        batched pass is each lane's own, and the toy pair exercises the batching alone."""
+        sharing one batched pass: rows are a pure function of the context, so a batched pass
+        is each lane's own, and the toy pair exercises the batching alone."""
         group = _Passes()
-        return [replace(self, _rng=None, _batcher=batcher, _group=group) for _ in range(n)]
+        return [replace(self, _rng=None, _group=group) for _ in range(n)]
 
 
 class _Passes:
@@ -115,6 +122,9 @@ class _Passes:
     @staticmethod
     def run_batch(items) -> list[np.ndarray]:
         return [model._rows(context, tree, nodes) for model, context, tree, nodes in items]
+
+
+_PASSES = _Passes()  # a model that is no lane runs its passes alone
 
 
 class ToyPair:

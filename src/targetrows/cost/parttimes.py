@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from targetrows.core.passes import Passes, run_now
 from targetrows.core.tree import Tree
 from targetrows.decoding.model import synchronize
 from targetrows.decoding.planners import prompt_rows
@@ -103,20 +104,27 @@ def time_passes(
     sample of every size, which the median drops, instead of every sample of one size (which
     would make that size look dearer than a larger one, and mislead --budget auto).
     """
+    return run_now(time_passes_steps(model, context, sizes, repeats, seed))
+
+
+def time_passes_steps(model, context: Sequence[int], sizes: Sequence[int], repeats: int = 3,
+                      seed: int = 0) -> Passes[PassCurve]:
+    """`time_passes` as steps that ask for their passes (`targetrows.core.passes`): how a lane
+    of a batch times its passes, each run batched with the other lanes' (`measure_parts`)."""
     ctx = [int(t) for t in context]
     sizes = sorted({int(n) for n in sizes})
     if not ctx or not sizes or sizes[0] < 1:
         raise ValueError(f"time_passes needs a non-empty context and sizes >= 1, got {sizes}")
     rng = np.random.default_rng(seed)
     model.reset(seed)
-    model.logits(ctx, Tree.root_only(ctx[-1]), [0])
+    yield from model.logits_passes(ctx, Tree.root_only(ctx[-1]), [0])
     model.commit(ctx)
     trees = {n: _one_level(rng, ctx[-1], n, model.vocab_size) for n in sizes}
-    _timed_pass(model, ctx, trees[sizes[-1]])  # warm-up: allocator and kernels at full size
+    yield from _timed_pass(model, ctx, trees[sizes[-1]])  # warm-up: allocator, kernels
     samples: dict[int, list[float]] = {n: [] for n in sizes}
     for _ in range(repeats):
         for n in sizes:
-            samples[n].append(_timed_pass(model, ctx, trees[n]))
+            samples[n].append((yield from _timed_pass(model, ctx, trees[n])))
     seconds = [float(np.median(samples[n])) for n in sizes]
     model.reset(seed)
     return PassCurve(tuple(sizes), tuple(isotonic(seconds)))
@@ -144,7 +152,7 @@ def time_prompt_pass(model, prompt: Sequence[int], repeats: int = 3,
         synchronize(model)
         full.append(time.perf_counter() - t)
         model.commit(ctx)
-        step.append(_timed_pass(model, ctx, one))
+        step.append(run_now(_timed_pass(model, ctx, one)))
     model.reset(0)
     return max(0.0, float(np.median(full[1:]) - np.median(step[1:])))
 
@@ -162,9 +170,9 @@ def isotonic(values: Sequence[float]) -> list[float]:
     return [m for m, w in blocks for _ in range(int(w))]
 
 
-def _timed_pass(model, ctx: list[int], tree: Tree) -> float:
+def _timed_pass(model, ctx: list[int], tree: Tree) -> Passes[float]:
     t = time.perf_counter()
-    model.logits(ctx, tree, np.arange(1, len(tree)))
+    yield from model.logits_passes(ctx, tree, np.arange(1, len(tree)))
     synchronize(model)
     elapsed = time.perf_counter() - t
     model.commit(ctx)  # drops the tree's entries
@@ -192,23 +200,28 @@ def measure_parts(
     of a batch of N sequences (`targetrows.decoding.batch`), each lane timing the same passes,
     which run together, so that a lane's time is the batched pass's (a verify pass over N x n
     nodes): what a round of each sequence costs when N decode at once."""
-    if batch_size > 1:
-        from targetrows.decoding.batch import run_batched
+    if batch_size == 1:
+        return run_now(_parts_steps(target, draft, context, target_sizes, draft_sizes, repeats,
+                                    longer))
+    from targetrows.decoding.schedule import run_batched
 
-        def job(t, d):
-            return measure_parts(t, d, context, target_sizes, draft_sizes, repeats, longer)
+    def job(t, d):
+        return _parts_steps(t, d, context, target_sizes, draft_sizes, repeats, longer)
 
-        return run_batched(target, draft, [job] * batch_size, batch_size)[0]
-    tcurve = time_passes(target, context, target_sizes, repeats)
-    dcurve = (
-        time_passes(draft, context, draft_sizes, repeats)
-        if draft is not None and draft_sizes
-        else None
-    )
+    return run_batched(target, draft, [job] * batch_size, batch_size)[0]
+
+
+def _parts_steps(target, draft, context, target_sizes, draft_sizes, repeats,
+                 longer) -> Passes[PartTimes]:
+    tcurve = yield from time_passes_steps(target, context, target_sizes, repeats)
+    dcurve = None
+    if draft is not None and draft_sizes:
+        dcurve = yield from time_passes_steps(draft, context, draft_sizes, repeats)
     refeeds = bool(getattr(draft, "refeeds_committed", False))
     far = None
     if longer is not None and len(longer) > len(context):
-        far = measure_parts(target, draft, longer, target_sizes, draft_sizes, repeats)
+        far = yield from _parts_steps(target, draft, longer, target_sizes, draft_sizes, repeats,
+                                      None)
     return PartTimes(tcurve, dcurve, len(context), refeeds, far)
 
 

@@ -41,6 +41,10 @@ class DecodeConfig:
     # trees depend on that prompt alone, so a resumed or reordered run measures the same)
     recycle_k: int = 8
     keep_across_prompts: bool = False
+    # sequences decoded at once (`targetrows.decoding.batch`): each keeps its batch-1 tokens
+    # (in reduced precision up to near-ties a batched pass rounds the other way), its times
+    # are those of a sequence sharing its passes with batch_size - 1 others
+    batch_size: int = 1
 
     def __post_init__(self):
         entry = self.decoder if isinstance(self.decoder, Decoder) else get_decoder(self.decoder)
@@ -56,6 +60,7 @@ class DecodeConfig:
         if not isinstance(self.pool, PoolShape):
             raise ValueError(f"pool must be a PoolShape, got {self.pool!r}")
         check_count(self.recycle_k, "recycle_k")
+        check_count(self.batch_size, "batch_size")
         if not isinstance(self.keep_across_prompts, bool):
             raise ValueError(f"keep_across_prompts must be True or False, got "
                              f"{self.keep_across_prompts!r}")

@@ -7,20 +7,21 @@ path plus a bonus token. Verification is the same for every decoder and uses onl
 own draws, which is what makes every decoder lossless.
 
 The loop talks to models only through `targetrows.decoding.model.Model`, so it runs the toy
-pair (NumPy) and Hugging Face models (torch) alike.
+pair (NumPy) and Hugging Face models (torch) alike. It is written as steps that ask for their
+passes (`decode_passes`, `targetrows.core.passes`): `generate` runs one sequence's, and the
+scheduler of `targetrows.decoding.batch` runs many sequences' together, their passes batched.
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
+from targetrows.core.passes import Passes
 from targetrows.core.rows import RowStore
 from targetrows.core.tree import Tree
 from targetrows.core.verify import walk
@@ -57,6 +58,18 @@ def generate(
     draft-free decoder's state from `new_state` to carry on with (what a caller keeps to keep
     what it learned across prompts, `DecodeConfig.keep_across_prompts`); by default a fresh
     one."""
+    from .schedule import run_batched  # the scheduler, with one sequence
+
+    steps = decode_passes(target, draft, prompt_ids, config, state)
+    return run_batched(target, draft, [lambda t, d: steps], 1)[0]
+
+
+def decode_passes(
+    target: Any, draft: Any | None, prompt_ids: Sequence[int], config: DecodeConfig,
+    state: Any | None = None,
+) -> Passes[DecodeResult]:
+    """`generate` as steps that ask for their passes (`targetrows.core.passes`): the round loop
+    of one sequence, which a scheduler runs alone or beside others."""
     decoder = config.decoder
     if len(prompt_ids) == 0:
         raise ValueError("the prompt is empty: it needs at least one token")
@@ -76,27 +89,25 @@ def generate(
     store = RowStore(max_rows=8)  # rows by full context: only exact hits are reused
     result = DecodeResult(tokens=new)
     start = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=1) if overlap else contextlib.nullcontext() as executor:
-        while True:
-            t0 = time.perf_counter()
-            stats = RoundStats()
-            plan = decoder.plan(Round(target, draft, context, store, config, stats, executor,
-                                      rule, state, opening=not result.rounds))
-            tokens = list(plan.prefix) + _verified(target, context, plan, store, config, stats,
-                                                   keep_last)
-            tokens, stop_reason = _truncate(tokens, config, len(new))
-            new.extend(tokens)
-            context.extend(tokens)
-            target.commit(context)
-            if draft is not None:
-                draft.commit(context)
-            stats.committed = len(tokens)
-            stats.t_round = time.perf_counter() - t0
-            stats.t_bookkeeping = max(stats.t_round - stats.t_drafting - stats.t_verify, 0.0)
-            result.rounds.append(stats)
-            if stop_reason:
-                result.stop_reason = stop_reason
-                break
+    while True:
+        t0 = time.perf_counter()
+        stats = RoundStats()
+        plan = yield from decoder.plan(Round(target, draft, context, store, config, stats,
+                                             overlap, rule, state, opening=not result.rounds))
+        verified = yield from _verified(target, context, plan, store, config, stats, keep_last)
+        tokens, stop_reason = _truncate(list(plan.prefix) + verified, config, len(new))
+        new.extend(tokens)
+        context.extend(tokens)
+        target.commit(context)
+        if draft is not None:
+            draft.commit(context)
+        stats.committed = len(tokens)
+        stats.t_round = time.perf_counter() - t0
+        stats.t_bookkeeping = max(stats.t_round - stats.t_drafting - stats.t_verify, 0.0)
+        result.rounds.append(stats)
+        if stop_reason:
+            result.stop_reason = stop_reason
+            break
     result.wall_time = time.perf_counter() - start
     return result
 
@@ -109,13 +120,13 @@ def new_state(target: Any, config: DecodeConfig) -> Any | None:
 
 
 def _verified(target, context: list[int], plan, store: RowStore, config: DecodeConfig,
-              stats: RoundStats, keep_last: bool) -> list[int]:
+              stats: RoundStats, keep_last: bool) -> Passes[list[int]]:
     """The plan's tree verified after its prefix (nothing without a tree), its rows handed to
     the plan's observer."""
     if plan.tree is None:
         return []
-    tokens, rows, nodes = _verify(target, context + plan.prefix, plan.tree, store, config,
-                                  stats, keep_last)
+    tokens, rows, nodes = yield from _verify(target, context + plan.prefix, plan.tree, store,
+                                             config, stats, keep_last)
     if plan.observe is not None and len(nodes):
         plan.observe(plan.tree, rows, nodes)
     return tokens
@@ -136,7 +147,7 @@ def _truncate(tokens: list[int], config: DecodeConfig, emitted: int) -> tuple[li
 
 
 def _verify(target, ctx: list[int], tree: Tree, store: RowStore, config: DecodeConfig,
-            stats: RoundStats, keep_last: bool = False) -> tuple[list[int], Any, range]:
+            stats: RoundStats, keep_last: bool = False) -> Passes[tuple[list[int], Any, range]]:
     """One target pass over the tree, then the lossless walk: (accepted path tokens + bonus,
     the pass's rows, the nodes they are at). With `keep_last`, the row at the last accepted
     node goes into the store under its full context: the next round's stale row (its context
@@ -145,7 +156,7 @@ def _verify(target, ctx: list[int], tree: Tree, store: RowStore, config: DecodeC
     root_logits = store.get(ctx)
     if root_logits is None:  # the verify pass yields the root row too
         nodes = range(len(tree))
-        rows = target.logits(ctx, tree, nodes)
+        rows = yield from target.logits_passes(ctx, tree, nodes)
         draws = target.draw(rows, config.temperature)
         stats.target_passes += 1
     else:  # exact root row from this context's root pass: only the other nodes need a pass
@@ -153,7 +164,7 @@ def _verify(target, ctx: list[int], tree: Tree, store: RowStore, config: DecodeC
         draws = target.draw(root_logits, config.temperature)
         if len(tree) > 1:
             nodes = range(1, len(tree))
-            rows = target.logits(ctx, tree, nodes)
+            rows = yield from target.logits_passes(ctx, tree, nodes)
             draws = np.concatenate([draws, target.draw(rows, config.temperature)])
             stats.target_passes += 1
     stats.t_verify = time.perf_counter() - t

@@ -3,10 +3,12 @@
 
 A planner drafts (through `targetrows.core.pool`), runs the root pass when its rule needs the
 exact root row or a first token t0, hands its rule the rows it reads, and applies the rule's
-selection (`Rule.select`). A draft-free planner grows its tree from the target's own past rows
-instead (`targetrows.core.recycle`). It never verifies: the round loop does that, the same way
-for every decoder, which is what keeps them all lossless. `targetrows.decoding.registry` maps
-each decoder to its rule, and so to its planner.
+selection (`Rule.select`). It is written as steps (a generator) that ask for their model passes
+(`targetrows.core.passes`), so one code serves a sequence decoded alone and in a batch. A
+draft-free planner grows its tree from the target's own past rows instead
+(`targetrows.core.recycle`). It never verifies: the round loop does that, the same way for
+every decoder, which is what keeps them all lossless. `targetrows.decoding.registry` maps each
+decoder to its rule, and so to its planner.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import time
 
 import numpy as np
 
-from targetrows.core.pool import expand_model, expand_under_guesses, pool_under
+from targetrows.core.passes import Passes, no_passes, run_now
+from targetrows.core.pool import guessed_pools_passes, pool_passes, pool_under
 from targetrows.core.recycle import TOKEN_RECYCLING_TEMPLATE, Recycler
 from targetrows.core.rules.rule import tree_after_t0
 from targetrows.core.tree import Tree
@@ -24,18 +27,18 @@ from .model import synchronize
 from .round import Plan, Round, root_pass_alongside, timed_draft_work
 
 
-def plan_ar(r: Round) -> Plan:
+def plan_ar(r: Round) -> Passes[Plan]:
     """No draft: the target alone verifies the root, i.e. takes one step."""
-    return Plan([], Tree.root_only(r.context[-1]))
+    return no_passes(Plan([], Tree.root_only(r.context[-1])))
 
 
-def _root_pool(r: Round):
+def _root_pool(r: Round) -> Passes:
     """The draft's candidate pool at the round's context (one draft pass per level); for a
     decoder whose tree is the pool's draft_rank tree, only what that tree can use
     (`DecodeConfig.pool_budget`)."""
     cfg = r.config
-    cand, logq = expand_model(r.draft, r.context, cfg.pool.top_k, cfg.pool_depth,
-                              cfg.pool_budget)
+    cand, logq = yield from pool_passes(r.draft, r.context, cfg.pool.top_k, cfg.pool_depth,
+                                        cfg.pool_budget)
     r.stats.draft_passes += int(cand.depth.max())  # a pruned pool may stop early
     return cand, logq
 
@@ -60,14 +63,14 @@ def _rows_read(r: Round, cand: Tree, root_logits) -> dict:
     return rows
 
 
-def plan_pool(r: Round) -> Plan:
+def plan_pool(r: Round) -> Passes[Plan]:
     """The root pool's top-B nodes by the rule's scores; the root pass runs alongside drafting
     when the rule reads the exact root row (rerank), not otherwise (EAGLE-2's draft_rank)."""
     root_logits = None
     if r.rule.needs_root_pass:
-        root_logits, (cand, logq) = root_pass_alongside(r, lambda: _root_pool(r))
+        root_logits, (cand, logq) = yield from root_pass_alongside(r, _root_pool(r))
     else:
-        cand, logq = timed_draft_work(r, lambda: _root_pool(r))
+        cand, logq = yield from timed_draft_work(r, _root_pool(r))
     chosen = r.rule.select(cand, logq, r.config.budget, reranker=r.config.reranker,
                            **_rows_read(r, cand, root_logits))
     return Plan([], cand.subtree(chosen))
@@ -77,14 +80,14 @@ def _draw_t0(r: Round, root_logits) -> int:
     return int(r.target.draw(root_logits, r.config.temperature)[0])
 
 
-def plan_after_t0(r: Round) -> Plan:
+def plan_after_t0(r: Round) -> Passes[Plan]:
     """First-token sampling and PEARL: the root pool is drafted while the root pass runs; t0 is
     drawn from the exact root row and committed, and the rule keeps the nodes it verifies
     after t0 (first_token: the top-B below t0; pearl: the top-B tree pruned to t0's subtree).
     A tree without draft nodes is verified only for its bonus token, unless the config leaves
     that row to the next round's root pass."""
     cfg = r.config
-    root_logits, (cand, logq) = root_pass_alongside(r, lambda: _root_pool(r))
+    root_logits, (cand, logq) = yield from root_pass_alongside(r, _root_pool(r))
     t0 = _draw_t0(r, root_logits)
     if t0 in cfg.stop_ids:  # nothing to draft after a stop token
         return Plan([t0], None)
@@ -95,7 +98,7 @@ def plan_after_t0(r: Round) -> Plan:
     return Plan([t0], tree)
 
 
-def plan_redraft(r: Round) -> Plan:
+def plan_redraft(r: Round) -> Passes[Plan]:
     """First-token sampling with a pool drafted anew under t0 (an extension, not the paper's):
     while the root pass runs, the draft pre-expands pools under its likeliest first tokens; on
     a miss it drafts under t0 after."""
@@ -103,21 +106,19 @@ def plan_redraft(r: Round) -> Plan:
 
     def draft_work():
         r.stats.draft_passes += cfg.pool_depth + 1
-        return expand_under_guesses(r.draft, r.context, cfg.pool.guesses, cfg.pool.top_k,
-                                    cfg.pool_depth)
+        return (yield from guessed_pools_passes(r.draft, r.context, cfg.pool.guesses,
+                                                cfg.pool.top_k, cfg.pool_depth))
 
-    root_logits, (guessed, logq) = root_pass_alongside(r, draft_work)
+    root_logits, (guessed, logq) = yield from root_pass_alongside(r, draft_work())
     t0 = _draw_t0(r, root_logits)
     if t0 in cfg.stop_ids:  # nothing to draft after a stop token
         return Plan([t0], None)
     hit = pool_under(guessed, logq, t0)
     if hit is None:  # t0 was not among the guesses: draft under it now
 
-        def redraft():
-            r.stats.draft_passes += cfg.pool_depth
-            return expand_model(r.draft, r.context + [t0], cfg.pool.top_k, cfg.pool_depth)
-
-        hit = timed_draft_work(r, redraft)
+        r.stats.draft_passes += cfg.pool_depth
+        hit = yield from timed_draft_work(r, pool_passes(r.draft, r.context + [t0],
+                                                         cfg.pool.top_k, cfg.pool_depth))
     cand, cand_logq = hit
     return Plan([t0], cand.subtree(r.rule.select(cand, cand_logq, cfg.budget)))
 
@@ -145,18 +146,24 @@ def recycle_state(vocab_size: int, config) -> Recycler:
                     template=TOKEN_RECYCLING_TEMPLATE)
 
 
-def _prompt_rows(r: Round) -> None:
+def _prompt_rows(r: Round) -> Passes[None]:
     """The target's rows along the prompt (the round's context: a decode's first round), their
     top-k ids written into the state's table (`prompt_rows`); the last row, the root's, goes
     into the store for the verify pass."""
     prompt = list(r.context)
-    ids, logp, root_row, passes = prompt_rows(r.target, prompt, r.state.table.k)
+    ids, logp, root_row, passes = yield from prompt_rows_passes(r.target, prompt,
+                                                                r.state.table.k)
     r.stats.target_passes += passes
     r.store.put(prompt, root_row)
     r.state.observe_prompt(prompt, ids, logp)
 
 
 def prompt_rows(target, prompt: list[int], k: int):
+    """`prompt_rows_passes` run at once."""
+    return run_now(prompt_rows_passes(target, prompt, k))
+
+
+def prompt_rows_passes(target, prompt: list[int], k: int) -> Passes:
     """The target's top-k ids and log-probs at every position of `prompt`, from a chain tree of
     its tokens under its first token, in parts of PROMPT_ROWS_AT_ONCE whose entries become the
     committed cache (`Model.commit`), so nothing is computed twice. Returns (ids, logp, the
@@ -166,7 +173,7 @@ def prompt_rows(target, prompt: list[int], k: int):
     for start in range(0, len(prompt), PROMPT_ROWS_AT_ONCE):
         end = min(start + PROMPT_ROWS_AT_ONCE, len(prompt))
         chain = Tree(prompt[start:end], np.arange(-1, end - start - 1))
-        logits = target.logits(prompt[: start + 1], chain, range(end - start))
+        logits = yield from target.logits_passes(prompt[: start + 1], chain, range(end - start))
         top = target.topk(logits, k)
         ids.append(top[0])
         logp.append(top[1])
@@ -175,7 +182,7 @@ def prompt_rows(target, prompt: list[int], k: int):
     return np.concatenate(ids), np.concatenate(logp), logits[-1:], passes
 
 
-def plan_recycle(r: Round) -> Plan:
+def plan_recycle(r: Round) -> Passes[Plan]:
     """A draft-free decoder's round (racer, recycle): no draft model; the tree grows from the
     state's table (and RACER's n-grams) under the root. At a decode's first round a state that
     reads the prompt's rows gets them first (a target pass, timed as the root pass: it gives
@@ -184,11 +191,11 @@ def plan_recycle(r: Round) -> Plan:
     state, stats = r.state, r.stats
     if state.prompt_pending:
         t = time.perf_counter()
-        _prompt_rows(r)
+        yield from _prompt_rows(r)
         synchronize(r.target)
         stats.t_root = time.perf_counter() - t
         stats.t_drafting += stats.t_root
-    tree = timed_draft_work(r, lambda: state.tree(r.context, r.config.budget))
+    tree = yield from timed_draft_work(r, no_passes(state.tree(r.context, r.config.budget)))
 
     def observe(verified: Tree, logits, nodes) -> None:
         ids, logp = r.target.topk(logits, state.table.k)

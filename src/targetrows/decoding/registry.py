@@ -48,7 +48,7 @@ class Decoder:
     # the decoders it is compared with online, condition by condition; a matched cap
     # ({matched: X} in the config) is the budget whose trees are as large as the first one's at X
     baselines: tuple[str, ...] = ()
-    planner: Callable | None = None  # plan(Round) -> Plan; None: its rule's kind of tree's
+    planner: Callable | None = None  # plan(Round) -> Passes[Plan]; None: its rule's kind of tree's
     # a draft-free decoder's state across rounds, made once per decode:
     # new_state(vocab_size, DecodeConfig) -> targetrows.core.recycle.Recycler
     new_state: Callable | None = None

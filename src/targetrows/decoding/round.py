@@ -4,17 +4,21 @@ A round: a planner chooses a tree under the root context (every committed token)
 scores every node in one verify pass, verification walks the tree and commits the accepted path
 plus a bonus token. Decoders that commit a first token t0 draw it from the exact row of a
 separate **root pass**, which runs alongside drafting when target and draft live on different
-devices (`root_pass_alongside`): on a thread of its own, and on a GPU on a stream of its own,
-so that neither the host nor the card queues the drafting behind it.
+devices (`root_pass_alongside`). A planner asks for its passes as requests
+(`targetrows.core.passes`), so alongside needs no thread: the root pass is queued on a stream
+of its own (a GPU runs it while the host goes on to queue the draft's passes on the default
+stream), and the target's stream waits for it, on the device, once the drafting is done. On a
+CPU, where a pass runs as it is asked for, the two run in turn.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from targetrows.core.passes import Passes
 from targetrows.core.rows import RowStore
 from targetrows.core.tree import Tree
 
@@ -40,8 +44,8 @@ class RoundStats:
 class Round:
     """What a planner may use: both models, the committed context, the row store (rows by
     full context: the root pass's and the last verify pass's), the decode settings, the
-    round's statistics (to fill in), the executor the root pass runs on alongside drafting,
-    the decoder's selection rule, a draft-free decoder's state across rounds (what it
+    round's statistics (to fill in), whether the root pass runs alongside drafting, the
+    decoder's selection rule, a draft-free decoder's state across rounds (what it
     learned from the target's past rows: `targetrows.core.recycle.Recycler`, made once per
     decode by `Decoder.new_state`), and whether this is the decode's first round."""
 
@@ -51,7 +55,7 @@ class Round:
     store: RowStore
     config: Any  # a DecodeConfig
     stats: RoundStats
-    executor: Any  # a one-worker pool the drafting runs on beside the root pass; None: in turn
+    overlap: bool  # the root pass alongside drafting (on a stream of its own); False: in turn
     rule: Any = None  # a targetrows.core.rules.rule.Rule; None for ar and the draft-free
     state: Any = None  # the draft-free decoders' Recycler; None for every other decoder
     opening: bool = False  # the decode's first round: the target has not seen the prompt yet
@@ -71,56 +75,77 @@ class Plan:
     observe: Callable[[Tree, Any, Sequence[int]], None] | None = None
 
 
-def root_pass_alongside(r: Round, draft_work):
-    """The target's root pass at the round's context, with `draft_work()` alongside it (or after
-    it: on one device, and in a decode's first round). Returns the root row's logits (also put
-    in the store, so the verify pass reuses it) and draft_work's result; fills t_root, t_draft
-    and t_drafting."""
-    target, context, stats = r.target, r.context, r.stats
-
-    def root_pass():
-        t = time.perf_counter()
-        logits = r.store.get(context)
-        if logits is None:
-            logits = target.logits(context, Tree.root_only(context[-1]), [0])
-            target.commit(context)  # the root is now committed cache, verify feeds only the tree
-            stats.target_passes += 1
-        synchronize(target)
-        stats.t_root = time.perf_counter() - t
-        return logits
-
-    def timed_draft():
-        t = time.perf_counter()
-        out = draft_work()
-        synchronize(r.draft)
-        stats.t_draft = time.perf_counter() - t
-        return out
-
+def root_pass_alongside(r: Round, draft_work: Passes) -> Passes:
+    """The target's root pass at the round's context, with the steps `draft_work` alongside it
+    (or after it: without overlap, and in a decode's first round). Returns the root row's
+    logits (also put in the store, so the verify pass reuses it) and draft_work's result;
+    fills t_root, t_draft and t_drafting."""
+    stats = r.stats
     # The first round's root pass prefills the prompt before anything drafts: an EAGLE-3 head
-    # reads the prompt's target features, and were it to prefill them itself, racing the root
-    # pass, the passes' shapes (and in reduced precision their rows) would depend on which
-    # thread came first. Later rounds, alongside: the root pass on a stream of its own, which
-    # the target's own stream waits for (on the device) once the drafting is done.
+    # reads the prompt's target features, so it must not draft before they exist. Later
+    # rounds, alongside: the root pass on a stream of its own, which the target's own stream
+    # waits for (on the device) once the drafting is done.
     t = time.perf_counter()
-    if r.opening or r.executor is None:
-        root_logits = root_pass()
-        drafted = timed_draft()
+    if r.opening or not r.overlap:
+        root_logits = yield from _root_pass(r, wait=True)
+        drafted = yield from _timed(r, draft_work)
     else:
-        future = r.executor.submit(timed_draft)
-        with side_stream(target) as stream:
-            root_logits = root_pass()
-        drafted = future.result()
+        stream, root_logits = yield from on_side_stream(r.target, _root_pass(r, wait=False))
+        drafted = yield from _timed(r, draft_work)
         stream.join(root_logits)
     stats.t_drafting = time.perf_counter() - t
-    r.store.put(context, root_logits)
+    r.store.put(r.context, root_logits)
     return root_logits, drafted
 
 
-def timed_draft_work(r: Round, work):
+def _root_pass(r: Round, wait: bool) -> Passes:
+    """The root row at the round's context: the store's, or one target pass, after which the
+    root is committed cache (verify feeds only the tree). Timed into t_root: with `wait`, until
+    the device is done; without (beside drafting on a GPU), until it is queued."""
+    t = time.perf_counter()
+    logits = r.store.get(r.context)
+    if logits is None:
+        logits = yield from r.target.logits_passes(r.context, Tree.root_only(r.context[-1]), [0])
+        r.target.commit(r.context)
+        r.stats.target_passes += 1
+    if wait:
+        synchronize(r.target)
+    r.stats.t_root = time.perf_counter() - t
+    return logits
+
+
+def _timed(r: Round, work: Passes) -> Passes:
+    t = time.perf_counter()
+    out = yield from work
+    synchronize(r.draft)
+    r.stats.t_draft = time.perf_counter() - t
+    return out
+
+
+def on_side_stream(model: Any, steps: Passes) -> Passes:
+    """Run `steps` with all its device work on `model`'s side stream: its passes are asked for
+    as side passes (the scheduler runs them there), and its own work between them (a pass's
+    features and checks) is queued there too. Returns (the stream, to `join` before anything
+    on the caller's stream reads the result, and what `steps` returned)."""
+    stream = side_stream(model)
+    advance, value = steps.send, None
+    while True:
+        try:
+            with stream:
+                request = advance(value)
+        except StopIteration as done:
+            return stream, done.value
+        try:
+            value, advance = (yield replace(request, side=True)), steps.send
+        except Exception as err:  # the pass failed: the steps clean up and raise it
+            value, advance = err, steps.throw
+
+
+def timed_draft_work(r: Round, work: Passes) -> Passes:
     """Draft work that runs on its own (no root pass beside it), timed into t_draft and
     t_drafting (added, so a second drafting step in a round adds to the first)."""
     t = time.perf_counter()
-    out = work()
+    out = yield from work
     synchronize(r.draft)
     elapsed = time.perf_counter() - t
     r.stats.t_draft += elapsed

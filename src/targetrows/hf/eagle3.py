@@ -34,6 +34,7 @@ from torch import nn
 from transformers.activations import ACT2FN
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
+from targetrows.core.passes import Pass, Passes
 from targetrows.core.tree import Tree
 
 from .fed_tree import adopt, common_prefix, extends
@@ -216,6 +217,7 @@ class Eagle3Draft(TorchRows):
         self.n_embeddings = target.n_embeddings
         self._target_embed = target.model.get_input_embeddings()
         self._generator = torch.Generator(device=self.device)
+        self._steps = OwnSteps()  # what runs its steps: alone (a lane's: batched)
         self.reset(None)
 
     @property
@@ -289,58 +291,55 @@ class Eagle3Draft(TorchRows):
         return embed(ids).to(device=self.device, dtype=self.dtype)
 
     def _feed(self, h: torch.Tensor, tokens: np.ndarray, positions: np.ndarray,
-              allowed: np.ndarray) -> torch.Tensor:
-        """One head pass over new entries appended to the cache; returns their g."""
-        g, self._k, self._v = self._step(h, self._embed(tokens), positions, allowed)
+              allowed: np.ndarray) -> Passes[torch.Tensor]:
+        """One head step over new entries appended to the cache, asked for as a pass (alone,
+        or batched with other lanes' steps: `targetrows.hf.lanes`); returns their g."""
+        step = yield Pass(self._steps, (self, h, self._embed(tokens), positions, allowed))
+        g, self._k, self._v = step
         return g
 
-    def _step(self, h: torch.Tensor, embeds: torch.Tensor, positions: np.ndarray,
-              allowed: np.ndarray):
-        """The head's step after this sequence's cache: (g, keys, values). A lane of a batch
-        hands it to the batched step instead (`targetrows.hf.lanes`)."""
-        pos = host_to_device(positions, self.device)
-        mask = host_to_device(allowed, self.device)[None, None]
-        return self.head.step(h, embeds, pos, self._k, self._v, mask)
-
-    def lanes(self, n: int, batcher, target_lanes) -> list[Eagle3Draft]:
+    def lanes(self, n: int, target_lanes) -> list[Eagle3Draft]:
         """`n` lanes of this head for batched decoding, lane i reading target lane i's
         features (`targetrows.decoding.batch`); their steps run as one batched step."""
         from .lanes import head_lanes
 
-        return head_lanes(self, n, batcher, target_lanes)
+        return head_lanes(self, n, target_lanes)
 
-    def _feed_committed(self, ctx: np.ndarray) -> None:
+    def _feed_committed(self, ctx: np.ndarray) -> Passes[None]:
         """Entries n..len(ctx)-2 from the target's features (one pass; none when up to date)."""
         start, end = self._n, len(ctx) - 1
         if end <= start:
             return
         self._drop_tree()  # tree entries sit after the committed ones
-        features = self.target.features(ctx, start, end).to(self.device, self.dtype)
+        features = yield from self.target.features_passes(ctx, start, end)
+        features = features.to(self.device, self.dtype)
         m = end - start
         allowed = np.ones((m, end), dtype=bool)
         allowed[:, start:] = np.tril(np.ones((m, m), dtype=bool))
-        g = self._feed(self.head.project(features), ctx[start + 1 : end + 1],
-                       np.arange(start, end), allowed)
+        g = yield from self._feed(self.head.project(features), ctx[start + 1 : end + 1],
+                                  np.arange(start, end), allowed)
         self._g_committed = torch.cat([self._g_committed, g])
         self._n, self._prefix = end, ctx[: end + 1].copy()
 
     @torch.inference_mode()
-    def logits(self, context: Sequence[int], tree: Tree, nodes: Sequence[int]) -> torch.Tensor:
-        return self._rows(self._node_g(context, tree, nodes))
+    def logits_passes(self, context: Sequence[int], tree: Tree,
+                      nodes: Sequence[int]) -> Passes[torch.Tensor]:
+        return self._rows((yield from self._node_g(context, tree, nodes)))
 
     @torch.inference_mode()
-    def topk_at(self, context: Sequence[int], tree: Tree, nodes: Sequence[int],
-                k: int) -> tuple[np.ndarray, np.ndarray]:
+    def topk_at_passes(self, context: Sequence[int], tree: Tree, nodes: Sequence[int],
+                       k: int) -> Passes[tuple[np.ndarray, np.ndarray]]:
         """`topk` of the nodes' rows, ranked over the draft vocabulary's own logits: the rows
         are never widened to the target's vocabulary and gathered back (pool expansion asks
         this at every level of every round)."""
-        g = self._node_g(context, tree, nodes)
+        g = yield from self._node_g(context, tree, nodes)
         if k > len(self._target_ids):
             return self.topk(self._rows(g), k)
         ids, logp = super().topk(self._draft_logits(g)[:, self._draft_cols], k)
         return self._target_ids[ids], logp
 
-    def _node_g(self, context: Sequence[int], tree: Tree, nodes: Sequence[int]) -> torch.Tensor:
+    def _node_g(self, context: Sequence[int], tree: Tree,
+                nodes: Sequence[int]) -> Passes[torch.Tensor]:
         """The head's output g at `nodes` [len(nodes), H], feeding what is not cached yet."""
         ctx, nodes = self._request(context, tree, nodes)
         n_ctx = len(ctx)
@@ -348,7 +347,7 @@ class Eagle3Draft(TorchRows):
             return self._g_committed.new_empty((0, self.head.shape.hidden_size))
 
         self._keep_prefix(ctx)
-        self._feed_committed(ctx)
+        yield from self._feed_committed(ctx)
         self._adopt_tree(tree, n_ctx)
         if n_ctx >= 2:  # the root is committed entry n-2
             self._slot[0] = n_ctx - 2
@@ -369,7 +368,7 @@ class Eagle3Draft(TorchRows):
             allowed[:, self._slot[in_tree]] = self._anc[level][:, in_tree]
             allowed[np.arange(k), cache_len + np.arange(k)] = True
             self._slot[level] = cache_len + np.arange(k)
-            self._g[host_to_device(level, self.device)] = self._feed(
+            self._g[host_to_device(level, self.device)] = yield from self._feed(
                 h, tree.tokens[level], base_pos + tree.depth[level], allowed)
         return self._g[host_to_device(nodes, self.device)]
 
@@ -407,3 +406,17 @@ class Eagle3Draft(TorchRows):
         accepted tokens are fed again, from the target's features, by the next `logits`."""
         self._keep_prefix(np.asarray(context, dtype=np.int64).reshape(-1))
         self._drop_tree()
+
+
+class OwnSteps:
+    """The steps of a head that is no lane: each after its own cache (the group a batch of one
+    runs, `targetrows.core.passes`)."""
+
+    @torch.inference_mode()
+    def run_batch(self, items):
+        out = []
+        for draft, h, embeds, positions, allowed in items:
+            pos = host_to_device(positions, draft.device)
+            mask = host_to_device(allowed, draft.device)[None, None]
+            out.append(draft.head.step(h, embeds, pos, draft._k, draft._v, mask))
+        return out

@@ -10,8 +10,8 @@ differ:
 - its KV entries are row `r` of a `BatchedKV`, one buffer per layer [lanes, heads, capacity,
   head_dim] shared by the lanes, where row r holds exactly what a batch-1 cache would hold
   (the committed prefix, then the fed tree nodes);
-- it does not run its passes: it hands each one (what to feed, what it may see) to the
-  `PassBatcher`, which runs the passes of every waiting lane as one `BatchedPasses.run_batch`.
+- its passes are asked of `BatchedPasses` (`targetrows.core.passes`), which the scheduler
+  runs for every waiting lane as one batched pass (`targetrows.decoding.batch`).
 
 One batched pass: the lanes' fed tokens are padded to the longest [n, Q], each at its own
 positions; lane i's new entries are written at its own length b_i onwards (its padding after
@@ -24,9 +24,7 @@ The pass runs through the lean forward where the model has one, else Hugging Fac
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import threading
 from typing import Any
 
 import numpy as np
@@ -34,6 +32,7 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from .cache import cache_kwargs
+from .streams import SideStream
 from .torch_rows import host_to_device
 
 
@@ -49,8 +48,6 @@ class BatchedKV:
         self.keys: list[torch.Tensor | None] = [None] * n_layers
         self.values: list[torch.Tensor | None] = [None] * n_layers
         self.capacity = capacity
-        # a pass may grow the buffers while a lane outside it compacts its own row
-        self.lock = threading.Lock()
 
     def _reserve(self, layer: int, like: torch.Tensor, needed: int) -> None:
         k = self.keys[layer]
@@ -69,26 +66,24 @@ class BatchedKV:
         """Write k, v [n, heads, Q, dim] of rows `rows` [n] at entries `at` [n, Q] (both on the
         layer's device); return the keys and values attention reads, the first `width` entries
         of those rows: a view when the rows are `first`, `first` + 1, ..., else a copy."""
-        with self.lock:
-            self._reserve(layer, k, width)
-            keys, values = self.keys[layer], self.values[layer]
-            keys[rows[:, None], :, at] = k.transpose(1, 2)
-            values[rows[:, None], :, at] = v.transpose(1, 2)
-            if first is not None:
-                n = len(rows)
-                return keys[first : first + n, :, :width], values[first : first + n, :, :width]
-            return keys[rows, :, :width], values[rows, :, :width]
+        self._reserve(layer, k, width)
+        keys, values = self.keys[layer], self.values[layer]
+        keys[rows[:, None], :, at] = k.transpose(1, 2)
+        values[rows[:, None], :, at] = v.transpose(1, 2)
+        if first is not None:
+            n = len(rows)
+            return keys[first : first + n, :, :width], values[first : first + n, :, :width]
+        return keys[rows, :, :width], values[rows, :, :width]
 
     def keep_entries(self, row: int, index: torch.Tensor, start: int) -> None:
         """`GrowingLayer.keep_entries` for one row: entries `index` move to start, start+1, ...
         in every layer, and the row ends after them."""
-        with self.lock:
-            for buffers in (self.keys, self.values):
-                for buf in buffers:
-                    if buf is not None:
-                        idx = index.to(buf.device)
-                        buf[row, :, start : start + len(idx)] = buf[row].index_select(1, idx)
-            self.lengths[row] = start + len(index)
+        for buffers in (self.keys, self.values):
+            for buf in buffers:
+                if buf is not None:
+                    idx = index.to(buf.device)
+                    buf[row, :, start : start + len(idx)] = buf[row].index_select(1, idx)
+        self.lengths[row] = start + len(index)
 
 
 class _LaneLayer:
@@ -157,16 +152,21 @@ class _PassLayer(DynamicLayer):
 
 
 class BatchedPasses:
-    """The batched pass of one model's lanes (`PassBatcher` group): `run_batch` takes each
-    waiting lane's feed and what it may see, and gives each its (logits, layer inputs)."""
+    """The batched pass of one model's lanes (a group of `targetrows.core.passes`): `run_batch`
+    takes each waiting lane's feed, and gives each its (logits, layer inputs)."""
 
     def __init__(self, model, kv: BatchedKV):
         self.model, self.kv = model, kv
 
-    def run_batch(self, items: list[tuple[Any, Any, np.ndarray]]):
-        # lanes in row order: adjacent rows are read as a view of the buffer, not gathered
+    def side_stream(self) -> SideStream | None:
+        """The stream a root pass of the lanes runs on beside drafting: the model's own."""
+        return self.model.side_stream()
+
+    def run_batch(self, items: list[tuple[Any, Any]]):
+        # lanes in row order: adjacent rows are read as a view of the buffer, not gathered;
+        # what each lane's queries may see is read from its state now, as it asked
         order = sorted(range(len(items)), key=lambda i: items[i][0]._row)
-        out = self._run([items[i] for i in order])
+        out = self._run([(*items[i], items[i][0]._region(items[i][1])) for i in order])
         answers = [None] * len(items)
         for at, i in enumerate(order):
             answers[i] = out[at]
@@ -226,30 +226,22 @@ class BatchedPasses:
 
 class HFLane:
     """One sequence's lane of an `HFModel` (see the module docstring): the model's weights and
-    settings, its own state, its passes through the batcher. A mixin: a lane's class is the
-    model's own class with this in front (`lane_class`), so every method it does not override
-    is the model's."""
+    settings, its own state, its passes asked of the lanes' batched pass. A mixin: a lane's
+    class is the model's own class with this in front (`lane_class`), so every method it does
+    not override is the model's."""
 
-    def __init__(self, owner, passes: BatchedPasses, row: int, batcher):
+    def __init__(self, owner, passes: BatchedPasses, row: int):
         self.__dict__.update(owner.__dict__)  # weights, lean forward, devices, feature layers
-        self._passes, self._row, self._batcher = passes, row, batcher
+        self._passes, self._row = passes, row
         self._generator = torch.Generator(device=self.device)
-        self._lock = threading.RLock() if self.feature_layers else contextlib.nullcontext()
         self.reset(None)
 
     def _new_cache(self) -> LaneCache:
         return LaneCache(self._passes.kv, self._row)
 
-    def side_stream(self):
-        """None: a lane's passes run batched, on the stream of whichever thread runs the batch."""
-        return None
-
-    def _pass(self, feed):
-        try:
-            return self._batcher.submit(self._passes, (self, feed, self._region(feed)))
-        except Exception:
-            self._clear_cache()  # the batched pass failed midway: its layers are uneven
-            raise
+    def side_stream(self) -> SideStream | None:
+        """The lanes' batched root pass runs on the model's side stream: so does a lane's."""
+        return self._passes.side_stream()
 
 
 @functools.cache
@@ -258,7 +250,7 @@ def lane_class(model_class: type, lane: type) -> type:
     return type(f"{model_class.__name__}{lane.__name__}", (lane, model_class), {})
 
 
-def hf_lanes(model, n: int, batcher) -> list[HFLane]:
+def hf_lanes(model, n: int) -> list[HFLane]:
     """`n` lanes of `model` (an `HFModel`) sharing one batched KV buffer and one batched pass."""
     if isinstance(model, HFLane):
         raise ValueError(f"{model.name}: a lane is one sequence of a batch; make lanes of the "
@@ -266,17 +258,17 @@ def hf_lanes(model, n: int, batcher) -> list[HFLane]:
     layers = len(model.model.get_decoder().layers)
     passes = BatchedPasses(model, BatchedKV(layers, n))
     cls = lane_class(type(model), HFLane)
-    return [cls(model, passes, row, batcher) for row in range(n)]
+    return [cls(model, passes, row) for row in range(n)]
 
 
 # -- EAGLE-3 heads -------------------------------------------------------------------------------
 
 
 class HeadSteps:
-    """The batched step of one head's lanes (`PassBatcher` group). A head has one layer, so the
-    lanes keep their own keys and values (as a batch-1 head does) and a batched step pads them
-    to the longest [n, kv_heads, S, dim]; lane i's new entries go after the padding at S and
-    its mask maps them back, so its step sees exactly its own entries."""
+    """The batched step of one head's lanes (a group of `targetrows.core.passes`). A head has
+    one layer, so the lanes keep their own keys and values (as a batch-1 head does) and a
+    batched step pads them to the longest [n, kv_heads, S, dim]; lane i's new entries go after
+    the padding at S and its mask maps them back, so its step sees exactly its own entries."""
 
     def __init__(self, draft):
         self.head = draft.head
@@ -313,21 +305,17 @@ class HeadSteps:
 
 class HeadLane:
     """One sequence's lane of an EAGLE-3 head (`Eagle3Draft`), bound to its target lane: the
-    head's weights, its own cache and generator, its steps through the batcher (a mixin, as
-    `HFLane`)."""
+    head's weights, its own cache and generator, its steps asked of the lanes' batched step (a
+    mixin, as `HFLane`)."""
 
-    def __init__(self, owner, target, steps: HeadSteps, batcher):
+    def __init__(self, owner, target, steps: HeadSteps):
         self.__dict__.update(owner.__dict__)
-        self.target, self._steps, self._batcher = target, steps, batcher
+        self.target, self._steps = target, steps
         self._generator = torch.Generator(device=self.device)
         self.reset(None)
 
-    def _step(self, h: torch.Tensor, embeds: torch.Tensor, positions: np.ndarray,
-              allowed: np.ndarray):
-        return self._batcher.submit(self._steps, (self, h, embeds, positions, allowed))
 
-
-def head_lanes(draft, n: int, batcher, target_lanes) -> list[HeadLane]:
+def head_lanes(draft, n: int, target_lanes) -> list[HeadLane]:
     """`n` lanes of an EAGLE-3 head, lane i reading the features of `target_lanes[i]`."""
     if isinstance(draft, HeadLane):
         raise ValueError(f"{draft.name}: a lane is one sequence of a batch; make lanes of the "
@@ -337,4 +325,4 @@ def head_lanes(draft, n: int, batcher, target_lanes) -> list[HeadLane]:
                          f"features: give {n} target lanes")
     steps = HeadSteps(draft)
     cls = lane_class(type(draft), HeadLane)
-    return [cls(draft, t, steps, batcher) for t in target_lanes]
+    return [cls(draft, t, steps) for t in target_lanes]

@@ -17,14 +17,13 @@ gathered and cropped with the KV entries: what an EAGLE-3 head drafts from (`tar
 
 from __future__ import annotations
 
-import contextlib
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from targetrows.core.passes import Pass, Passes, run_now
 from targetrows.core.tree import Tree
 from targetrows.hf.cache import cache_kwargs, growing_cache
 from targetrows.hf.fed_tree import adopt, common_prefix, extends
@@ -97,7 +96,7 @@ class HFModel(TorchRows):
         self._generator = torch.Generator(device=self.device)
         self._capture: dict[int, torch.Tensor] | None = None  # layer inputs, running pass
         self.feature_layers: tuple[int, ...] = ()
-        self._lock = contextlib.nullcontext()
+        self._passes = OwnPasses(self)  # what runs its passes: alone (a lane's: batched)
         # a stream is one device's: a model spread over several cards runs its root pass on
         # their current streams (`side_stream`)
         self._one_device = len({p.device for p in model.parameters()}) == 1
@@ -134,8 +133,6 @@ class HFModel(TorchRows):
             layers[i].register_forward_pre_hook(grabber(i), with_kwargs=True)
         self.feature_layers = ids
         self.hidden_size = int(self.model.config.hidden_size)
-        # a head may read features from another thread (the draft overlapping the root pass)
-        self._lock = threading.RLock()
         self._clear_cache()
 
     # -- cache state ---------------------------------------------------------------------------
@@ -162,13 +159,13 @@ class HFModel(TorchRows):
         """An empty KV cache (a lane of a batch shares one with the other lanes: `lanes`)."""
         return growing_cache(self.model.config)
 
-    def lanes(self, n: int, batcher, target_lanes=None) -> list[HFModel]:
+    def lanes(self, n: int, target_lanes=None) -> list[HFModel]:
         """`n` lanes of this model for batched decoding (`targetrows.decoding.batch`): each with
         its own cache, generator and checks, their passes run together as batched passes
         (`targetrows.hf.lanes`)."""
         from .lanes import hf_lanes
 
-        return hf_lanes(self, n, batcher)
+        return hf_lanes(self, n)
 
     def side_stream(self) -> SideStream | None:
         """A stream of its own for the root pass beside drafting (`targetrows.hf.streams`);
@@ -226,18 +223,22 @@ class HFModel(TorchRows):
 
     # -- rows ----------------------------------------------------------------------------------
     @torch.inference_mode()
-    def logits(self, context: Sequence[int], tree: Tree, nodes: Sequence[int]) -> torch.Tensor:
-        with self._lock:
-            return self._logits(context, tree, nodes)
-
-    def _logits(self, context: Sequence[int], tree: Tree, nodes: Sequence[int]) -> torch.Tensor:
+    def logits_passes(self, context: Sequence[int], tree: Tree,
+                      nodes: Sequence[int]) -> Passes[torch.Tensor]:
+        """`logits` as steps that ask for their pass (`targetrows.core.passes`): what is fed is
+        planned here, the pass runs wherever the caller runs it (alone, or batched with other
+        lanes' passes), and its rows, features and cache come back here."""
         ctx, nodes = self._request(context, tree, nodes)
         if len(nodes) == 0:
             return torch.empty((0, self.vocab_size), dtype=self.dtype, device=self.device)
         self._keep_prefix(ctx)
         self._adopt_tree(tree, len(ctx))
         feed = self._plan_feed(ctx, tree, nodes)
-        logits, captured = self._pass(feed)
+        try:
+            logits, captured = yield Pass(self._passes, (self, feed))
+        except Exception:
+            self._clear_cache()  # a pass that failed midway leaves layers of uneven length
+            raise
         if self.feature_layers:
             self._append_features(captured, feed.base)
         if len(feed.tail):
@@ -267,10 +268,6 @@ class HFModel(TorchRows):
                      positions=np.concatenate([start + np.arange(m),
                                                n_ctx - 1 + tree.depth[query]]),
                      keep=row_of[nodes])
-
-    def _pass(self, feed: _Feed):
-        """Run the pass `feed` describes: (logits [1, kept rows, width], layer inputs)."""
-        return self._forward(feed, self._tree_mask(feed))
 
     def _region(self, feed: _Feed) -> np.ndarray:
         """Which cache entries from `feed.start` on each fed token sees [q, base + q - start]
@@ -303,7 +300,7 @@ class HFModel(TorchRows):
 
     def _forward(self, feed: _Feed, mask: torch.Tensor | None):
         """(logits of the kept rows, the feature layers' inputs captured) of one pass, through
-        the lean forward where there is one; a pass that fails midway empties the cache."""
+        the lean forward where there is one."""
         ids = host_to_device(feed.ids, self.input_device)[None]
         positions = host_to_device(feed.positions, self.input_device)[None]
         keep = host_to_device(feed.keep, self._keep_device)  # the rows the last layer computes
@@ -316,9 +313,6 @@ class HFModel(TorchRows):
                 logits = self.model(input_ids=ids, position_ids=positions, attention_mask=mask,
                                     use_cache=True, **cache_kwargs(self.model, self._cache),
                                     logits_to_keep=keep).logits
-        except Exception:
-            self._clear_cache()  # a pass that failed midway leaves layers of uneven length
-            raise
         finally:
             captured, self._capture = self._capture, None
         return logits, captured
@@ -347,11 +341,16 @@ class HFModel(TorchRows):
         buf[held:end] = fresh
         self._features = buf[:end]
 
-    @torch.inference_mode()
     def features(self, context: Sequence[int], start: int, end: int) -> torch.Tensor:
         """The feature layers' inputs [end - start, len(layers) * H] at positions start..end-1 of
         `context`, from the cache. A prefix the cache does not hold yet (a prompt before its
         first pass) is fed now, in one pass, and committed: the next pass feeds only the rest."""
+        return run_now(self.features_passes(context, start, end))
+
+    @torch.inference_mode()
+    def features_passes(self, context: Sequence[int], start: int,
+                        end: int) -> Passes[torch.Tensor]:
+        """`features` as steps that may ask for a pass (`targetrows.core.passes`)."""
         if not self.feature_layers:
             raise ValueError(f"{self.name}: built without feature_layers; it keeps no features")
         ctx = np.asarray(context, dtype=np.int64).reshape(-1)[:end]
@@ -359,21 +358,16 @@ class HFModel(TorchRows):
             raise ValueError(f"{self.name}: features {start}..{end} outside a {len(context)}-token "
                              "context")
         # Rows of the committed prefix never change while it stays committed, and the root
-        # pass that may run beside drafting only extends it: read them without waiting for
-        # that pass (its lock, its stream).
-        prefix, held, copied = self._prefix, self._features, self._features_copied
-        if held is not None and len(held) >= end and _starts_with(prefix, ctx):
-            wait_for(copied, self.device)  # rows a growth beside this read copied over
-            return _read_rows(held, start, end)
-        with self._lock:
-            if end and not _starts_with(self._prefix, ctx):
-                self._logits(ctx, Tree.root_only(int(ctx[-1])), [0])
-                self.commit(ctx)
-            if self._features is None:  # nothing fed yet, nothing asked for
-                return torch.zeros((0, len(self.feature_layers) * self.hidden_size),
-                                   dtype=self.dtype, device=self.device)
-            wait_for(self._features_copied, self.device)
-            return _read_rows(self._features, start, end)
+        # pass that may be queued beside drafting (on its own stream) only extends it: read
+        # them without waiting for that pass, only for a growth's copy of them.
+        if end and not _starts_with(self._prefix, ctx):
+            yield from self.logits_passes(ctx, Tree.root_only(int(ctx[-1])), [0])
+            self.commit(ctx)
+        if self._features is None:  # nothing fed yet, nothing asked for
+            return torch.zeros((0, len(self.feature_layers) * self.hidden_size),
+                               dtype=self.dtype, device=self.device)
+        wait_for(self._features_copied, self.device)  # rows a growth beside this copied over
+        return _read_rows(self._features, start, end)
 
     def _check_finite(self, rows: torch.Tensor, positions: np.ndarray) -> None:
         """Queue the check that `rows` are finite: read back with the next draw, top-k or
@@ -397,10 +391,6 @@ class HFModel(TorchRows):
     # -- commit --------------------------------------------------------------------------------
     @torch.inference_mode()
     def commit(self, context: Sequence[int]) -> None:
-        with self._lock:
-            self._commit(context)
-
-    def _commit(self, context: Sequence[int]) -> None:
         ctx = np.asarray(context, dtype=np.int64).reshape(-1)
         self._keep_prefix(ctx)
         tree, start = self._tree, len(self._prefix)
@@ -436,6 +426,21 @@ class HFModel(TorchRows):
                     self._features = feats[:end]
             self._prefix = ctx[:end].copy()
         self._drop_tree()
+
+
+class OwnPasses:
+    """The passes of a model that is no lane: each runs alone, on the model's own cache (the
+    group a batch of one runs, `targetrows.core.passes`)."""
+
+    def __init__(self, model: HFModel):
+        self.model = model
+
+    @torch.inference_mode()
+    def run_batch(self, items):
+        return [m._forward(feed, m._tree_mask(feed)) for m, feed in items]
+
+    def side_stream(self) -> SideStream | None:
+        return self.model.side_stream()
 
 
 def _starts_with(prefix: np.ndarray, ctx: np.ndarray) -> bool:

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from targetrows.core.checks import check_temperature
+from targetrows.core.passes import Passes, run_now
 from targetrows.core.rows import greedy, ranking_temperature
 from targetrows.core.tree import Tree
 
@@ -151,8 +152,15 @@ class TorchRows:
         ids, vals = self._fetch(ids, vals)
         return ids, vals.astype(np.float64)
 
+    def logits(self, context, tree: Tree, nodes) -> torch.Tensor:
+        return run_now(self.logits_passes(context, tree, nodes))
+
     def topk_at(self, context, tree: Tree, nodes, k: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.topk(self.logits(context, tree, nodes), k)
+        return run_now(self.topk_at_passes(context, tree, nodes, k))
+
+    def topk_at_passes(self, context, tree: Tree, nodes,
+                       k: int) -> Passes[tuple[np.ndarray, np.ndarray]]:
+        return self.topk((yield from self.logits_passes(context, tree, nodes)), k)
 
     @torch.inference_mode()
     def logprobs(self, logits: torch.Tensor, tokens: np.ndarray, temperature: float) -> np.ndarray:

@@ -21,14 +21,16 @@ import zlib
 from collections.abc import Sequence
 
 from targetrows.core.atomic import remove_stale_temps
+from targetrows.core.passes import Passes
 from targetrows.cost.calibration import BudgetSearch, auto_budget
 from targetrows.cost.parttimes import mean_context_len
 from targetrows.cost.rounds import DEFAULT_BUDGETS
-from targetrows.decoding.batch import check_batchable, run_batched
+from targetrows.decoding.batch import check_batchable
 from targetrows.decoding.budget import Auto, Budget, Fixed
 from targetrows.decoding.config import DecodeConfig
-from targetrows.decoding.loop import generate, new_state
+from targetrows.decoding.loop import decode_passes, new_state
 from targetrows.decoding.model import draft_kind, overlaps
+from targetrows.decoding.schedule import run_batched
 from targetrows.specbench.answers import NO_TREE, answer_record, partial_records, write_jsonl_atomic
 from targetrows.specbench.chat import encode_conversation, stop_ids
 from targetrows.specbench.questions import Question, check_prompt, read_questions
@@ -64,9 +66,10 @@ def check_question(target, draft, question: Question, turn: int, ids, config: De
 
 
 def decode_question(target, draft, tokenizer, question: Question, config: DecodeConfig,
-                    state=None):
-    """(answer texts, DecodeResults) for every turn of one question; errors name the question.
-    `state`: a draft-free decoder's state kept from question to question (`generate`)."""
+                    state=None) -> Passes:
+    """(answer texts, DecodeResults) for every turn of one question, as steps that ask for
+    their passes (`targetrows.decoding.batch` runs them); errors name the question. `state`: a
+    draft-free decoder's state kept from question to question (`generate`)."""
     conversation, texts, results = [], [], []
     for turn, user in enumerate(question.turns):
         conversation.append(("user", user))
@@ -74,7 +77,8 @@ def decode_question(target, draft, tokenizer, question: Question, config: Decode
         check_question(target, draft, question, turn, ids, config)
         seed = derive_seed(config.seed, question.question_id, turn, config.budget)
         try:
-            result = generate(target, draft, ids, dataclasses.replace(config, seed=seed), state)
+            result = yield from decode_passes(target, draft, ids,
+                                              dataclasses.replace(config, seed=seed), state)
         except ValueError as err:  # e.g. NaN logits, which name the position: add the prompt
             raise ValueError(f"question {question.question_id!r} turn {turn}: {err}") from err
         text = tokenizer.decode(result.tokens, skip_special_tokens=True)
@@ -97,17 +101,13 @@ class DecodeJobSettings:
     draft_name: str | None = None  # the draft's name or path
     dtype: str = "auto"
     progress: bool = True
-    # questions decoded at once (`targetrows.decoding.batch`); each answer's tokens are its
-    # batch-1 tokens (in bfloat16, up to near-ties that a batched pass rounds the other way),
-    # its times those of a sequence sharing the machine with batch_size - 1
-    batch_size: int = 1
 
     def fingerprint(self, prompts_digest: str) -> str:
         d, pool = self.decode, self.decode.pool
         reranker = "" if d.reranker is None else f"|{d.reranker.digest}"
         recycled = ("" if d.decoder.new_state is None else
                     f"|k{d.recycle_k}|{'kept' if d.keep_across_prompts else 'fresh'}")
-        batched = "" if self.batch_size == 1 else f"|batch{self.batch_size}"
+        batched = "" if d.batch_size == 1 else f"|batch{d.batch_size}"
         return (f"{self.model_id}|{self.draft_name}|{d.name}|{d.temperature}|"
                 f"{d.max_new_tokens}|{d.seed}|{pool.top_k}|{pool.depth}|{self.dtype}|"
                 f"{prompts_digest}{reranker}{recycled}{batched}")
@@ -165,7 +165,7 @@ def auto_condition(target, draft, tokenizer, files: list[_File],
                for q in firsts]
     lengths = [len(encode_conversation(tokenizer, [("user", q.turns[0])]))
                for file in files for q in file.questions]
-    choice = auto_budget(target, draft, s.decode, ids, search=BudgetSearch(batch_size=s.batch_size),
+    choice = auto_budget(target, draft, s.decode, ids, search=BudgetSearch(batch_size=s.decode.batch_size),
                          prompt_configs=configs,
                          context_len=mean_context_len(lengths, s.decode.max_new_tokens))
     print(f"{s.decode.name}: {choice.describe()}", file=sys.stderr)
@@ -195,7 +195,7 @@ def answer_files(target, draft, tokenizer, files: Sequence[tuple[str, str]],
         for q in file.questions:
             ids = encode_conversation(tokenizer, [("user", q.turns[0])])
             check_question(target, draft, q, 0, ids, s.decode)
-    check_batchable([s.decode], s.batch_size)
+    check_batchable([s.decode], s.decode.batch_size)
     wants_auto = s.decode.decoder.drafts and any(isinstance(b, Auto) for b in s.budgets)
     auto = auto_condition(target, draft, tokenizer, opened, s) if wants_auto else None
     # a draft-free decoder's state per condition, carried over every prompts file's questions
@@ -229,9 +229,12 @@ def _answer_file(target, draft, tokenizer, file: _File, conditions: list[Conditi
         write_jsonl_atomic(file.partial, done.values())
     elif os.path.exists(file.partial):
         os.unlink(file.partial)
-    todo = [(b, d, q) for b, d in conditions for q in file.questions
-            if (str(q.question_id), b, d, fingerprint) not in done]
-    bar = _progress(len(todo), s.progress, f"{base.name} {s.model_id}")
+    # every answer in order, those done marked not needed: the batch scheduler runs the
+    # segments that hold one still to do whole, so their batches are those of an
+    # uninterrupted run, and a resumed run writes the same tokens (`run_batched`)
+    every = [(b, d, q) for b, d in conditions for q in file.questions]
+    needed = [(str(q.question_id), b, d, fingerprint) not in done for b, d, q in every]
+    bar = _progress(sum(needed), s.progress, f"{base.name} {s.model_id}")
     # how this run drafts, for the tables: the claims about speed hold only with the root pass
     # alongside drafting, and some only with a standalone draft
     setup = {"draft_kind": draft_kind(draft),
@@ -241,15 +244,17 @@ def _answer_file(target, draft, tokenizer, file: _File, conditions: list[Conditi
         config = _condition_config(base, budget, at_depth, question, stops)
         # a state kept from question to question runs at batch size 1 (`check_batchable`);
         # in a batch each question starts afresh, as it does at batch 1 without keeping
-        state = states[budget, at_depth] if s.batch_size == 1 else None
+        state = states[budget, at_depth] if base.batch_size == 1 else None
         return lambda t, d: decode_question(t, d, tokenizer, question, config, state)
 
     def answered(j: int, out) -> None:  # written as each finishes: a killed run keeps it
-        budget, at_depth, question = todo[j]
+        budget, at_depth, question = every[j]
+        if not needed[j]:  # done before, redone as a companion of answers still to do
+            return
         texts, results = out
         condition = {"decoder": base.name, "budget": budget, "depth": at_depth,
                      "budget_auto": (budget, at_depth) == auto, "temperature": base.temperature,
-                     "seed": base.seed, "batch_size": s.batch_size, **setup,
+                     "seed": base.seed, "batch_size": base.batch_size, **setup,
                      "fingerprint": fingerprint}
         record = answer_record(question, s.model_id, condition, texts, results)
         with open(file.partial, "a", encoding="utf-8") as f:
@@ -259,7 +264,8 @@ def _answer_file(target, draft, tokenizer, file: _File, conditions: list[Conditi
         done[(str(question.question_id), budget, at_depth, fingerprint)] = record
         bar.update(1)
 
-    run_batched(target, draft, [job(*x) for x in todo], s.batch_size, on_done=answered)
+    run_batched(target, draft, [job(*x) for x in every], base.batch_size, on_done=answered,
+                needed=needed)
     bar.close()
     write_jsonl_atomic(file.out, [done[(str(q.question_id), b, d, fingerprint)]
                                   for b, d in conditions for q in file.questions])
