@@ -62,6 +62,8 @@ def main(argv=None) -> int:
     parser.add_argument("--budgets", nargs="+", default=["16", "auto"])
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--batch-size", type=int, default=1,
+                        help="questions each decode job decodes at once (decode.batch_size)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     pool = PoolShape()
@@ -84,9 +86,9 @@ def main(argv=None) -> int:
             outs = [os.path.join(work, f"{name}-{i}.jsonl") for i in range(len(prompts))]
             actual = cli("decode", *model, *draft, "--prompts", *prompts, "--decoder", name,
                          *conds, "--max-new-tokens", str(args.max_new_tokens),
-                         "--no-progress", "--out", *outs)
+                         "--batch-size", str(args.batch_size), "--no-progress", "--out", *outs)
             job = decode_work(decoder, budgets if decoder.drafts else [], args.max_new_tokens,
-                              pool)
+                              pool, args.batch_size)
             bound = decode_seconds(pair, job) + pair.load_s
             rows.append((name, actual, bound, decode_minutes(pair, job)))
             print(f"{name}: {actual:.0f} s against a bound of {bound:.0f} s", file=sys.stderr)
@@ -100,7 +102,8 @@ def main(argv=None) -> int:
         f"{pair.prefill_s:.2f} s, load {pair.load_s:.1f} s; the part-times job took "
         f"{parts_s:.0f} s",
         f"- each job: every question's turns at each of the budgets {', '.join(args.budgets)} "
-        f"(one run for a decoder without a tree), {args.max_new_tokens} new tokens, greedy", "",
+        f"(one run for a decoder without a tree), {args.max_new_tokens} new tokens, greedy, "
+        f"batch size {args.batch_size}", "",
         "| decoder | job wall time (s) | bound (s) | job / bound | minutes asked (margin 1.5) |",
         "|---|---|---|---|---|"]
     for name, actual, bound, minutes in rows:

@@ -13,6 +13,7 @@ from targetrows.decoding.config import DecodeConfig
 from targetrows.decoding.loop import generate
 from targetrows.decoding.registry import get_decoder
 from targetrows.decoding.round import RoundStats
+from targetrows.specbench.answers import NO_TREE
 
 # target pass: 9 ms + 1 ms per new token; draft pass: 2 ms + 0.1 ms per new token
 TARGET = parttimes.PassCurve((1, 9, 17), (0.010, 0.018, 0.026))
@@ -375,3 +376,49 @@ def test_calibration_prompts_average_each_prompts_curve():
     with pytest.raises(ValueError, match="none of them empty"):
         calibration.auto_budget(pair.target, pair.draft, config, [[1], []],
                                 BudgetSearch(budgets=budgets), parts)
+
+
+# a verify pass of n nodes: 10 ms + 40 ms per node beyond the first (batched, the passes of
+# many sequences: one node each is cheap, n each is not); a tree costs what a token does
+DEAR_TREES = parttimes.PartTimes(parttimes.PassCurve((1, 2, 200), (0.01, 0.05, 7.97)), DRAFT, 3)
+CHEAP_TREES = parttimes.PartTimes(parttimes.PassCurve((1,), (0.01,)), DRAFT, 3)
+
+
+@pytest.mark.parametrize("decoder", ["draft_rank", "fts"])
+def test_auto_weighs_no_tree_against_every_tree(decoder):
+    pair = ToyPair(vocab_size=24, seed=3, closeness=0.9)
+    args = (pair.target, pair.draft, DecodeConfig(decoder, pool=PoolShape(4, 3)), [[1, 2, 3]],
+            BudgetSearch(budgets=(1, 2, 4, 8, 16)))
+    dear = calibration.auto_budget(*args, DEAR_TREES)
+    assert dear.ar_tokens_per_s == pytest.approx(100.0)  # one 10 ms pass per token
+    assert dear.no_tree and dear.condition() == (NO_TREE, NO_TREE)
+    assert dear.predicted_tokens_per_s == pytest.approx(100.0)
+    assert dear.describe().startswith("budget auto -> no tree, ar (best tree: ")
+    assert "ar (no tree): 100.0)" in dear.describe()
+    cheap = calibration.auto_budget(*args, CHEAP_TREES)
+    assert not cheap.no_tree and cheap.condition() == (cheap.budget, cheap.depth)
+    assert cheap.predicted_tokens_per_s > cheap.ar_tokens_per_s == pytest.approx(100.0)
+    assert cheap.describe().startswith(f"budget auto -> {cheap.budget} at depth {cheap.depth} (")
+
+
+def test_auto_is_never_predicted_slower_than_ar():
+    """Whatever trees and drafting cost, auto's pick is predicted at least as fast as ar, and
+    is the fastest of ar and every tree that fits."""
+    pair = ToyPair(vocab_size=24, seed=5, closeness=0.7)
+    budgets = (1, 2, 4, 8, 16)
+    args = (pair.target, pair.draft, DecodeConfig("fts", pool=PoolShape(3, 3)), [[4, 5, 6]],
+            BudgetSearch(budgets=budgets))
+    picks = set()
+    for per_node in (0.0, 0.002, 0.01, 0.05):  # seconds per verified node beyond the first
+        for level in (0.0, 0.002, 0.02):  # seconds per draft pass
+            parts = parttimes.PartTimes(
+                parttimes.PassCurve((1, 2, 100), (0.01, 0.01 + per_node, 0.01 + 99 * per_node)),
+                parttimes.PassCurve((1,), (level,)), 3)
+            choice = calibration.auto_budget(*args, parts)
+            fitting = [t for d, row in zip(choice.depths, choice.tokens_per_s, strict=True)
+                       for b, t in zip(budgets, row, strict=True) if b <= PoolShape(3, d).size]
+            assert choice.predicted_tokens_per_s >= choice.ar_tokens_per_s
+            assert choice.predicted_tokens_per_s == pytest.approx(
+                max(choice.ar_tokens_per_s, *fitting))
+            picks.add(choice.no_tree)
+    assert picks == {True, False}  # both sides of the line were crossed

@@ -157,3 +157,59 @@ def test_part_times_command_times_a_pair_and_counts_the_turns(tmp_path):
     assert pair.prefill_s > 0 and pair.load_s > 0 and pair.round_overhead_s >= 0
     assert main(["part-times", "--target", target, "--prompts", str(prompts), "--budgets", "0",
                  "--out", str(out)]) == 2
+
+
+def test_a_batch_bounds_each_lanes_passes_padded_and_its_prefills():
+    """At batch size N each pass is priced padded to its round's widest of its model (the root
+    pass to the verify pass's width, every draft pass to the widest) and each turn's prefill N
+    times (it may pad the other lanes' passes): never less than at batch 1."""
+    new = 32
+    fts = decode_work(get_decoder("fts"), [Fixed(16)], new, POOL, batch_size=4)
+    padded = OVER + 2 * target_s(17) + 6 * draft_s(10)  # the head's first pass (8) padded to 10
+    assert decode_seconds(PAIR, fts) == pytest.approx(14 * (4 * 0.5 + new * padded))
+    ar = decode_work(get_decoder("ar"), [Fixed(1)], new, POOL, batch_size=4)
+    assert decode_seconds(PAIR, ar) == pytest.approx(14 * (4 * 0.5 + new * (OVER + target_s(1))))
+    for name in ("ar", "draft_rank", "fts", "fts_redraft", "racer", "pearl"):
+        for budgets in ([Fixed(8)], [Fixed(59), Auto()]):
+            one, four = (decode_work(get_decoder(name), budgets, new, POOL, batch_size=n)
+                         for n in (1, 4))
+            assert decode_seconds(PAIR, four) >= decode_seconds(PAIR, one), name
+            assert decode_minutes(PAIR, four) >= decode_minutes(PAIR, one), name
+    with pytest.raises(ValueError, match="decode.batch_size"):
+        decode_work(get_decoder("fts"), [Fixed(16)], new, POOL, batch_size=0)
+
+
+# a Llama-style target: 32 layers, 8 key/value heads of 128; an EAGLE-3 head of one layer
+TARGET_SPEC = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+               "hidden_size": 4096, "max_position_embeddings": 8192}
+HEAD_SPEC = {"num_hidden_layers": 1, "num_attention_heads": 32, "num_key_value_heads": 8,
+             "hidden_size": 4096}
+
+
+def test_a_batch_asks_for_its_sequences_caches():
+    """A decode job's memory grows with decode.batch_size: each sequence's KV cache in every
+    model (and an EAGLE-3 head's target features), room for the buffer's doubling."""
+    from targetrows.pipeline.memory import (
+        batch_mb,
+        kv_bytes_per_position,
+        sequence_mb,
+        sequence_positions,
+    )
+
+    assert kv_bytes_per_position(TARGET_SPEC, "bfloat16") == 2 * 32 * 8 * 128 * 2  # 128 KiB
+    positions = sequence_positions(longest_turn=900, max_new_tokens=512, largest_tree=128)
+    assert positions == 900 + 512 + 128 + 2
+    per_position = 2 * 32 * 8 * 128 * 2 + 2 * 1 * 8 * 128 * 2 + 3 * 4096 * 2
+    one = sequence_mb(TARGET_SPEC, [HEAD_SPEC], positions, "bfloat16", eagle3=True)
+    assert one == pytest.approx(2 * positions * per_position / 2**20)
+    four = batch_mb(TARGET_SPEC, [HEAD_SPEC], positions, "bfloat16", 4, eagle3=True)
+    assert four == pytest.approx(4 * one) and four > batch_mb(
+        TARGET_SPEC, [HEAD_SPEC], positions, "bfloat16", 1, eagle3=True)
+    # float32 doubles it; a model not downloaded yet (no config.json) adds nothing yet
+    assert batch_mb(TARGET_SPEC, [], positions, "float32", 4) == pytest.approx(
+        2 * batch_mb(TARGET_SPEC, [], positions, "bfloat16", 4))
+    assert batch_mb(None, [], positions, "bfloat16", 4) == 0.0
+    with pytest.raises(ValueError, match="num_attention_heads"):
+        kv_bytes_per_position({"hidden_size": 8}, "bfloat16")
+    with pytest.raises(ValueError, match="decode.batch_size"):
+        batch_mb(TARGET_SPEC, [], positions, "bfloat16", 0)

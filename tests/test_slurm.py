@@ -119,6 +119,32 @@ def test_job_resources_come_from_the_config_and_scale_with_the_models(tmp_path):
     assert all("gpu=1" in r and "runtime=1920" in r for r in res["record_rows"])
 
 
+@needs_snakemake
+def test_a_decode_jobs_memory_grows_with_its_batch_size(tmp_path):
+    """Each sequence of a batch holds its own caches: a decode job of decode.batch_size 4 asks
+    for 3 more sequences' worth than one of batch size 1 (a fixed wall time: sized by the
+    target's context window, nothing timed)."""
+    import json
+    import re
+
+    work = tmp_path / "run"
+    (work / "models" / "tiny-llama").mkdir(parents=True)
+    spec = {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "hidden_size": 64, "max_position_embeddings": 4096}
+    (work / "models" / "tiny-llama" / "config.json").write_text(json.dumps(spec))
+    # per position 2 x 2 layers x 2 heads x 16 x 4 bytes (auto on the host: float32), twice
+    # the window for the buffer's doubling: 4 MB a sequence
+    per_sequence = 2 * 4096 * (2 * 2 * 2 * 16 * 4) / 2**20
+    asked = {}
+    for n in (1, 4):
+        res = dry_run_resources(work, f"resources: {{runtime: {{decode: 7}}}}\n"
+                                      f"decode: {{batch_size: {n}}}\n")
+        asked[n] = {int(re.search(r"mem_mb=(\d+)", r)[1]) for r in res["decode"]}
+    # the draft-free decoders load the target alone; the others wait for the head's training
+    assert max(asked[4]) == int(2000 + 4 * per_sequence)
+    assert max(asked[1]) == int(2000 + per_sequence)
+
+
 # -- on a SLURM cluster -------------------------------------------------------------------------
 
 

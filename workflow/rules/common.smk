@@ -10,6 +10,7 @@ from targetrows.core.pool import PoolShape
 from targetrows.cost.job_time import MeasuredPair, decode_minutes, decode_work
 from targetrows.decoding.budget import Fixed, Matched, parse_budget
 from targetrows.decoding.registry import DECODERS, RULES, decoder_names
+from targetrows.pipeline.memory import batch_mb, read_spec, sequence_positions
 from targetrows.pipeline.placement import Placement, model_weights_gb, place
 
 
@@ -402,16 +403,62 @@ def model_gb(name, dtype):
     return model_weights_gb(model_dir(name), config["models"][name].get("params_b"), dtype)
 
 
-def placement_for(pair, decoder=None, dtype="auto"):
+def placement_for(pair, decoder=None, dtype="auto", extra_gb=0.0):
     """Where a job's pair goes on GPUs (targetrows.pipeline.placement): the target spread over
     as many cards of resources.gpu_memory_gb as it needs, the draft beside it, or on a card of
     its own for a decoder whose root pass runs alongside drafting when the pair's draft_own_gpu
-    (else resources.draft_own_gpu) says so; never more GPUs than resources.gpus_per_job."""
+    (else resources.draft_own_gpu) says so; never more GPUs than resources.gpus_per_job.
+    `extra_gb`: what the job holds beside the weights, placed with the target (a batch's caches
+    beyond the one sequence's that each card's reserve holds)."""
     own = decoder is not None and DECODERS[decoder].gpus > 1 and draft_own_gpu(pair)
     drafted = decoder is None or DECODERS[decoder].needs_draft  # a draft-free job loads none
     draft_gb = model_gb(draft_of(pair), dtype) if drafted else 0.0
     target = target_of(pair)
-    return capped(target, place(model_gb(target, dtype), draft_gb, gpu_card_gb(), own), dtype)
+    target_gb = model_gb(target, dtype) + extra_gb
+    return capped(target, place(target_gb, draft_gb, gpu_card_gb(), own), dtype)
+
+
+def decode_placement(wildcards, input):
+    """A decode job's placement: its pair's, the caches of decode.batch_size sequences beside
+    the weights (one sequence's is in each card's reserve, `CARD_RESERVE_GB`)."""
+    dtype = config["decode"]["dtype"]
+    extra = 0.0
+    if config["decode"]["batch_size"] > 1:
+        extra = decode_batch_mb(wildcards, input, dtype, config["decode"]["batch_size"] - 1) / 1024
+    return placement_for(wildcards.pair, wildcards.decoder, dtype, extra)
+
+
+def decode_batch_mb(wildcards, input, dtype, sequences):
+    """MB the caches of `sequences` sequences of a decode job may take in `dtype`
+    (targetrows.pipeline.memory); 0 while the models are not downloaded."""
+    target = read_spec(input.target)
+    drafts = [read_spec(d) for d in decode_drafts(input)]
+    eagle3 = bool(drafts) and config["models"][draft_of(wildcards.pair)]["source"] in (
+        "eagle3", "train_eagle3")
+    if eagle3:  # a head's config holds its own layer; the features are counted from the target
+        drafts = [d if d is None else {**d, "num_hidden_layers": 1} for d in drafts]
+    if target is None or None in drafts:
+        return 0.0
+    return batch_mb(target, drafts, decode_positions(wildcards, input, target), dtype, sequences,
+                    eagle3)
+
+
+def decode_positions(wildcards, input, target_spec):
+    """Positions one sequence of a decode job may reach: the longest prompt turn its pair's
+    part times measured, the new tokens and the largest tree; with a fixed
+    resources.runtime.decode (nothing timed), the target's context window, which no turn
+    passes."""
+    work = decode_work_of(wildcards)
+    if "parts" not in input.keys():
+        window = target_spec.get("max_position_embeddings")
+        if not window:
+            raise WorkflowError(
+                f"{input.target}/config.json names no max_position_embeddings to size a decode "
+                "job's caches by: set config key resources.mem_mb.decode, or resources.runtime."
+                "decode: auto (the part times measure the longest prompt)")
+        return int(window)
+    pair = MeasuredPair.from_json(json.loads(Path(input.parts).read_text()))
+    return sequence_positions(pair.longest_turn, work.max_new_tokens, work.largest_budget)
 
 
 def gpu_card_gb():
@@ -570,6 +617,18 @@ def job_mem_mb(rulename, models=()):
     return int(BASE_MEM_MB + extra + 2 * sum(weights_mb(m) for m in models))
 
 
+def decode_mem_mb(wildcards, input):
+    """A decode job's memory: `job_mem_mb`'s, plus the caches of decode.batch_size sequences
+    (in float32 for dtype auto: the CPU's; on a GPU they sit on the cards and this over-asks
+    the host a little)."""
+    base = job_mem_mb("decode", [input.target, *decode_drafts(input)])
+    if config["resources"]["mem_mb"].get("decode"):
+        return base
+    dtype = config["decode"]["dtype"]
+    host = "float32" if dtype == "auto" else dtype
+    return int(base + decode_batch_mb(wildcards, input, host, config["decode"]["batch_size"]))
+
+
 def job_runtime(rulename):
     """Minutes a job may run: resources.runtime.<rule> (its defaults are the schema's)."""
     return config["resources"]["runtime"][rulename]
@@ -599,13 +658,18 @@ def decode_runtime(wildcards, input):
     if not runtime_from_parts():
         return config["resources"]["runtime"]["decode"]
     pair = MeasuredPair.from_json(json.loads(Path(input.parts).read_text()))
-    work = decode_work(
+    return decode_minutes(pair, decode_work_of(wildcards), config["resources"]["runtime_margin"])
+
+
+def decode_work_of(wildcards):
+    """What a decode job runs (targetrows.cost.job_time.DecodeWork), at decode.batch_size."""
+    return decode_work(
         DECODERS[wildcards.decoder],
         decode_budgets(wildcards.decoder),
         config["decode"]["max_new_tokens"],
         PoolShape(config["pool"]["top_k"], config["pool"]["depth"]),
+        config["decode"]["batch_size"],
     )
-    return decode_minutes(pair, work, config["resources"]["runtime_margin"])
 
 
 def gpu_request(n):

@@ -20,8 +20,8 @@ rule decode:
         ENV
     threads: config["threads"]["decode"]
     resources:
-        gpu=lambda w: gpu_request(placement_for(w.pair, w.decoder, config["decode"]["dtype"]).gpus),
-        mem_mb=lambda w, input: job_mem_mb("decode", [input.target, *decode_drafts(input)]),
+        gpu=lambda w, input: gpu_request(decode_placement(w, input).gpus),
+        mem_mb=decode_mem_mb,
         runtime=decode_runtime,
     params:
         budgets=lambda w: decode_budgets(w.decoder),
@@ -35,6 +35,6 @@ rule decode:
         trust=lambda w: trust_args(w.pair),
         chat=lambda w: chat_args(target_of(w.pair)),
         lock_dir=gpu_lock_dir(),
-        placement=lambda w: placement_for(w.pair, w.decoder, config["decode"]["dtype"]),
+        placement=decode_placement,
     script:
         "../scripts/decode.py"

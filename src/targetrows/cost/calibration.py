@@ -4,7 +4,8 @@ contexts of the target's own greedy path, and the budget and pool depth it makes
 `acceptance_curve` is a small recording scored by the decoder's own rule (`Rule.expected`, as
 the row-log scorer scores a row log); `auto_budget` times the target's and the draft's passes
 on this machine (`targetrows.cost.parttimes`), predicts tokens/s for every candidate budget and
-depth (`targetrows.cost.rounds`) and takes the best.
+depth (`targetrows.cost.rounds`) and for no tree at all (`ar`, one target pass per token), and
+takes the best.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from targetrows.core.verify import walk
 from targetrows.decoding.config import DecodeConfig
 from targetrows.decoding.model import edge_probs, overlaps
 from targetrows.decoding.registry import get_rule
+from targetrows.specbench.answers import NO_TREE
 
 from .draft_free import draft_free_curves
 from .parttimes import (
@@ -36,7 +38,7 @@ from .parttimes import (
     target_sizes_for,
     timing_context,
 )
-from .rounds import DEFAULT_BUDGETS, best_depth_budget, predicted_tokens_per_s
+from .rounds import DEFAULT_BUDGETS, ar_tokens_per_s, best_depth_budget, predicted_tokens_per_s
 
 
 @dataclass(frozen=True)
@@ -57,10 +59,12 @@ class BudgetSearch:
 @dataclass(frozen=True)
 class BudgetChoice:
     """`auto_budget`'s pick and its predictions: `tokens_per_s`, `committed` and `nodes` hold one
-    tuple per candidate depth (in `depths` order), each with one value per candidate budget."""
+    tuple per candidate depth (in `depths` order), each with one value per candidate budget.
+    `budget` and `depth` are the best tree's; `condition()` is the pick, which is no tree when
+    `ar_tokens_per_s` is at least the best tree's."""
 
-    budget: int
-    depth: int  # the pool depth to decode at (`PoolShape.depth`)
+    budget: int  # the best tree's budget
+    depth: int  # the best tree's pool depth (`PoolShape.depth`)
     budgets: tuple[int, ...]
     depths: tuple[int, ...]
     tokens_per_s: tuple[tuple[float, ...], ...]  # predicted, [depth][budget]
@@ -70,9 +74,33 @@ class BudgetChoice:
     context_len: int  # the mean context the predictions are for
     overlap: float  # share of the root pass hidden behind drafting, as predicted
     batch_size: int = 1  # sequences decoded at once, as timed (tokens/s are per sequence)
+    # no tree (ar: one target pass of one node per token) from the same part times; None: not
+    # weighed (a tree is picked)
+    ar_tokens_per_s: float | None = None
+
+    @property
+    def tree_tokens_per_s(self) -> float:
+        """Predicted tokens/s of the best tree."""
+        return self.at_depth(self.depth)[self.budgets.index(self.budget)]
+
+    @property
+    def no_tree(self) -> bool:
+        """Whether no tree is the pick: no (budget, depth) is predicted faster than ar (a tie
+        goes to ar, which drafts nothing)."""
+        return self.ar_tokens_per_s is not None and self.ar_tokens_per_s >= self.tree_tokens_per_s
+
+    @property
+    def predicted_tokens_per_s(self) -> float:
+        """Predicted tokens/s of the pick: never below ar's."""
+        return self.ar_tokens_per_s if self.no_tree else self.tree_tokens_per_s
+
+    def condition(self) -> tuple[int, int]:
+        """(budget, depth) to decode at: the best tree's, or (NO_TREE, NO_TREE) as ar's answers
+        record it."""
+        return (NO_TREE, NO_TREE) if self.no_tree else (self.budget, self.depth)
 
     def picked(self) -> tuple[float, float]:
-        """(tokens committed, nodes verified) per round predicted at the pick."""
+        """(tokens committed, nodes verified) per round predicted at the best tree."""
         at = self.depths.index(self.depth), self.budgets.index(self.budget)
         return self.committed[at[0]][at[1]], self.nodes[at[0]][at[1]]
 
@@ -88,9 +116,12 @@ class BudgetChoice:
             f"{d}: {max(row):.1f}" for d, row in zip(self.depths, self.tokens_per_s, strict=True)
         )
         batch = "" if self.batch_size == 1 else f" per sequence at batch size {self.batch_size}"
+        ar = "" if self.ar_tokens_per_s is None else f"; ar (no tree): {self.ar_tokens_per_s:.1f}"
+        tree = f"{self.budget} at depth {self.depth}"
+        pick = f"no tree, ar (best tree: {tree})" if self.no_tree else tree
         return (
-            f"budget auto -> {self.budget} at depth {self.depth} (predicted tokens/s{batch} by "
-            f"budget at depth {self.depth}: {curve}; best predicted tokens/s by depth: {best})"
+            f"budget auto -> {pick} (predicted tokens/s{batch} by budget at depth {self.depth}: "
+            f"{curve}; best predicted tokens/s by depth: {best}{ar})"
         )
 
 
@@ -249,6 +280,9 @@ def auto_budget(
     """The budget and pool depth that maximise predicted tokens/s for `config`'s decoder and
     temperature on this pair and machine; `config.pool.depth` is the deepest pool tried. Each
     level costs a draft pass, which a shallower pool saves when deep nodes are seldom accepted.
+    No tree (`ar`) is predicted from the same part times (`rounds.ar_tokens_per_s`): where no
+    tree beats it, the pick is no tree (`BudgetChoice.condition`), as at large batch sizes,
+    where a verify pass of N x n nodes costs much more than one of N nodes.
 
     Times target passes against tree size and the draft's passes at `context_len` cached tokens
     (default: the prompts' mean length plus half `config.max_new_tokens`, the mean context of
@@ -296,7 +330,7 @@ def auto_budget(
                                          np.where(_fits(entry, pool, depths, budgets), tps, -np.inf))
     return BudgetChoice(best, best_depth, tuple(budgets), tuple(depths), _nested(tps),
                         _nested(committed), _nested(nodes), timed, context_len, float(overlap),
-                        search.batch_size)
+                        search.batch_size, ar_tokens_per_s(parts))
 
 
 def _time_parts(target, draft, entry, pool, prompts, context_len: int, budgets, search):

@@ -17,6 +17,19 @@ That bound, plus a job's start (imports, loading the models), times a margin, is
 the margin covers what a job does besides (reading prompts, writing answers, the first passes'
 warm-up) and a machine slower than the one timed.
 
+At `decode.batch_size` N above 1 the job runs N prompts at once, their passes gathered into
+batched passes (`targetrows.decoding.batch`). The part times are timed at batch size 1, so the
+bound rests on an assumption, conservative on every machine we know of: a batched pass of N
+sequences costs no more than those N passes one after another (batching shares the weights'
+reads; it does not add work). Then the job takes at most the sum of its sequences' passes, each
+priced as batched: a lane's pass is padded to the widest of its batch, so every target pass of a
+round is priced at the verify pass's width and every draft pass at the widest draft pass, and a
+lane's prefill may pad the N - 1 other lanes' passes to its length (N prefills per turn). At N = 1
+that is the bound above; at N > 1 it is a little more, never the N-fold speed-up batching may
+bring: a request that is too long waits longer in the queue, one too short kills the job. Rounds
+stay priced at the runs' mean context, though a lane's attention spans its batch's longest
+buffer: the margin covers that.
+
 Asking for the bound, not for the expected time, keeps a job from being killed at its limit:
 speculation commits several tokens a round when the draft agrees, and the bound does not count
 on it. For `ar` the bound is the job's own time; for a tree decoder it is several times more
@@ -90,6 +103,12 @@ class DecodeWork:
     auto: bool = False  # one condition is `auto` (at most the largest candidate budget)
     top_k: int = 10
     depth: int = 6
+    batch_size: int = 1  # prompts decoded at once (`decode.batch_size`)
+
+    def __post_init__(self):
+        if self.batch_size < 1:
+            raise ValueError(f"a decode job's batch_size must be >= 1, got {self.batch_size} "
+                             "(config key decode.batch_size)")
 
     @property
     def conditions(self) -> int:
@@ -111,35 +130,41 @@ class DecodeWork:
 
 
 def decode_work(decoder: Decoder, budgets: Sequence[Budget], max_new_tokens: int,
-                pool: PoolShape) -> DecodeWork:
+                pool: PoolShape, batch_size: int = 1) -> DecodeWork:
     """A decode job's `DecodeWork` from its budget conditions: a matched cap is at most the
     baseline budget it matches."""
     fixed = tuple(b.nodes if isinstance(b, Fixed) else b.at for b in budgets
                   if isinstance(b, Fixed | Matched)) if decoder.drafts else ()
     return DecodeWork(decoder, int(max_new_tokens), fixed,
                       decoder.drafts and any(isinstance(b, Auto) for b in budgets),
-                      pool.top_k, pool.depth)
+                      pool.top_k, pool.depth, int(batch_size))
 
 
-def round_s(pair: MeasuredPair, shape: RoundShape) -> float:
-    """Seconds of a round of `shape`'s passes with the pair's part times, and its overhead."""
+def round_s(pair: MeasuredPair, shape: RoundShape, padded: bool = False) -> float:
+    """Seconds of a round of `shape`'s passes with the pair's part times, and its overhead.
+    `padded`: each pass as a lane of a batch runs it, padded to the widest pass of its model
+    in the round (the root pass to the verify pass's width)."""
     parts = pair.parts
     seconds = pair.round_overhead_s + float(parts.target(shape.verify_nodes))
     if shape.root_pass:
-        seconds += float(parts.target(1))
+        seconds += float(parts.target(shape.verify_nodes if padded else 1))
     if shape.draft_widths:
         if parts.draft is None:
             raise ValueError("the round drafts, but the part times hold no draft passes")
         widths = list(shape.draft_widths)
         if parts.draft_refeeds:  # an EAGLE-3 head's first pass feeds the last round's tokens
             widths[0] = max(widths[0], shape.committed)
+        if padded:
+            widths = [max(widths)] * len(widths)
         seconds += sum(float(parts.draft(w)) for w in widths)
     return seconds
 
 
 def worst_round_s(pair: MeasuredPair, work: DecodeWork) -> float:
-    """The dearest round `work` can have: its decoder's at the largest budget it may run."""
-    return round_s(pair, work.decoder.worst_round(work.pool, work.largest_budget))
+    """The dearest round `work` can have: its decoder's at the largest budget it may run (in a
+    batch, its passes padded: the module docstring)."""
+    return round_s(pair, work.decoder.worst_round(work.pool, work.largest_budget),
+                   padded=work.batch_size > 1)
 
 
 def calibration_round_s(pair: MeasuredPair, work: DecodeWork) -> float:
@@ -149,14 +174,16 @@ def calibration_round_s(pair: MeasuredPair, work: DecodeWork) -> float:
     if work.decoder.needs_draft or not work.decoder.drafts:
         return worst_round_s(pair, work)
     union = 1 + sum(work.candidates)
-    return round_s(pair, RoundShape(union, False, (), union))
+    return round_s(pair, RoundShape(union, False, (), union), padded=work.batch_size > 1)
 
 
 def decode_seconds(pair: MeasuredPair, work: DecodeWork) -> float:
     """The bound on the job's decoding (the module docstring), loading left out: every condition
-    over every turn, each turn a prefill of the longest prompt and one token per round."""
+    over every turn, each turn a prefill of the longest prompt and one token per round. In a
+    batch of N, a turn's prefill may pad the other lanes' passes to its length: N prefills."""
     def turns(round_seconds: float) -> float:
-        return pair.turns * (pair.prefill_s + work.max_new_tokens * round_seconds)
+        return pair.turns * (work.batch_size * pair.prefill_s
+                             + work.max_new_tokens * round_seconds)
 
     calibrations = int(work.auto and work.decoder.drafts)
     return ((work.conditions - calibrations) * turns(worst_round_s(pair, work))

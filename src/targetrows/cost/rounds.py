@@ -147,6 +147,17 @@ def predicted_tokens_per_s(
     return committed / np.array(seconds).reshape(nodes.shape)
 
 
+def ar_tokens_per_s(parts: PartTimes) -> float:
+    """Zero-overhead tokens/s of decoding with no tree (`ar`): one target pass of one node per
+    committed token, at the context and batch size `parts` were timed (or interpolated) at.
+    What `auto` weighs every tree against."""
+    step = float(round_seconds("ar", parts, [0], [0], 0.0, PoolShape())[0])
+    if step <= 0:
+        raise ValueError(f"a one-token target pass timed at {step} s: the part times are "
+                         "broken; time them again")
+    return 1.0 / step
+
+
 def best_budget(budgets: Sequence[int], tokens_per_s: Sequence[float]) -> int:
     """The budget with the highest predicted tokens/s (ties: the smallest budget): one pool
     depth's `best_depth_budget`."""

@@ -149,15 +149,17 @@ def auto_condition(target, draft, tokenizer, files: list[_File],
     """The (budget, depth) of the `Auto` condition, one for every prompts file: an interrupted
     run's choice (timings differ from run to run, so a resumed run keeps it), else the cost
     model's pick (`auto_budget`), timed at the mean context of the job's runs and calibrated on
-    each file's first question."""
+    each file's first question. (NO_TREE, NO_TREE) where no tree beats ar's one pass per
+    token: the condition then decodes as ar (`_condition_config`)."""
     depth = s.decode.pool.depth
     for file in files:
         for record in file.interrupted:
             if record.get("fingerprint") == file.fingerprint and record.get("budget_auto"):
                 auto = int(record["budget"]), _depth_of(record, depth)
-                print(f"{s.decode.name}: budget auto -> {auto[0]} at depth {auto[1]}, as "
-                      f"chosen by the interrupted run ({file.partial})", file=sys.stderr)
-                return auto
+                said = "no tree, ar" if auto[0] == NO_TREE else f"{auto[0]} at depth {auto[1]}"
+                print(f"{s.decode.name}: budget auto -> {said}, as chosen by the interrupted "
+                      f"run ({file.partial})", file=sys.stderr)
+                return (NO_TREE, NO_TREE) if auto[0] == NO_TREE else auto
     firsts = [file.questions[0] for file in files]
     ids = [encode_conversation(tokenizer, [("user", q.turns[0])]) for q in firsts]
     # a learned rule calibrates each prompt with the fold model that never saw it, as it decodes
@@ -169,12 +171,13 @@ def auto_condition(target, draft, tokenizer, files: list[_File],
                          prompt_configs=configs,
                          context_len=mean_context_len(lengths, s.decode.max_new_tokens))
     print(f"{s.decode.name}: {choice.describe()}", file=sys.stderr)
-    return choice.budget, choice.depth
+    return choice.condition()
 
 
 def conditions_of(s: DecodeJobSettings, auto: Condition | None) -> list[Condition]:
     """The job's (budget, depth) conditions, largest budget first: each Fixed budget at the
-    pool's depth, Auto at its pick; a decoder without a tree (ar) has one, (0, 0)."""
+    pool's depth, Auto at its pick (no tree: (0, 0), last); a decoder without a tree (ar) has
+    one, (0, 0)."""
     if not s.decode.decoder.drafts:
         return [(NO_TREE, NO_TREE)]
     depth = s.decode.pool.depth
@@ -276,7 +279,10 @@ def _answer_file(target, draft, tokenizer, file: _File, conditions: list[Conditi
 def _condition_config(base: DecodeConfig, budget: int, depth: int, question: Question,
                       stops: frozenset) -> DecodeConfig:
     """The config of one question at one condition: its budget and pool depth (ar: none), the
-    tokenizer's stop tokens, and a learned rule's model that never saw this question."""
+    tokenizer's stop tokens, and a learned rule's model that never saw this question. A tree
+    decoder's condition of no tree (`auto` found none faster) decodes as ar."""
+    if budget == NO_TREE and base.decoder.drafts:
+        return dataclasses.replace(base.for_decoder("ar"), stop_ids=stops)
     config = dataclasses.replace(base, budget=budget or None, stop_ids=stops)
     if depth:
         config = dataclasses.replace(config, pool=dataclasses.replace(base.pool, depth=depth))
