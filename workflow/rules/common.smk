@@ -434,13 +434,14 @@ def decode_batch_mb(wildcards, input, dtype, sequences):
     target = read_spec(input.target)
     drafts = [read_spec(d) for d in decode_drafts(input)]
     eagle3 = bool(drafts) and config["models"][draft_of(wildcards.pair)]["source"] in (
-        "eagle3", "train_eagle3")
+        "eagle3",
+        "train_eagle3",
+    )
     if eagle3:  # a head's config holds its own layer; the features are counted from the target
         drafts = [d if d is None else {**d, "num_hidden_layers": 1} for d in drafts]
     if target is None or None in drafts:
         return 0.0
-    return batch_mb(target, drafts, decode_positions(wildcards, input, target), dtype, sequences,
-                    eagle3)
+    return batch_mb(target, drafts, decode_positions(wildcards, input, target), dtype, sequences, eagle3)
 
 
 def decode_positions(wildcards, input, target_spec):
@@ -455,7 +456,8 @@ def decode_positions(wildcards, input, target_spec):
             raise WorkflowError(
                 f"{input.target}/config.json names no max_position_embeddings to size a decode "
                 "job's caches by: set config key resources.mem_mb.decode, or resources.runtime."
-                "decode: auto (the part times measure the longest prompt)")
+                "decode: auto (the part times measure the longest prompt)"
+            )
         return int(window)
     pair = MeasuredPair.from_json(json.loads(Path(input.parts).read_text()))
     return sequence_positions(pair.longest_turn, work.max_new_tokens, work.largest_budget)
