@@ -9,11 +9,11 @@ from targetrows.core.pool import PoolShape
 from targetrows.core.toy import ToyPair
 from targetrows.cost import calibration, parttimes, rounds
 from targetrows.cost.calibration import BudgetSearch
+from targetrows.decoding.budget import NO_TREE
 from targetrows.decoding.config import DecodeConfig
 from targetrows.decoding.loop import generate
 from targetrows.decoding.registry import get_decoder
 from targetrows.decoding.round import RoundStats
-from targetrows.specbench.answers import NO_TREE
 
 # target pass: 9 ms + 1 ms per new token; draft pass: 2 ms + 0.1 ms per new token
 TARGET = parttimes.PassCurve((1, 9, 17), (0.010, 0.018, 0.026))

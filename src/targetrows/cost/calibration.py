@@ -24,10 +24,10 @@ from targetrows.core.rules.batch import PoolBatch, stack_pools
 from targetrows.core.rules.root_pool import draft_rank
 from targetrows.core.tree import Tree
 from targetrows.core.verify import walk
+from targetrows.decoding.budget import NO_TREE
 from targetrows.decoding.config import DecodeConfig
 from targetrows.decoding.model import edge_probs, overlaps
 from targetrows.decoding.registry import get_rule
-from targetrows.specbench.answers import NO_TREE
 
 from .draft_free import draft_free_curves
 from .parttimes import (

@@ -20,6 +20,9 @@ from dataclasses import dataclass
 from targetrows.core.checks import check_budget
 
 DEFAULT_BUDGET = 59  # the paper's online budget
+# the budget and depth of no tree: what ar's answers record, and what `auto` picks where no tree
+# is predicted faster than ar
+NO_TREE = 0
 
 
 @dataclass(frozen=True)

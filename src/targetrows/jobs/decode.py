@@ -26,12 +26,12 @@ from targetrows.cost.calibration import BudgetSearch, auto_budget
 from targetrows.cost.parttimes import mean_context_len
 from targetrows.cost.rounds import DEFAULT_BUDGETS
 from targetrows.decoding.batch import check_batchable
-from targetrows.decoding.budget import Auto, Budget, Fixed
+from targetrows.decoding.budget import NO_TREE, Auto, Budget, Fixed
 from targetrows.decoding.config import DecodeConfig
 from targetrows.decoding.loop import decode_passes, new_state
 from targetrows.decoding.model import draft_kind, overlaps
 from targetrows.decoding.schedule import run_batched
-from targetrows.specbench.answers import NO_TREE, answer_record, partial_records, write_jsonl_atomic
+from targetrows.specbench.answers import answer_record, partial_records, write_jsonl_atomic
 from targetrows.specbench.chat import encode_conversation, stop_ids
 from targetrows.specbench.questions import Question, check_prompt, read_questions
 

@@ -23,9 +23,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from targetrows.core.atomic import atomic_write_text
-from targetrows.decoding.budget import Auto, Budget, Fixed, Matched, budget_spec, parse_budget
+from targetrows.decoding.budget import NO_TREE, Auto, Budget, Fixed, Matched, budget_spec, parse_budget
 from targetrows.decoding.registry import get_decoder
-from targetrows.specbench.answers import NO_TREE
 
 
 def baseline_budget(budget: Budget):

@@ -20,8 +20,6 @@ from targetrows.decoding.loop import DecodeResult
 
 from .questions import Question
 
-NO_TREE = 0  # the budget and depth ar's answers record: it verifies no tree
-
 
 def answer_record(
     question: Question,
