@@ -27,7 +27,7 @@ def run(model, lean: bool, features=(0, 1)):
     """Rows of every kind of pass HFModel makes (a prompt's first pass, one-token steps, a tree
     over a committed path, a chain after the prefix under a tree), with the cache and features."""
     hf = HFModel(model, vocab_size=V, name="tiny", feature_layers=features, lean=lean)
-    assert (hf._lean is not None) == lean
+    assert (hf.engine.lean is not None) == lean
     hf.reset(0)
     rng = np.random.default_rng(3)
     ctx = list(PROMPT)
@@ -102,4 +102,4 @@ def test_only_where_it_reproduces_the_model():
     """Eager attention (its own softmax) keeps Hugging Face's forward; sdpa takes the lean one."""
     assert lean_forward(tiny_model("llama", attn="eager")) is None
     assert lean_forward(tiny_model("qwen3")) is not None
-    assert HFModel(tiny_model("llama", attn="eager"), vocab_size=V)._lean is None
+    assert HFModel(tiny_model("llama", attn="eager"), vocab_size=V).engine.lean is None

@@ -191,6 +191,26 @@ class Eagle3Head(nn.Module):
         return self.lm_head(self.norm(g))
 
 
+@dataclass(eq=False)
+class HeadEngine:
+    """What a head and its lanes share (`Eagle3Draft.engine`): the head's weights, settings,
+    devices and its vocabulary's map into the target's. Everything else an `Eagle3Draft` holds
+    is its own sequence's: its target lane, cache, tree, generator, checks."""
+
+    head: Eagle3Head
+    name: str
+    feature_layers: tuple[int, ...]
+    device: torch.device
+    dtype: torch.dtype
+    context_window: int | None
+    n_embeddings: int
+    target_embed: nn.Module
+    vocab_size: int = 0
+    draft_cols: torch.Tensor | None = None  # draft-vocabulary columns inside vocab_size
+    target_cols: torch.Tensor | None = None  # their target ids, ascending
+    target_ids: np.ndarray | None = None  # the same, on the host
+
+
 class Eagle3Draft(TorchRows):
     """An EAGLE-3 head bound to its target `HFModel` (implements `targetrows.decoding.model.Model`).
 
@@ -205,36 +225,53 @@ class Eagle3Draft(TorchRows):
 
     def __init__(self, head: Eagle3Head, target: HFModel, feature_layers: Sequence[int],
                  name: str = "eagle3"):
-        self.head = head.eval()
-        self.target = target
-        self.name = name
         target.keep_features(feature_layers)
-        self.feature_layers = tuple(sorted(int(i) for i in feature_layers))
         weight = head.lm_head.weight
-        self.device, self.dtype = weight.device, weight.dtype
+        shared = HeadEngine(head=head.eval(), name=name,
+                            feature_layers=tuple(sorted(int(i) for i in feature_layers)),
+                            device=weight.device, dtype=weight.dtype,
+                            context_window=target.context_window,
+                            n_embeddings=target.n_embeddings,
+                            target_embed=target.model.get_input_embeddings())
+        self._begin(shared, target, OwnSteps())
         self.vocab_size = target.vocab_size
-        self.context_window = target.context_window
-        self.n_embeddings = target.n_embeddings
-        self._target_embed = target.model.get_input_embeddings()
-        self._generator = torch.Generator(device=self.device)
-        self._steps = OwnSteps()  # what runs its steps: alone (a lane's: batched)
+
+    def _begin(self, engine: HeadEngine, target: HFModel, steps) -> None:
+        """This sequence's own state on `engine`: the target (lane) whose features it reads,
+        what runs its steps (alone, or a lane's batched step), its generator and caches."""
+        self.engine, self.target, self._steps = engine, target, steps
+        self._generator = torch.Generator(device=engine.device)
         self.reset(None)
+
+    # what the head and its lanes share, read through the engine
+    head = property(lambda self: self.engine.head)
+    name = property(lambda self: self.engine.name)
+    feature_layers = property(lambda self: self.engine.feature_layers)
+    device = property(lambda self: self.engine.device)
+    dtype = property(lambda self: self.engine.dtype)
+    context_window = property(lambda self: self.engine.context_window)
+    n_embeddings = property(lambda self: self.engine.n_embeddings)
+    _target_embed = property(lambda self: self.engine.target_embed)
+    _draft_cols = property(lambda self: self.engine.draft_cols)
+    _target_cols = property(lambda self: self.engine.target_cols)
+    _target_ids = property(lambda self: self.engine.target_ids)
 
     @property
     def vocab_size(self) -> int:
-        return self._vocab_size
+        return self.engine.vocab_size
 
     @vocab_size.setter
     def vocab_size(self, size: int) -> None:
         """Rows are cut to `size` tokens (load_pair sets target and draft to one size)."""
-        self._vocab_size = int(size)
-        draft_ids = torch.arange(self.head.shape.draft_vocab_size, device=self.device)
-        target_ids = draft_ids + self.head.d2t.to(self.device)
-        inside = target_ids < self._vocab_size
+        engine = self.engine
+        engine.vocab_size = int(size)
+        draft_ids = torch.arange(engine.head.shape.draft_vocab_size, device=engine.device)
+        target_ids = draft_ids + engine.head.d2t.to(engine.device)
+        inside = target_ids < engine.vocab_size
         # ascending target ids, so that a top-k over these columns breaks ties as over the rows
         order = target_ids[inside].argsort()
-        self._draft_cols, self._target_cols = draft_ids[inside][order], target_ids[inside][order]
-        self._target_ids = self._target_cols.cpu().numpy()
+        engine.draft_cols, engine.target_cols = draft_ids[inside][order], target_ids[inside][order]
+        engine.target_ids = engine.target_cols.cpu().numpy()
 
     # -- cache state ---------------------------------------------------------------------------
     def reset(self, seed: int | None = None) -> None:

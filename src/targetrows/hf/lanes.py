@@ -1,11 +1,11 @@
 """Lanes of an `HFModel` for batched decoding: per-sequence caches in one batched buffer, and
 one forward pass for every lane that is waiting on one.
 
-A **lane** (the model's class with `HFLane` in front) is an `HFModel` of its own for one
-sequence of a batch (`targetrows.decoding.batch`): its committed prefix, its tree, its
-features, its generator and its checks are its own, and everything `HFModel` does with them
-(what a pass feeds, the tree mask, the commit of an accepted path) is the same code. Two things
-differ:
+A **lane** is an `HFModel` on the model's engine (`HFModel.engine`: weights, forward, hooks,
+devices, side stream), for one sequence of a batch (`targetrows.decoding.batch`): its
+committed prefix, its tree, its features, its generator and its checks are its own, and
+everything `HFModel` does with them (what a pass feeds, the tree mask, the commit of an
+accepted path) is the same code. Two things differ, both given when it is made (`hf_lanes`):
 
 - its KV entries are row `r` of a `BatchedKV`, one buffer per layer [lanes, heads, capacity,
   head_dim] shared by the lanes, where row r holds exactly what a batch-1 cache would hold
@@ -24,7 +24,6 @@ The pass runs through the lean forward where the model has one, else Hugging Fac
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import numpy as np
@@ -202,18 +201,19 @@ class BatchedPasses:
                                          placed) for i in range(len(self.kv.keys))])
         ids_t = host_to_device(ids, m.input_device)
         pos_t = host_to_device(positions, m.input_device)
-        keep_t = host_to_device(keep, m._keep_device)
+        engine = m.engine
+        keep_t = host_to_device(keep, engine.keep_device)
         capture = {} if m.feature_layers else None
-        m._capture = capture
+        engine.capture = capture
         try:
-            if m._lean is not None:
-                logits = m._lean(ids_t, pos_t, mask, cache, keep_t, capture)
+            if engine.lean is not None:
+                logits = engine.lean(ids_t, pos_t, mask, cache, keep_t, capture)
             else:
                 logits = m.model(input_ids=ids_t, position_ids=pos_t, attention_mask=mask,
                                  use_cache=True, **cache_kwargs(m.model, cache),
                                  logits_to_keep=keep_t).logits
         finally:
-            m._capture = None
+            engine.capture = None
         self.kv.lengths[rows] = base + q
         out = []
         for i, (_, feed, _) in enumerate(items):
@@ -224,41 +224,22 @@ class BatchedPasses:
         return out
 
 
-class HFLane:
-    """One sequence's lane of an `HFModel` (see the module docstring): the model's weights and
-    settings, its own state, its passes asked of the lanes' batched pass. A mixin: a lane's
-    class is the model's own class with this in front (`lane_class`), so every method it does
-    not override is the model's."""
-
-    def __init__(self, owner, passes: BatchedPasses, row: int):
-        self.__dict__.update(owner.__dict__)  # weights, lean forward, devices, feature layers
-        self._passes, self._row = passes, row
-        self._generator = torch.Generator(device=self.device)
-        self.reset(None)
-
-    def _new_cache(self) -> LaneCache:
-        return LaneCache(self._passes.kv, self._row)
-
-    def side_stream(self) -> SideStream | None:
-        """The lanes' batched root pass runs on the model's side stream: so does a lane's."""
-        return self._passes.side_stream()
-
-
-@functools.cache
-def lane_class(model_class: type, lane: type) -> type:
-    """`model_class` with the `lane` mixin in front (made once per pair)."""
-    return type(f"{model_class.__name__}{lane.__name__}", (lane, model_class), {})
-
-
-def hf_lanes(model, n: int) -> list[HFLane]:
-    """`n` lanes of `model` (an `HFModel`) sharing one batched KV buffer and one batched pass."""
-    if isinstance(model, HFLane):
+def hf_lanes(model, n: int) -> list:
+    """`n` lanes of `model` (an `HFModel`): models on its engine (weights, forward, hooks,
+    devices), each a sequence of its own whose KV entries are its row of one `BatchedKV` and
+    whose passes run as one `BatchedPasses`."""
+    if isinstance(getattr(model, "_passes", None), BatchedPasses):
         raise ValueError(f"{model.name}: a lane is one sequence of a batch; make lanes of the "
                          "model")
     layers = len(model.model.get_decoder().layers)
     passes = BatchedPasses(model, BatchedKV(layers, n))
-    cls = lane_class(type(model), HFLane)
-    return [cls(model, passes, row) for row in range(n)]
+    lanes = []
+    for row in range(n):
+        lane = object.__new__(type(model))
+        lane._row = row
+        lane._begin(model.engine, passes, lambda row=row: LaneCache(passes.kv, row))
+        lanes.append(lane)
+    return lanes
 
 
 # -- EAGLE-3 heads -------------------------------------------------------------------------------
@@ -303,26 +284,20 @@ class HeadSteps:
                 for i, (lane, *_) in enumerate(items)]
 
 
-class HeadLane:
-    """One sequence's lane of an EAGLE-3 head (`Eagle3Draft`), bound to its target lane: the
-    head's weights, its own cache and generator, its steps asked of the lanes' batched step (a
-    mixin, as `HFLane`)."""
-
-    def __init__(self, owner, target, steps: HeadSteps):
-        self.__dict__.update(owner.__dict__)
-        self.target, self._steps = target, steps
-        self._generator = torch.Generator(device=self.device)
-        self.reset(None)
-
-
-def head_lanes(draft, n: int, target_lanes) -> list[HeadLane]:
-    """`n` lanes of an EAGLE-3 head, lane i reading the features of `target_lanes[i]`."""
-    if isinstance(draft, HeadLane):
+def head_lanes(draft, n: int, target_lanes) -> list:
+    """`n` lanes of an EAGLE-3 head (`Eagle3Draft`): heads on its engine (weights, settings,
+    vocabulary map), lane i reading the features of `target_lanes[i]`, their steps run as one
+    `HeadSteps`."""
+    if isinstance(getattr(draft, "_steps", None), HeadSteps):
         raise ValueError(f"{draft.name}: a lane is one sequence of a batch; make lanes of the "
                          "head")
     if target_lanes is None or len(target_lanes) != n:
         raise ValueError(f"{draft.name}: an EAGLE-3 head's lanes read their target lanes' "
                          f"features: give {n} target lanes")
     steps = HeadSteps(draft)
-    cls = lane_class(type(draft), HeadLane)
-    return [cls(draft, t, steps) for t in target_lanes]
+    lanes = []
+    for target in target_lanes:
+        lane = object.__new__(type(draft))
+        lane._begin(draft.engine, target, steps)
+        lanes.append(lane)
+    return lanes

@@ -34,6 +34,29 @@ from targetrows.hf.streams import SideStream, ready_event, record_use, wait_for
 from targetrows.hf.torch_rows import TorchRows, host_to_device
 
 
+@dataclass(eq=False)
+class Engine:
+    """What a model and its lanes share (`HFModel.engine`): the weights and their forward, the
+    settings, the devices, the feature hooks' capture and the side stream. Everything else an
+    `HFModel` holds is its own sequence's: cache, tree, features, generator, checks."""
+
+    model: torch.nn.Module
+    lean: object | None  # the lean forward (`targetrows.hf.lean_forward`), or None
+    name: str
+    vocab_size: int
+    context_window: int | None
+    n_embeddings: int
+    dtype: torch.dtype
+    device: torch.device  # where rows come out
+    input_device: torch.device
+    keep_device: torch.device  # where the index of the rows to keep goes
+    one_device: bool  # a stream is one device's: a split model has no side stream
+    feature_layers: tuple[int, ...] = ()
+    hidden_size: int = 0
+    capture: dict | None = None  # the feature layers' inputs of the pass running now
+    side: SideStream | None = None
+
+
 @dataclass(frozen=True)
 class _Feed:
     """One pass's input: the committed tail and the tree nodes it feeds, where they go."""
@@ -60,10 +83,10 @@ class HFModel(TorchRows):
                  feature_layers: Sequence[int] | None = None, lean: bool = True):
         config = model.config
         width = int(model.get_output_embeddings().weight.shape[0])
-        self.vocab_size = width if vocab_size is None else int(vocab_size)
-        if not 0 < self.vocab_size <= width:
+        vocab_size = width if vocab_size is None else int(vocab_size)
+        if not 0 < vocab_size <= width:
             raise ValueError(
-                f"{name}: vocab_size {self.vocab_size} must be in 1..{width} (the logit width)"
+                f"{name}: vocab_size {vocab_size} must be in 1..{width} (the logit width)"
             )
         attn = getattr(config, "_attn_implementation", None)
         if attn not in ("eager", "sdpa", GQA_ATTENTION):
@@ -79,31 +102,52 @@ class HFModel(TorchRows):
                 f"{name}: sliding-window attention is not supported (its cache drops entries "
                 "that tree attention needs); use a model with full attention in every layer"
             )
-        self.model = model.eval()
-        self._lean = lean_forward(model) if lean else None
-        self.name = name
-        # prompts are checked against these before decoding (`specbench.check_prompt`): an id
-        # past the embedding table is an IndexError on the CPU and a device assert on a GPU
-        self.context_window = getattr(config, "max_position_embeddings", None)
-        self.n_embeddings = int(model.get_input_embeddings().weight.shape[0])
-        self.dtype = model.dtype
-        self.device = model.get_output_embeddings().weight.device  # where rows come out
-        self.input_device = model.get_input_embeddings().weight.device
         # Hugging Face picks the rows to keep from the final norm's output before lm_head, so
         # the index lives where that output does (another card than lm_head's in a split model)
         norm = getattr(model.get_decoder(), "norm", None)
-        self._keep_device = norm.weight.device if norm is not None else self.device
-        self._generator = torch.Generator(device=self.device)
-        self._capture: dict[int, torch.Tensor] | None = None  # layer inputs, running pass
-        self.feature_layers: tuple[int, ...] = ()
-        self._passes = OwnPasses(self)  # what runs its passes: alone (a lane's: batched)
-        # a stream is one device's: a model spread over several cards runs its root pass on
-        # their current streams (`side_stream`)
-        self._one_device = len({p.device for p in model.parameters()}) == 1
-        self._side: SideStream | None = None
-        self.reset(None)
+        device = model.get_output_embeddings().weight.device  # where rows come out
+        engine = Engine(
+            model=model.eval(), lean=lean_forward(model) if lean else None, name=name,
+            vocab_size=vocab_size,
+            context_window=getattr(config, "max_position_embeddings", None),
+            n_embeddings=int(model.get_input_embeddings().weight.shape[0]),
+            dtype=model.dtype, device=device,
+            input_device=model.get_input_embeddings().weight.device,
+            keep_device=norm.weight.device if norm is not None else device,
+            one_device=len({p.device for p in model.parameters()}) == 1)
+        self._begin(engine, OwnPasses(self), lambda: growing_cache(config))
         if feature_layers is not None:
             self.keep_features(feature_layers)
+
+    def _begin(self, engine: Engine, passes, new_cache) -> None:
+        """This sequence's own state, on `engine`: its passes run by `passes` (alone, or a
+        lane's batched pass), its cache made by `new_cache()` (its own, or its row of a lane
+        buffer), its own generator and pending checks."""
+        self.engine, self._passes, self._new_cache = engine, passes, new_cache
+        self._generator = torch.Generator(device=engine.device)
+        self.reset(None)
+
+    # what the model and its lanes share, read through the engine
+    model = property(lambda self: self.engine.model)
+    name = property(lambda self: self.engine.name)
+    # prompts are checked against these before decoding (`specbench.check_prompt`): an id past
+    # the embedding table is an IndexError on the CPU and a device assert on a GPU
+    context_window = property(lambda self: self.engine.context_window)
+    n_embeddings = property(lambda self: self.engine.n_embeddings)
+    dtype = property(lambda self: self.engine.dtype)
+    device = property(lambda self: self.engine.device)
+    input_device = property(lambda self: self.engine.input_device)
+    feature_layers = property(lambda self: self.engine.feature_layers)
+    hidden_size = property(lambda self: self.engine.hidden_size)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.engine.vocab_size
+
+    @vocab_size.setter
+    def vocab_size(self, size: int) -> None:
+        """Rows are cut to `size` tokens (load_pair sets target and draft to one size)."""
+        self.engine.vocab_size = int(size)
 
     def keep_features(self, feature_layers: Sequence[int]) -> None:
         """From now on keep, per cache entry, the inputs of decoder layers `feature_layers`
@@ -111,7 +155,8 @@ class HFModel(TorchRows):
         (as every engine concatenates them, whatever order a list has), captured during our own
         passes only. Forgets the cache (its entries have no features)."""
         ids = tuple(sorted(int(i) for i in feature_layers))
-        if self.feature_layers:
+        engine = self.engine
+        if engine.feature_layers:
             if ids == self.feature_layers:
                 return
             raise ValueError(f"{self.name}: already keeps features of layers "
@@ -123,16 +168,16 @@ class HFModel(TorchRows):
                 f"i's input is hidden_states[i]; the model has {len(layers)} layers)"
             )
 
-        def grabber(i):
+        def grabber(i):  # the pass running now, whichever lane's, captures into the engine
             def grab(module, args, kwargs):
-                if self._capture is not None:
-                    self._capture[i] = args[0] if args else kwargs["hidden_states"]
+                if engine.capture is not None:
+                    engine.capture[i] = args[0] if args else kwargs["hidden_states"]
             return grab
 
         for i in sorted(set(ids)):
             layers[i].register_forward_pre_hook(grabber(i), with_kwargs=True)
-        self.feature_layers = ids
-        self.hidden_size = int(self.model.config.hidden_size)
+        engine.feature_layers = ids
+        engine.hidden_size = int(self.model.config.hidden_size)
         self._clear_cache()
 
     # -- cache state ---------------------------------------------------------------------------
@@ -141,8 +186,8 @@ class HFModel(TorchRows):
         self._new_sequence(seed)
 
     def _clear_cache(self) -> None:
-        if self._lean is not None:  # weights changed since the last reset reach the products
-            self._lean.refresh()
+        if self.engine.lean is not None:  # weights changed since the last reset reach products
+            self.engine.lean.refresh()
         self._cache = self._new_cache()
         self._prefix = np.zeros(0, dtype=np.int64)  # committed tokens whose KV is cached
         self._tree: Tree | None = None  # the tree whose nodes follow the prefix in the cache
@@ -155,10 +200,6 @@ class HFModel(TorchRows):
         self._feature_buffer: torch.Tensor | None = None
         self._features_copied = None  # the last growth's copy, queued: readers wait for it
 
-    def _new_cache(self):
-        """An empty KV cache (a lane of a batch shares one with the other lanes: `lanes`)."""
-        return growing_cache(self.model.config)
-
     def lanes(self, n: int, target_lanes=None) -> list[HFModel]:
         """`n` lanes of this model for batched decoding (`targetrows.decoding.batch`): each with
         its own cache, generator and checks, their passes run together as batched passes
@@ -170,9 +211,10 @@ class HFModel(TorchRows):
     def side_stream(self) -> SideStream | None:
         """A stream of its own for the root pass beside drafting (`targetrows.hf.streams`);
         None for a model spread over several devices."""
-        if self._side is None and self._one_device:
-            self._side = SideStream(self.device)
-        return self._side
+        engine = self.engine
+        if engine.side is None and engine.one_device:
+            engine.side = SideStream(engine.device)
+        return engine.side
 
     @property
     def cached_tokens(self) -> np.ndarray:
@@ -303,18 +345,19 @@ class HFModel(TorchRows):
         the lean forward where there is one."""
         ids = host_to_device(feed.ids, self.input_device)[None]
         positions = host_to_device(feed.positions, self.input_device)[None]
-        keep = host_to_device(feed.keep, self._keep_device)  # the rows the last layer computes
+        engine = self.engine
+        keep = host_to_device(feed.keep, engine.keep_device)  # the rows the last layer computes
         if self.feature_layers:
-            self._capture = {}
+            engine.capture = {}
         try:
-            if self._lean is not None:
-                logits = self._lean(ids, positions, mask, self._cache, keep, self._capture)
+            if engine.lean is not None:
+                logits = engine.lean(ids, positions, mask, self._cache, keep, engine.capture)
             else:
                 logits = self.model(input_ids=ids, position_ids=positions, attention_mask=mask,
                                     use_cache=True, **cache_kwargs(self.model, self._cache),
                                     logits_to_keep=keep).logits
         finally:
-            captured, self._capture = self._capture, None
+            captured, engine.capture = engine.capture, None
         return logits, captured
 
     def _append_features(self, captured: dict[int, torch.Tensor], base: int) -> None:
