@@ -346,6 +346,7 @@ def test_an_auto_pick_of_no_tree_decodes_as_ar(tmp_path, monkeypatch):
     records = [json.loads(line) for line in out.read_text().splitlines()]
     auto = [r for r in records if r["budget_auto"]]
     assert [(r["budget"], r["depth"], r["decoder"]) for r in auto] == [(0, 0, "fts")] * 2
+    assert [(r["draft_kind"], r["overlap"]) for r in auto] == [("none", False)] * 2
     for r in auto:  # ar's tokens: the target's greedy path, one pass (no tree) per token
         ctx = Tokenizer()(r["question_id"] == 1 and "abc" or "hello")["input_ids"]
         for _ in range(10):

@@ -36,6 +36,7 @@ from targetrows.specbench.chat import encode_conversation, stop_ids
 from targetrows.specbench.questions import Question, check_prompt, read_questions
 
 Condition = tuple[int, int]  # (budget, pool depth) a set of answers ran at
+NO_DRAFTING = {"draft_kind": "none", "overlap": False}  # how answers with no tree drafted
 
 
 def prompt_key(question: Question) -> str:
@@ -257,7 +258,8 @@ def _answer_file(target, draft, tokenizer, file: _File, conditions: list[Conditi
         texts, results = out
         condition = {"decoder": base.name, "budget": budget, "depth": at_depth,
                      "budget_auto": (budget, at_depth) == auto, "temperature": base.temperature,
-                     "seed": base.seed, "batch_size": base.batch_size, **setup,
+                     "seed": base.seed, "batch_size": base.batch_size,
+                     **(NO_DRAFTING if budget == NO_TREE else setup),
                      "fingerprint": fingerprint}
         record = answer_record(question, s.model_id, condition, texts, results)
         with open(file.partial, "a", encoding="utf-8") as f:
