@@ -30,6 +30,7 @@ from .config import DecodeConfig
 from .model import overlaps
 from .registry import get_rule
 from .round import Round, RoundStats
+from .schedule import run_batched
 
 
 @dataclass
@@ -58,10 +59,8 @@ def generate(
     draft-free decoder's state from `new_state` to carry on with (what a caller keeps to keep
     what it learned across prompts, `DecodeConfig.keep_across_prompts`); by default a fresh
     one."""
-    from .schedule import run_batched  # the scheduler, with one sequence
-
     steps = decode_passes(target, draft, prompt_ids, config, state)
-    return run_batched(target, draft, [lambda t, d: steps], 1)[0]
+    return run_batched(target, draft, [lambda t, d: steps], 1)[0]  # the scheduler, one sequence
 
 
 def decode_passes(
