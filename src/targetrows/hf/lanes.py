@@ -228,15 +228,19 @@ def hf_lanes(model, n: int) -> list:
     """`n` lanes of `model` (an `HFModel`): models on its engine (weights, forward, hooks,
     devices), each a sequence of its own whose KV entries are its row of one `BatchedKV` and
     whose passes run as one `BatchedPasses`."""
-    if isinstance(getattr(model, "_passes", None), BatchedPasses):
+    if getattr(model, "_is_lane", False):
         raise ValueError(f"{model.name}: a lane is one sequence of a batch; make lanes of the "
                          "model")
-    layers = len(model.model.get_decoder().layers)
-    passes = BatchedPasses(model, BatchedKV(layers, n))
+    if model.engine.static is not None:  # the same static-shape passes, over n rows
+        from .static_pass import static_passes
+
+        passes = static_passes(model, n, model.engine.static)
+    else:
+        passes = BatchedPasses(model, BatchedKV(len(model.model.get_decoder().layers), n))
     lanes = []
     for row in range(n):
         lane = object.__new__(type(model))
-        lane._row = row
+        lane._row, lane._is_lane = row, True
         lane._begin(model.engine, passes, lambda row=row: LaneCache(passes.kv, row))
         lanes.append(lane)
     return lanes

@@ -35,14 +35,15 @@ SUPPORTED = ("llama", "qwen2", "qwen3")
 PACKABLE = (torch.float32, torch.bfloat16)  # dtypes oneDNN's prepacked products take
 
 
-def lean_forward(model) -> LeanForward | None:
+def lean_forward(model, anywhere: bool = False) -> LeanForward | None:
     """A `LeanForward` over `model` (a Hugging Face causal LM), or None where it would not
     reproduce the model's own forward: another architecture, weights off the CPU, sliding or
-    custom attention."""
+    custom attention. `anywhere`: on any device too (the static-shape passes of
+    `targetrows.hf.static_pass`, which a CUDA graph captures)."""
     config = model.config
     if getattr(config, "model_type", None) not in SUPPORTED:
         return None
-    if any(p.device.type != "cpu" for p in model.parameters()):
+    if not anywhere and any(p.device.type != "cpu" for p in model.parameters()):
         return None
     if getattr(config, "_attn_implementation", None) not in ("sdpa", "sdpa_gqa"):
         return None  # eager attention takes its own softmax: not the same numbers
@@ -185,7 +186,7 @@ class LeanForward:
             q, k = _rms_norm(q, layer["q_norm"]), _rms_norm(k, layer["k_norm"])
         q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
         keys, values = cache.layers[i].update(k, v.transpose(1, 2))
-        if batch > 1 and q_len == 1 and q.shape[1] % keys.shape[1] == 0:
+        if batch > 1 and q_len == 1 and q.shape[1] % keys.shape[1] == 0 and q.is_cpu:
             # one query per lane of a batch: two products, several times faster on the CPU than
             # torch's kernel, which works per (row, head) (`batched_attention`)
             out = grouped_attention(q, keys, values, layer["scaling"], mask)

@@ -55,6 +55,7 @@ class Engine:
     hidden_size: int = 0
     capture: dict | None = None  # the feature layers' inputs of the pass running now
     side: SideStream | None = None
+    static: object | None = None  # the static-shape passes' `StaticShape`, or None: eager
 
 
 @dataclass(frozen=True)

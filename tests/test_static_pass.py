@@ -1,0 +1,159 @@
+"""Static-shape passes (`targetrows.hf.static_pass`), run eagerly on the CPU, where the GPU's
+graphs replay the same code: padded passes equal unpadded ones, every decoder through them
+equals Hugging Face greedy, compaction equals a fresh prefill, and the capacity is a limit."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from test_batch import HF_PROMPTS, STOP, _configs, _one_by_one  # noqa: E402
+from test_decoders_hf import hf_greedy, noisy_copy  # noqa: E402
+from tiny_models import ARCHS, tiny_model  # noqa: E402
+
+from targetrows.core.pool import PoolShape  # noqa: E402
+from targetrows.core.tree import Tree  # noqa: E402
+from targetrows.decoding.batch import generate_batch  # noqa: E402
+from targetrows.decoding.registry import decoder_names  # noqa: E402
+from targetrows.hf.model import HFModel  # noqa: E402
+from targetrows.hf.static_pass import (  # noqa: E402
+    CapacityError,
+    StaticShape,
+    apply_graphs,
+    use_static,
+)
+
+CAPACITY = 64
+
+
+def static_model(hf_model, name="t", capacity=CAPACITY, **kw) -> HFModel:
+    model = HFModel(hf_model, name=name, **kw)
+    use_static(model, StaticShape(capacity=capacity))
+    return model
+
+
+def _step(model, ctx, tree):
+    """One tree pass's rows, then the KV entries and features it leaves."""
+    rows = model.logits(ctx, tree, range(len(tree)))
+    kv = [(layer.keys.clone(), layer.values.clone()) for layer in model.kv_cache.layers]
+    return rows, kv, model._features.clone()
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-10), (torch.float32, 2e-5)],
+                         ids=["float64", "float32"])
+@pytest.mark.parametrize("arch", ARCHS)
+@torch.inference_mode()
+def test_a_padded_static_pass_equals_the_unpadded_pass(arch, dtype, tol):
+    """Lanes at different lengths, fed 1, 3, 5 and 7 tokens (padded to buckets 1, 4, 8 and 8)
+    beside a lane that asks for nothing (all padding): each lane's rows, KV entries and
+    features equal those of its own unpadded eager pass."""
+    hf = tiny_model(arch, seed=0, n_layers=2, dtype=dtype)
+    lanes = static_model(hf, feature_layers=[0, 1]).lanes(4)
+    contexts = [[2, 8, 1, 5], [1, 2, 3, 4, 5, 6, 7, 8, 9, 3], [11], [4, 4, 9]]
+    trees = [Tree([5, 9, 8, 7, 6], [-1, 0, 0, 1, 3]), Tree([3], [-1]),
+             Tree([11, 12, 13], [-1, 0, 0]), Tree([9, 1, 2, 3, 4, 5, 6], [-1, 0, 1, 1, 0, 4, 5])]
+    for lane, ctx in zip(lanes, contexts, strict=True):  # committed prefixes of each length
+        if len(ctx) > 2:
+            lane.logits(ctx[:-2], Tree.root_only(ctx[-3]), [0])
+            lane.commit(ctx[:-1])
+    for active in ([0, 1, 2], [3, 1]):
+        steps = [(lanes[i], lanes[i].logits_passes(contexts[i], trees[i], range(len(trees[i]))))
+                 for i in active]
+        requests = [next(s) for _, s in steps]
+        results = requests[0].group.run_batch([r.item for r in requests])
+        for i, (lane, s), result in zip(active, steps, results, strict=True):
+            try:
+                s.send(result)
+            except StopIteration as done:
+                rows = done.value
+            one = HFModel(hf, name="one", feature_layers=[0, 1])
+            ctx = contexts[i]
+            if len(ctx) > 2:
+                one.logits(ctx[:-2], Tree.root_only(ctx[-3]), [0])
+                one.commit(ctx[:-1])
+            want_rows, want_kv, want_features = _step(one, ctx, trees[i])
+            torch.testing.assert_close(rows, want_rows, rtol=tol, atol=tol)
+            for layer, (keys, values) in zip(lane.kv_cache.layers, want_kv, strict=True):
+                torch.testing.assert_close(layer.keys, keys, rtol=tol, atol=tol)
+                torch.testing.assert_close(layer.values, values, rtol=tol, atol=tol)
+            torch.testing.assert_close(lane._features, want_features, rtol=tol, atol=tol)
+        for lane, ctx in zip(lanes, contexts, strict=True):
+            lane.reset(None)
+            if len(ctx) > 2:
+                lane.logits(ctx[:-2], Tree.root_only(ctx[-3]), [0])
+                lane.commit(ctx[:-1])
+
+
+@pytest.fixture(scope="module")
+def llama():
+    target = tiny_model("llama", seed=0, n_layers=2, dtype=torch.float64)
+    return target, noisy_copy(target, 0.01, seed=2)
+
+
+def test_every_decoder_through_static_passes_equals_hf_greedy(llama):
+    """T = 0, target and draft both static, at batch 1 and 3: each sequence's tokens equal
+    Hugging Face greedy up to its stop, and its eager batch-1 run."""
+    target_hf, draft_hf = llama
+    eager = HFModel(target_hf, name="t"), HFModel(draft_hf, name="d")
+    target, draft = static_model(target_hf, "t"), static_model(draft_hf, "d")
+    greedy = [hf_greedy(target_hf, p, 27) for p in HF_PROMPTS]
+    for name in decoder_names():
+        configs = _configs(name, len(HF_PROMPTS), pool=PoolShape(top_k=4, depth=3))
+        want = _one_by_one(*eager, HF_PROMPTS, configs)
+        got = _one_by_one(target, draft, HF_PROMPTS, configs)
+        assert got == want, name
+        for tokens, ref, config in zip(got, greedy, configs, strict=True):
+            assert tokens == ref[: len(tokens)], name
+            assert len(tokens) == config.max_new_tokens or tokens[-1] == STOP
+        batched = generate_batch(target, draft, HF_PROMPTS, configs, 3)
+        assert [r.tokens for r in batched] == want, name
+    assert set(target._passes.stats.passes) <= {1, 2, 4, 8, 16, 32, 64, 128}
+
+
+@torch.inference_mode()
+def test_compaction_after_acceptance_equals_a_fresh_prefill(llama):
+    """A tree pass, then a commit of a path through it that is not where the nodes were fed:
+    the entries moved into place equal those a fresh prefill of the committed context makes."""
+    target_hf, _ = llama
+    lane = static_model(target_hf, feature_layers=[0, 1]).lanes(2)[1]
+    ctx = [5, 17, 42, 8]
+    lane.logits(ctx, Tree.root_only(ctx[-1]), [0])
+    lane.commit(ctx)
+    tree = Tree([8, 1, 2, 3, 4, 5], [-1, 0, 0, 2, 3, 1])  # the path 8 -> 2 -> 3 -> 4
+    lane.logits(ctx, tree, range(len(tree)))
+    committed = ctx + [2, 3, 4]
+    lane.commit(committed)
+    fresh = HFModel(target_hf, name="fresh", feature_layers=[0, 1])
+    fresh.logits(committed, Tree.root_only(committed[-1]), [0])
+    assert lane.kv_cache.get_seq_length() == len(committed)
+    for layer, ref in zip(lane.kv_cache.layers, fresh.kv_cache.layers, strict=True):
+        torch.testing.assert_close(layer.keys, ref.keys, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(layer.values, ref.values, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(lane._features, fresh._features, rtol=1e-10, atol=1e-10)
+
+
+def test_a_context_past_the_capacity_is_an_error_naming_the_setting(llama):
+    target_hf, _ = llama
+    model = static_model(target_hf, capacity=8)
+    model.logits(list(range(1, 8)), Tree.root_only(7), [0])
+    with pytest.raises(CapacityError, match="--max-context"):
+        model.logits(list(range(1, 8)), Tree([7, 1, 2], [-1, 0, 0]), [0, 1, 2])
+
+
+def test_graphs_on_where_they_cannot_run_fails_and_auto_stays_eager(llama):
+    target_hf, _ = llama
+    model = HFModel(target_hf, name="t")
+    with pytest.raises(ValueError, match="CUDA"):
+        apply_graphs([model], "on")
+    assert apply_graphs([model], "auto") == [] and model.engine.static is None
+    with pytest.raises(ValueError, match="auto, on, off"):
+        apply_graphs([model], "always")
+
+
+def test_buckets():
+    shape = StaticShape(buckets=(1, 2, 4, 8))
+    assert [shape.bucket(n) for n in (1, 2, 3, 5, 8, 9, 300)] == [1, 2, 4, 8, 8, 9, 300]
+    with pytest.raises(ValueError, match="increasing"):
+        StaticShape(buckets=(4, 2))
+    assert np.all(np.diff(StaticShape().buckets) > 0)
