@@ -163,6 +163,16 @@ def test_model_arguments(pair):
     assert not hasattr(lone.parse_args(["--target", "x"]), "draft")
 
 
+def test_graphs_on_a_cpu_is_refused_and_auto_runs_eager(pair):
+    parser = argparse.ArgumentParser()
+    add_model_arguments(parser)
+    base = ["--target", pair[0], "--draft", pair[1], "--target-device", "cpu"]
+    with pytest.raises(ValueError, match="--graphs on: .* CUDA"):
+        load_from_args(parser.parse_args([*base, "--graphs", "on"]))
+    target, draft, _ = load_from_args(parser.parse_args([*base, "--graphs", "auto"]))
+    assert target.engine.static is None and draft.engine.static is None
+
+
 def test_encode_prompt_uses_the_chat_template():
     tokenizer = tiny_tokenizer()
     ids = encode_prompt(tokenizer, "Hi!")

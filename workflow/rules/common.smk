@@ -303,6 +303,13 @@ def prompts_file(task):
     return f"resources/prompts/{task}.jsonl"
 
 
+def graphs_args():
+    """`--graphs` and `--max-context` as decode.graphs and decode.max_context set them: the
+    decode jobs and the part times that price them run the same passes."""
+    d = config["decode"]
+    return ["--graphs", d["graphs"], "--max-context", str(d["max_context"])]
+
+
 def trust_args(pair):
     """`--trust-remote-code` for the models of the pair whose config allows their own code to
     run (`trust_remote_code: true`); nothing otherwise."""

@@ -29,6 +29,7 @@ rule decode:
         seed=config["decode"]["seed"],
         dtype=config["decode"]["dtype"],
         batch_size=config["decode"]["batch_size"],
+        graphs=graphs_args(),
         top_k=config["pool"]["top_k"],
         depth=config["pool"]["depth"],
         args=config["decode"]["args"],

@@ -20,6 +20,7 @@ rule part_times:
         runtime=job_runtime("part_times"),
     params:
         dtype=config["decode"]["dtype"],
+        graphs=graphs_args(),
         max_new_tokens=config["decode"]["max_new_tokens"],
         budgets=lambda w: timed_budgets(w.pair),
         top_k=config["pool"]["top_k"],

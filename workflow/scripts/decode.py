@@ -45,7 +45,7 @@ def command(smk, budgets: list):
             "--batch-size", str(smk.params.batch_size),
             "--top-k", str(smk.params.top_k), "--depth", str(smk.params.depth),
             "--model-id", smk.wildcards.pair, "--no-progress",
-            *reranker, *smk.params.trust, *smk.params.chat, *extra,
+            *reranker, *smk.params.graphs, *smk.params.trust, *smk.params.chat, *extra,
             "--out", *smk.output.answers,
         ]
     return argv

@@ -16,7 +16,7 @@ def command(smk):
             "--max-new-tokens", str(smk.params.max_new_tokens),
             "--budgets", *map(str, smk.params.budgets),
             "--top-k", str(smk.params.top_k), "--depth", str(smk.params.depth),
-            *smk.params.trust, *smk.params.chat, "--out", smk.output[0],
+            *smk.params.graphs, *smk.params.trust, *smk.params.chat, "--out", smk.output[0],
         ]
     return argv
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from targetrows.core.checks import check_temperature
+from targetrows.core.checks import check_count, check_temperature
 from targetrows.core.pool import PoolShape
 from targetrows.decoding.budget import Auto, Fixed, parse_budget
 from targetrows.decoding.config import DecodeConfig
@@ -78,7 +78,6 @@ def add_batch_argument(parser: argparse.ArgumentParser) -> None:
 
 def batch_size_from(args: argparse.Namespace) -> int:
     """--batch-size, checked; 1 for a command without it."""
-    from targetrows.core.checks import check_count
 
     return check_count(getattr(args, "batch_size", 1), "--batch-size")
 
@@ -183,7 +182,7 @@ def drop_unneeded_draft(args: argparse.Namespace, decoders) -> None:
 
 def add_model_arguments(parser: argparse.ArgumentParser, draft: bool = True) -> None:
     """--target --draft --draft-lookup --target-device --draft-device --dtype --draft-dtype
-    --trust-remote-code --allow-pickle --plain-linears (no draft options when
+    --trust-remote-code --allow-pickle --graphs --max-context --plain-linears (no draft options when
     ``draft=False``). Imports torch (the dtypes)."""
     from targetrows.hf.loading import DTYPES, TRUST_CHOICES
 
@@ -250,6 +249,18 @@ def add_model_arguments(parser: argparse.ArgumentParser, draft: bool = True) -> 
         help="allow pickle .bin weights, which can run code when loaded",
     )
     parser.add_argument(
+        "--graphs", choices=["auto", "on", "off"], default="off",
+        help="run the models' passes at static shapes, each replayed as a CUDA graph: auto "
+        "where they can run (one CUDA card, a Llama, Qwen2 or Qwen3 model; eager elsewhere), on "
+        "(an error where they cannot), off (eager; the default until a GPU run has checked "
+        "them, docs/cluster.md)",
+    )
+    parser.add_argument(
+        "--max-context", type=int, default=None, metavar="N",
+        help="entries each sequence's static cache holds under --graphs (prompt, answer and one "
+        "round's tree); a longer context is an error naming this option; default 4096",
+    )
+    parser.add_argument(
         "--plain-linears",
         action="store_true",
         help="on the CPU, keep torch's own linear layers instead of weights prepacked for "
@@ -288,6 +299,13 @@ def load_from_args(args: argparse.Namespace):
         draft_dtype=getattr(args, "draft_dtype", None),
     )
     set_thinking(tokenizer, thinking_arg(args))
+    graphs = getattr(args, "graphs", "off")
+    if graphs != "off":
+        from targetrows.hf.static_pass import DEFAULT_CAPACITY, apply_graphs
+
+        capacity = args.max_context or DEFAULT_CAPACITY
+        check_count(capacity, "--max-context")
+        apply_graphs([target, draft], graphs, capacity)
     if getattr(args, "draft_lookup", False):
         if draft is None:
             raise ValueError("--draft-lookup mixes prompt lookup into a draft: give --draft too")
