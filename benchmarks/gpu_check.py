@@ -19,6 +19,10 @@ left cannot hold is skipped and says so):
    against one after the other.
    Then batched: ar, draft_rank and fts decoding 1, 4 and 16 prompts at once on that pair,
    against Hugging Face's batched generate (`gpu_speed.batched`).
+   Then graphs: static-shape passes replayed as CUDA graphs against eager on that pair (pass
+   costs 1-128 nodes, the draft's pass, ar / draft_rank / fts tokens/s against the
+   weight-streaming bound, capture time and memory), and every decoder's tokens with graphs
+   against eager in float32 with the syncs per round (`gpu_graphs`).
 6. EAGLE-3: identity with random heads of both layouts, then the Qwen3-8B shape's bench with a
    random head of a real head's shape, and that head's overlap as in 5.
 7. drift: every decoder against HF greedy in float32 and bfloat16, the gap at each parting.
@@ -45,6 +49,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests"))  # tiny_models, tiny_heads
 sys.path.insert(0, HERE)  # the stages' modules beside this script
 
 import gpu_exactness as exact
+import gpu_graphs as graphs
 import gpu_pipeline
 import gpu_speed as speed
 
@@ -165,6 +170,11 @@ def main(argv=None) -> int:
         found["failed"] |= not all(r["same_tokens"] for r in rows)
         return overlap_markdown(rows, title)
 
+    def graphs_render(rep):  # graphs must give eager's tokens
+        found["failed"] |= not all(r["same"] for r in rep["identity"])
+        found["failed"] |= not all(s["same"] for s in rep["speed"].values())
+        return graphs.markdown(rep)
+
     stage("identity", 60, lambda: exact.identity(device, args.smoke),
           identity_render("Greedy identity (tiny random models, float64, root pass alongside)"))
     stage("syncs", 20, lambda: speed.syncs(device, args.smoke), speed.syncs_markdown)
@@ -175,6 +185,7 @@ def main(argv=None) -> int:
                                     report) or "")
     stage("overlap", 60, lambda: speed.overlap(args, device, keep), overlap_render)
     stage("batched", 45, lambda: speed.batched(args, device, keep), speed.batched_markdown)
+    stage("graphs", 90, lambda: graphs.graphs(args, device, keep), graphs_render)
     keep.pop("draft", None)
     stage("eagle3_identity", 30, lambda: exact.eagle3_identity(device, args.smoke),
           identity_render("Greedy identity with EAGLE-3 heads (float64, both layouts)"))

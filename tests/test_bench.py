@@ -403,7 +403,7 @@ def test_gpu_check_smoke(tmp_path):
                   "## Root pass alongside drafting on one GPU, a Qwen3-0.6B-shaped draft",
                   "## Root pass alongside drafting on one GPU, a random EAGLE-3 head",
                   "## Bench: Qwen3-8B shape with a random", "## Temperature-0 drift",
-                  "## Batched decoding"):
+                  "## Batched decoding", "## Graphs: static-shape passes"):
         assert title in report
     assert "FAILED" not in report and "## Stage pipeline: skipped (--skip)" in report
     rows = list(csv.DictReader(open(tmp_path / "smoke.csv")))

@@ -111,6 +111,62 @@ def test_every_decoder_through_static_passes_equals_hf_greedy(llama):
     assert set(target._passes.stats.passes) <= {1, 2, 4, 8, 16, 32, 64, 128}
 
 
+class _ReplayedPass:
+    """A CPU stand-in for a CUDA graph: a replay recomputes the pass into the output tensors
+    the capture made, as a graph writes its outputs where its capture put them."""
+
+    def __init__(self, passes, inputs):
+        self.passes, self.inputs = passes, inputs
+        inputs.logits, inputs.capture = passes._compute(inputs)
+
+    def replay(self):
+        logits, capture = self.passes._compute(self.inputs)
+        self.inputs.logits.copy_(logits)
+        for layer, x in (capture or {}).items():
+            self.inputs.capture[layer].copy_(x)
+
+
+def test_outputs_replayed_in_place_are_read_before_the_next_replay(llama, monkeypatch, tmp_path):
+    """A graph's outputs are overwritten by its next replay: every decoder, with an EAGLE-3
+    head reading the target's features, gives its eager tokens when each bucket's outputs
+    live in one place (nothing handed over is a view that a later pass overwrites)."""
+    from tiny_heads import save_tiny_head
+
+    from targetrows.hf.eagle3_checkpoint import load_eagle3
+    from targetrows.hf.static_pass import StaticPasses
+
+    def capture(self, inputs, stream):
+        inputs.graph = _ReplayedPass(self, inputs)
+        self.stats.captured += 1
+
+    monkeypatch.setattr(StaticPasses, "_capture", capture)
+    target_hf, draft_hf = llama
+    head_target = tiny_model("llama", seed=0, n_layers=6, dtype=torch.float64)
+    folder = save_tiny_head(tmp_path / "h", head_target.config, draft_vocab_size=150)
+    shape = StaticShape(capacity=CAPACITY, graphs=True)
+    pairs = []
+    for t_hf, d_hf in ((target_hf, draft_hf), (head_target, None)):
+        models = []
+        for static in (False, True):
+            t = HFModel(t_hf, name="t")
+            if static:
+                use_static(t, shape)
+            d = load_eagle3(str(folder), t) if d_hf is None else HFModel(d_hf, name="d")
+            if static and d_hf is not None:
+                use_static(d, shape)
+            models.append((t, d))
+        pairs.append(models)
+    prompts = HF_PROMPTS[:5]
+    for (eager, replayed) in pairs:
+        for name in ("draft_rank", "fts", "fts_redraft"):
+            configs = _configs(name, len(prompts), pool=PoolShape(top_k=4, depth=3))
+            want = _one_by_one(*eager, prompts, configs)
+            assert _one_by_one(*replayed, prompts, configs) == want, name
+            batched = generate_batch(*replayed, prompts, configs, 3)
+            assert [r.tokens for r in batched] == want, name
+        assert replayed[0]._passes.stats.captured > 0
+
+
 @torch.inference_mode()
 def test_compaction_after_acceptance_equals_a_fresh_prefill(llama):
     """A tree pass, then a commit of a path through it that is not where the nodes were fed:

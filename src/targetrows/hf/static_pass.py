@@ -27,8 +27,8 @@ addresses, so everything a pass reads or writes must have a fixed shape and plac
 The pass is the lean forward (`targetrows.hf.lean_forward`), run on any device here, so only
 Llama, Qwen2 and Qwen3 targets and drafts have it. On a CUDA card each (stream, bucket) is
 captured on its first use (a warm-up run, then the capture; the warm-up writes the same cache
-entries the replay writes, so it changes nothing) into one memory pool shared by all of a
-model's graphs; capture time and memory are kept in `GraphStats`. Elsewhere the same code runs
+entries the replay writes, so it changes nothing) into one memory pool shared by the model's
+graphs on that stream; capture time and memory are kept in `GraphStats`. Elsewhere the same code runs
 eagerly, which is where the tests pin it.
 
 What is not static yet: the EAGLE-3 head's steps (`targetrows.hf.lanes.HeadSteps`), the
@@ -48,6 +48,7 @@ import torch
 from .lanes import BatchedKV, BatchedPasses, LaneCache
 from .lean_forward import lean_forward
 from .streams import device_module
+from .torch_rows import host_to_device
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 DEFAULT_CAPACITY = 4096  # entries per sequence: prompt, answer and one round's tree
@@ -159,7 +160,10 @@ class StaticPasses(BatchedPasses):
         self.shape = shape
         self.stats = GraphStats()
         self._inputs: dict[tuple[Any, int], _Inputs] = {}
-        self._pool = None  # the graphs' shared memory pool
+        # the graphs' memory pool, one per stream: graphs in one pool may share the memory of
+        # their intermediates, so two that can run at once (a root pass beside the main
+        # stream's) must not
+        self._pools: dict[Any, Any] = {}
 
     @torch.inference_mode()
     def _run(self, items: list[tuple[Any, Any, np.ndarray]]):
@@ -187,13 +191,14 @@ class StaticPasses(BatchedPasses):
             allowed[r, :n, : feed.start] = True  # the committed prefix
             allowed[r, :n, feed.start : feed.base + n] = region
         inputs = self._inputs_for(width)
+        device = inputs.ids.device
         for buffer, host in ((inputs.ids, ids), (inputs.positions, positions), (inputs.at, at),
-                             (inputs.allowed, allowed)):
-            buffer.copy_(torch.from_numpy(host), non_blocking=False)
+                             (inputs.allowed, allowed)):  # without waiting (pinned memory)
+            buffer.copy_(host_to_device(host, device))
         self.stats.passes[width] = self.stats.passes.get(width, 0) + 1
         if shape.graphs and width in shape.buckets:
             if inputs.graph is None:
-                self._capture(inputs)
+                self._capture(inputs, self._stream())
             inputs.graph.replay()
         else:
             inputs.logits, inputs.capture = self._compute(inputs)
@@ -202,7 +207,7 @@ class StaticPasses(BatchedPasses):
         out = []
         for lane, feed, _ in items:
             r = lane._row
-            picked = torch.from_numpy(feed.keep).to(inputs.logits.device)
+            picked = host_to_device(feed.keep, inputs.logits.device)
             layer_inputs = None if not m.feature_layers else {
                 layer: x[r : r + 1, : len(feed.ids)] for layer, x in inputs.capture.items()}
             out.append((inputs.logits[r : r + 1].index_select(1, picked), layer_inputs))
@@ -211,12 +216,16 @@ class StaticPasses(BatchedPasses):
     def _inputs_for(self, width: int) -> _Inputs:
         """The input buffers of this width on the current stream (a root pass beside drafting
         runs on its own stream, so it has buffers, and graphs, of its own)."""
-        device = self.model.input_device
-        stream = device_module(device).current_stream(device) if device.type == "cuda" else None
-        key = (stream, width)
+        key = (self._stream(), width)
         if key not in self._inputs:
-            self._inputs[key] = _Inputs(len(self.kv.lengths), width, self.kv.capacity, device)
+            self._inputs[key] = _Inputs(len(self.kv.lengths), width, self.kv.capacity,
+                                        self.model.input_device)
         return self._inputs[key]
+
+    def _stream(self):
+        """The stream passes are queued on now (None off a GPU)."""
+        device = self.model.input_device
+        return device_module(device).current_stream(device) if device.type == "cuda" else None
 
     def _compute(self, inputs: _Inputs):
         """(logits [rows, width, V], each layer's input [rows, width, H]) of the pass the
@@ -229,7 +238,7 @@ class StaticPasses(BatchedPasses):
                                _StaticCache(self.kv, inputs), inputs.keep, capture)
         return logits, capture
 
-    def _capture(self, inputs: _Inputs) -> None:
+    def _capture(self, inputs: _Inputs, stream) -> None:
         """Capture the pass the buffers hold as a CUDA graph, after a warm-up run on a stream
         of its own (it writes the cache entries the replay will: the same values)."""
         device = self.model.input_device
@@ -241,9 +250,9 @@ class StaticPasses(BatchedPasses):
             self._compute(inputs)
         torch.cuda.current_stream(device).wait_stream(warm)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        with torch.cuda.graph(graph, pool=self._pools.get(stream)):
             inputs.logits, inputs.capture = self._compute(inputs)
-        self._pool = graph.pool()
+        self._pools[stream] = graph.pool()
         inputs.graph = graph
         torch.cuda.synchronize(device)
         self.stats.captured += 1

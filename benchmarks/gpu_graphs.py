@@ -1,0 +1,192 @@
+"""The GPU check's graphs stage (`benchmarks/gpu_check.py`): static-shape passes replayed as CUDA
+graphs (`targetrows.hf.static_pass`, `--graphs`) against the eager passes, on random weights at
+the paper's shapes.
+
+- the weight-streaming bound: the target's weight bytes over a measured device copy bandwidth
+  (a pass cannot take less; `ar` cannot make more tokens/s than its inverse);
+- one target pass over 1-128 tree nodes, eager and with graphs (`time_passes`), and the
+  0.6B-shaped draft's one-token pass;
+- `ar`, `draft_rank` and `fts` tokens/s, eager and with graphs, against that bound;
+- every decoder's tokens with graphs against eager on tiny float32 models (they must be equal),
+  and the host syncs per round with graphs;
+- capture time and the graphs' memory.
+
+With --smoke the same code runs tiny on the CPU, eagerly (static shapes without graphs).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+from gpu_speed import QWEN3_0_6B, _prompts, random_model, shape
+from rerankers import decode_config
+
+from targetrows.bench.syncs import counting_syncs
+from targetrows.core.pool import PoolShape
+from targetrows.cost.parttimes import time_passes
+from targetrows.decoding.loop import generate
+from targetrows.decoding.registry import decoder_names
+from targetrows.hf.model import HFModel
+from targetrows.hf.static_pass import StaticShape, use_static
+
+SPEED_DECODERS = ("ar", "draft_rank", "fts")
+
+
+def copy_bandwidth(device: str, smoke: bool) -> float:
+    """Bytes/s of a device-to-device copy of a large buffer (read + write counted)."""
+    n = (1 << 20) if smoke else (1 << 30)
+    src = torch.empty(n, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    _sync(device)
+    times = []
+    for _ in range(5):
+        t = time.perf_counter()
+        dst.copy_(src)
+        _sync(device)
+        times.append(time.perf_counter() - t)
+    return 2 * n / float(np.median(times))
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def weight_bytes(model: HFModel) -> int:
+    return sum(p.numel() * p.element_size() for p in model.model.parameters())
+
+
+def on_graphs(model: HFModel, name: str, graphs: bool, capacity: int) -> HFModel:
+    """A second `HFModel` over `model`'s weights, running static-shape passes (graphs on a GPU)."""
+    twin = HFModel(model.model, vocab_size=model.vocab_size, name=name)
+    use_static(twin, StaticShape(capacity=capacity, graphs=graphs))
+    return twin
+
+
+def _tokens_per_s(target, draft, prompts, config) -> tuple[float, list[list[int]]]:
+    generate(target, draft, prompts[0], config)  # warm-up: allocator, kernels, graphs
+    _sync(str(target.device))
+    start, tokens = time.perf_counter(), []
+    for p in prompts:
+        tokens.append(generate(target, draft, p, config).tokens)
+    _sync(str(target.device))
+    return sum(map(len, tokens)) / (time.perf_counter() - start), tokens
+
+
+def graphs(args, device: str, keep: dict) -> dict:
+    """The stage's measurements (see the module docstring)."""
+    smoke = args.smoke
+    use_graphs = device.startswith("cuda")
+    dtype = torch.float32 if smoke else torch.bfloat16
+    capacity = 256 if smoke else args.prompt_len + args.max_new_tokens + 2 * 128
+    out: dict = {"graphs": use_graphs}
+    bandwidth = copy_bandwidth(device, smoke)
+    if "target" not in keep:
+        arch, size = shape("qwen3-8b", smoke, layers=6)
+        keep["target"] = HFModel(random_model(arch, size, device, dtype, 0), name="qwen3-8b")
+    if "draft" not in keep:
+        arch, size = shape("qwen3-8b", smoke, layers=1)
+        size = dict(size, **({} if smoke else {k: QWEN3_0_6B[k] for k in (
+            "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "tie_word_embeddings")}))
+        keep["draft"] = HFModel(random_model(arch, size, device, dtype, 1), name="qwen3-0.6b")
+    target, draft = keep["target"], keep["draft"]
+    out["bound_s"] = weight_bytes(target) / bandwidth
+    out["bandwidth_gbs"] = bandwidth / 1e9
+    t = time.perf_counter()
+    static_target = on_graphs(target, "qwen3-8b (graphs)", use_graphs, capacity)
+    static_draft = on_graphs(draft, "qwen3-0.6b (graphs)", use_graphs, capacity)
+    rng = np.random.default_rng(0)
+    ctx = rng.integers(target.vocab_size, size=64 if smoke else args.prompt_len).tolist()
+    sizes = (1, 2, 4, 8) if smoke else (1, 2, 4, 8, 16, 32, 64, 128)
+    repeats = 2 if smoke else 5
+    out["target_passes"] = {"eager": time_passes(target, ctx, sizes, repeats),
+                            "graphs": time_passes(static_target, ctx, sizes, repeats)}
+    out["draft_pass"] = {"eager": time_passes(draft, ctx, (1, 8), repeats),
+                         "graphs": time_passes(static_draft, ctx, (1, 8), repeats)}
+    prompts = [p.ids for p in _prompts(target.vocab_size, 1 if smoke else args.prompts,
+                                       16 if smoke else args.prompt_len)]
+    speed = {}
+    for name in SPEED_DECODERS:
+        config = decode_config(name, budget=8 if smoke else int(args.budget),
+                               max_new_tokens=8 if smoke else args.max_new_tokens,
+                               pool=PoolShape(4, 3) if smoke else PoolShape())
+        drafts = config.decoder.needs_draft
+        eager_tps, eager_tokens = _tokens_per_s(target, draft if drafts else None, prompts,
+                                                config)
+        graph_tps, graph_tokens = _tokens_per_s(static_target, static_draft if drafts else None,
+                                                prompts, config)
+        speed[name] = {"eager": eager_tps, "graphs": graph_tps,
+                       "same": graph_tokens == eager_tokens}
+    out["speed"] = speed
+    passes = static_target._passes.stats, static_draft._passes.stats
+    out["capture"] = {"captured": sum(s.captured for s in passes),
+                      "capture_s": sum(s.capture_s for s in passes),
+                      "graph_gb": sum(s.graph_bytes for s in passes) / 2**30,
+                      "stage_s": time.perf_counter() - t}
+    out.update(_identity_and_syncs(device, smoke, use_graphs))
+    return out
+
+
+def _identity_and_syncs(device: str, smoke: bool, use_graphs: bool) -> dict:
+    """Every decoder on tiny float32 models, eager and on graphs: the same tokens, and the
+    host syncs per round on graphs."""
+    from test_decoders_hf import noisy_copy
+    from tiny_models import tiny_model
+
+    target_hf = tiny_model("llama", seed=0, n_layers=2).to(device)
+    draft_hf = noisy_copy(target_hf, 0.01, seed=2)
+    eager = HFModel(target_hf, name="t"), HFModel(draft_hf, name="d")
+    static = tuple(on_graphs(m, m.name, use_graphs, 128) for m in eager)
+    prompts = [[5, 17, 42], [200, 3, 9, 9, 31], [64]]
+    rows = []
+    for name in decoder_names():
+        config = decode_config(name, budget=8, max_new_tokens=8 if smoke else 24,
+                               pool=PoolShape(4, 3))
+        drafts = config.decoder.needs_draft
+        want = [generate(eager[0], eager[1] if drafts else None, p, config).tokens
+                for p in prompts]
+        got = [generate(static[0], static[1] if drafts else None, p, config).tokens
+               for p in prompts]
+        with counting_syncs() as count:
+            result = generate(static[0], static[1] if drafts else None, prompts[0], config)
+        rows.append({"decoder": name, "same": got == want, "rounds": len(result.rounds),
+                     "syncs": count.per(len(result.rounds)) if count.counted else None})
+    return {"identity": rows}
+
+
+def markdown(rep: dict) -> str:
+    mode = "CUDA graphs" if rep["graphs"] else "static shapes, eager (no CUDA device)"
+    bound = rep["bound_s"]
+    lines = [f"## Graphs: static-shape passes ({mode}) against eager", "",
+             f"Device copy bandwidth {rep['bandwidth_gbs']:.0f} GB/s; the Qwen3-8B-shaped "
+             f"target's weights stream in {bound * 1e3:.2f} ms (the weight-streaming bound of "
+             f"one pass; ar at most {1 / bound:.0f} tokens/s).", "",
+             "One target pass feeding n tree nodes on a cached context, median ms:", ""]
+    curves = rep["target_passes"]
+    sizes = curves["eager"].sizes
+    lines.append("| passes | " + " | ".join(f"n={n}" for n in sizes) + " |")
+    lines.append("|---|" + "---|" * len(sizes))
+    for kind, c in curves.items():
+        lines.append(f"| {kind} | " + " | ".join(f"{s * 1e3:.2f}" for s in c.seconds) + " |")
+    d = rep["draft_pass"]
+    lines += ["", "Qwen3-0.6B-shaped draft pass, 1 / 8 tokens, ms: eager "
+              f"{d['eager'].seconds[0] * 1e3:.2f} / {d['eager'].seconds[-1] * 1e3:.2f}, graphs "
+              f"{d['graphs'].seconds[0] * 1e3:.2f} / {d['graphs'].seconds[-1] * 1e3:.2f}.", "",
+              "| decoder | eager tokens/s | graphs tokens/s | graphs / bound | same tokens |",
+              "|---|---|---|---|---|"]
+    for name, s in rep["speed"].items():
+        lines.append(f"| {name} | {s['eager']:.1f} | {s['graphs']:.1f} | "
+                     f"{s['graphs'] * bound:.2f} | {s['same']} |")
+    c = rep["capture"]
+    lines += ["", f"Graphs captured: {c['captured']} in {c['capture_s']:.1f} s, "
+              f"{c['graph_gb']:.2f} GiB; stage {c['stage_s']:.0f} s.", "",
+              "Every decoder on tiny float32 models, static passes against eager:", "",
+              "| decoder | same tokens | rounds | syncs per round |", "|---|---|---|---|"]
+    for r in rep["identity"]:
+        syncs = "-" if r["syncs"] is None else f"{r['syncs']:.1f}"
+        lines.append(f"| {r['decoder']} | {r['same']} | {r['rounds']} | {syncs} |")
+    return "\n".join(lines)
