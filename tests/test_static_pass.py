@@ -111,35 +111,45 @@ def test_every_decoder_through_static_passes_equals_hf_greedy(llama):
     assert set(target._passes.stats.passes) <= {1, 2, 4, 8, 16, 32, 64, 128}
 
 
+def _copy_into(dst, src) -> None:
+    if isinstance(dst, torch.Tensor):
+        dst.copy_(src)
+    elif isinstance(dst, (tuple, list)):
+        for d, x in zip(dst, src, strict=True):
+            _copy_into(d, x)
+    elif isinstance(dst, dict):
+        for key in dst:
+            _copy_into(dst[key], src[key])
+
+
 class _ReplayedPass:
     """A CPU stand-in for a CUDA graph: a replay recomputes the pass into the output tensors
     the capture made, as a graph writes its outputs where its capture put them."""
 
-    def __init__(self, passes, inputs):
-        self.passes, self.inputs = passes, inputs
-        inputs.logits, inputs.capture = passes._compute(inputs)
+    def __init__(self, graphs, inputs):
+        self.graphs, self.inputs = graphs, inputs
+        inputs.out = graphs._compute(inputs)
 
     def replay(self):
-        logits, capture = self.passes._compute(self.inputs)
-        self.inputs.logits.copy_(logits)
-        for layer, x in (capture or {}).items():
-            self.inputs.capture[layer].copy_(x)
+        _copy_into(self.inputs.out, self.graphs._compute(self.inputs))
 
 
 def test_outputs_replayed_in_place_are_read_before_the_next_replay(llama, monkeypatch, tmp_path):
-    """A graph's outputs are overwritten by its next replay: every decoder, with an EAGLE-3
-    head reading the target's features, gives its eager tokens when each bucket's outputs
-    live in one place (nothing handed over is a view that a later pass overwrites)."""
+    """A graph's outputs are overwritten by its next replay: decoders with a standalone draft
+    and with an EAGLE-3 head (its steps static too), at batch 1 and 3, give their eager
+    tokens when each bucket's outputs live in one place (nothing handed over is a view that a
+    later pass overwrites)."""
     from tiny_heads import save_tiny_head
 
     from targetrows.hf.eagle3_checkpoint import load_eagle3
-    from targetrows.hf.static_pass import StaticPasses
+    from targetrows.hf.graphs import BucketGraphs
+    from targetrows.hf.static_head import use_static_head
 
     def capture(self, inputs, stream):
         inputs.graph = _ReplayedPass(self, inputs)
         self.stats.captured += 1
 
-    monkeypatch.setattr(StaticPasses, "_capture", capture)
+    monkeypatch.setattr(BucketGraphs, "_capture", capture)
     target_hf, draft_hf = llama
     head_target = tiny_model("llama", seed=0, n_layers=6, dtype=torch.float64)
     folder = save_tiny_head(tmp_path / "h", head_target.config, draft_vocab_size=150)
@@ -149,11 +159,10 @@ def test_outputs_replayed_in_place_are_read_before_the_next_replay(llama, monkey
         models = []
         for static in (False, True):
             t = HFModel(t_hf, name="t")
+            d = load_eagle3(str(folder), t) if d_hf is None else HFModel(d_hf, name="d")
             if static:
                 use_static(t, shape)
-            d = load_eagle3(str(folder), t) if d_hf is None else HFModel(d_hf, name="d")
-            if static and d_hf is not None:
-                use_static(d, shape)
+                (use_static(d, shape) if d_hf is not None else use_static_head(d, shape))
             models.append((t, d))
         pairs.append(models)
     prompts = HF_PROMPTS[:5]
@@ -164,7 +173,40 @@ def test_outputs_replayed_in_place_are_read_before_the_next_replay(llama, monkey
             assert _one_by_one(*replayed, prompts, configs) == want, name
             batched = generate_batch(*replayed, prompts, configs, 3)
             assert [r.tokens for r in batched] == want, name
-        assert replayed[0]._passes.stats.captured > 0
+        assert all(m._passes.stats.captured > 0 if isinstance(m, HFModel)
+                   else m._steps.stats.captured > 0 for m in replayed)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_static_head_step_drafts_what_an_eager_step_does(tmp_path, batch):
+    """An EAGLE-3 head's static steps, padded to buckets, over lanes at different lengths and
+    positions (trees of other shapes): each lane's rows, keys, values and outputs g equal the
+    eager batch-1 head's (float64)."""
+    from test_batch import _head_draft
+    from tiny_heads import save_tiny_head
+
+    from targetrows.decoding.schedule import run_batched
+    from targetrows.hf.eagle3_checkpoint import load_eagle3
+    from targetrows.hf.static_head import use_static_head
+
+    target_hf = tiny_model("llama", seed=0, n_layers=6, dtype=torch.float64)
+    folder = save_tiny_head(tmp_path / "h", target_hf.config, draft_vocab_size=150)
+    eager = HFModel(target_hf, name="t")
+    eager_head = load_eagle3(str(folder), eager)
+    target = HFModel(target_hf, name="t")
+    head = load_eagle3(str(folder), target)
+    use_static(target, StaticShape(capacity=CAPACITY))
+    use_static_head(head, StaticShape(capacity=CAPACITY))
+    contexts = [[2, 8, 1, 5], [1, 2, 3, 4, 5, 6, 7, 8, 9, 3], [11, 4]]
+    trees = [Tree([5, 9, 8, 7, 6], [-1, 0, 0, 1, 3]), Tree([3, 4], [-1, 0]),
+             Tree([4, 12, 13, 14], [-1, 0, 0, 2])]
+    jobs = [lambda t, d, c=c, tree=tree: _head_draft(t, d, c, tree)
+            for c, tree in zip(contexts, trees, strict=True)]
+    got = run_batched(target, head, jobs, batch)
+    for job, drafted in zip(jobs, got, strict=True):
+        want = run_batched(eager, eager_head, [job], 1)[0]
+        for g, w in zip(drafted, want, strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10)
 
 
 @torch.inference_mode()

@@ -209,6 +209,7 @@ class HeadEngine:
     draft_cols: torch.Tensor | None = None  # draft-vocabulary columns inside vocab_size
     target_cols: torch.Tensor | None = None  # their target ids, ascending
     target_ids: np.ndarray | None = None  # the same, on the host
+    static: object | None = None  # the static-shape steps' `StaticShape`, or None: eager
 
 
 class Eagle3Draft(TorchRows):

@@ -292,16 +292,22 @@ def head_lanes(draft, n: int, target_lanes) -> list:
     """`n` lanes of an EAGLE-3 head (`Eagle3Draft`): heads on its engine (weights, settings,
     vocabulary map), lane i reading the features of `target_lanes[i]`, their steps run as one
     `HeadSteps`."""
-    if isinstance(getattr(draft, "_steps", None), HeadSteps):
+    if getattr(draft, "_is_lane", False):
         raise ValueError(f"{draft.name}: a lane is one sequence of a batch; make lanes of the "
                          "head")
     if target_lanes is None or len(target_lanes) != n:
         raise ValueError(f"{draft.name}: an EAGLE-3 head's lanes read their target lanes' "
                          f"features: give {n} target lanes")
-    steps = HeadSteps(draft)
+    if draft.engine.static is not None:  # the same static-shape steps, over n rows
+        from .static_head import StaticHeadSteps
+
+        steps = StaticHeadSteps(draft, n, draft.engine.static)
+    else:
+        steps = HeadSteps(draft)
     lanes = []
-    for target in target_lanes:
+    for row, target in enumerate(target_lanes):
         lane = object.__new__(type(draft))
+        lane._row, lane._is_lane = row, True
         lane._begin(draft.engine, target, steps)
         lanes.append(lane)
     return lanes

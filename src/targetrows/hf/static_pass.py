@@ -27,68 +27,36 @@ addresses, so everything a pass reads or writes must have a fixed shape and plac
 The pass is the lean forward (`targetrows.hf.lean_forward`), run on any device here, so only
 Llama, Qwen2 and Qwen3 targets and drafts have it. On a CUDA card each (stream, bucket) is
 captured on its first use (a warm-up run, then the capture; the warm-up writes the same cache
-entries the replay writes, so it changes nothing) into one memory pool shared by the model's
-graphs on that stream; capture time and memory are kept in `GraphStats`. Elsewhere the same code runs
-eagerly, which is where the tests pin it.
+entries the replay writes, so it changes nothing; `targetrows.hf.graphs`); capture time and
+memory are kept in `GraphStats`. Elsewhere the same code runs eagerly, which is where the
+tests pin it.
 
-What is not static yet: the EAGLE-3 head's steps (`targetrows.hf.lanes.HeadSteps`), the
-target's feature buffer, and the mask, which the host builds and copies in once per pass (the
-tree's ancestor matrix comes from the host's planner anyway).
+An EAGLE-3 head's steps are static the same way (`targetrows.hf.static_head`). What is not
+static yet: the target's feature buffer, and the mask, which the host builds and copies in
+once per pass (the tree's ancestor matrix comes from the host's planner anyway).
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
+from .graphs import (
+    DEFAULT_CAPACITY,
+    GRAPH_MODES,
+    BucketGraphs,
+    CapacityError,
+    PaddedSlots,
+    StaticShape,
+)
 from .lanes import BatchedKV, BatchedPasses, LaneCache
 from .lean_forward import lean_forward
-from .streams import device_module
 from .torch_rows import host_to_device
 
-BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
-DEFAULT_CAPACITY = 4096  # entries per sequence: prompt, answer and one round's tree
-GRAPH_MODES = ("auto", "on", "off")
-
-
-class CapacityError(ValueError):
-    """A pass would write past the static cache's capacity."""
-
-
-@dataclass(frozen=True)
-class StaticShape:
-    """How a model's static passes are shaped: entries each sequence may hold, the buckets fed
-    tokens are padded to, and whether each bucket is replayed as a CUDA graph."""
-
-    capacity: int = DEFAULT_CAPACITY
-    buckets: tuple[int, ...] = BUCKETS
-    graphs: bool = False
-
-    def __post_init__(self):
-        if self.capacity < 2:
-            raise ValueError(f"static capacity must be at least 2 entries, got {self.capacity}")
-        if not self.buckets or list(self.buckets) != sorted(set(self.buckets)) or self.buckets[0] < 1:
-            raise ValueError(f"buckets must be increasing positive sizes, got {self.buckets}")
-
-    def bucket(self, width: int) -> int:
-        """The bucket `width` fed tokens are padded to; `width` itself past the largest."""
-        i = int(np.searchsorted(self.buckets, width))
-        return self.buckets[i] if i < len(self.buckets) else width
-
-
-@dataclass
-class GraphStats:
-    """What a model's static passes ran: passes per bucket, graphs captured, the seconds and
-    device bytes their capture took."""
-
-    passes: dict[int, int] = field(default_factory=dict)
-    captured: int = 0
-    capture_s: float = 0.0
-    graph_bytes: int = 0
+__all__ = ["DEFAULT_CAPACITY", "GRAPH_MODES", "CapacityError", "StaticShape", "StaticKV",
+           "StaticPasses", "apply_graphs", "use_static"]
 
 
 class StaticKV(BatchedKV):
@@ -113,7 +81,7 @@ class StaticKV(BatchedKV):
 
 
 class _Inputs:
-    """One shape's input buffers, its outputs (a graph's, or the last eager pass's), its graph."""
+    """One width's input buffers (`BucketGraphs`)."""
 
     def __init__(self, rows: int, width: int, capacity: int, device: torch.device):
         def new(*shape, dtype=torch.int64):
@@ -123,9 +91,6 @@ class _Inputs:
         self.allowed = new(rows, width, capacity + 1, dtype=torch.bool)
         self.lanes = torch.arange(rows, device=device)
         self.keep = torch.arange(width, device=device)
-        self.logits: torch.Tensor | None = None
-        self.capture: dict[int, torch.Tensor] | None = None
-        self.graph = None
 
 
 class _StaticCache:
@@ -158,74 +123,44 @@ class StaticPasses(BatchedPasses):
     def __init__(self, model, kv: StaticKV, shape: StaticShape):
         super().__init__(model, kv)
         self.shape = shape
-        self.stats = GraphStats()
-        self._inputs: dict[tuple[Any, int], _Inputs] = {}
-        # the graphs' memory pool, one per stream: graphs in one pool may share the memory of
-        # their intermediates, so two that can run at once (a root pass beside the main
-        # stream's) must not
-        self._pools: dict[Any, Any] = {}
+        rows = len(kv.lengths)
+        self.graphs = BucketGraphs(
+            model.input_device, shape.graphs,
+            lambda width: _Inputs(rows, width, kv.capacity, model.input_device), self._compute)
+        self.stats = self.graphs.stats
 
     @torch.inference_mode()
     def _run(self, items: list[tuple[Any, Any, np.ndarray]]):
         m, kv, shape = self.model, self.kv, self.shape
-        cap = kv.capacity
         rows = len(kv.lengths)
         q = np.array([len(feed.ids) for _, feed, _ in items])
         width = shape.bucket(int(q.max()))
         for _, feed, _ in items:
-            if feed.base + len(feed.ids) > cap:
-                raise CapacityError(
-                    f"{m.name}: a pass would hold {feed.base + len(feed.ids)} entries, past the "
-                    f"static cache's {cap} (its prompt, answer so far and tree); raise "
-                    "--max-context (config: decode.max_context), or run with --graphs off")
+            shape.check_room(m.name, feed.base + len(feed.ids))
         ids = np.zeros((rows, width), dtype=np.int64)
         positions = np.zeros((rows, width), dtype=np.int64)
-        at = np.full((rows, width), cap, dtype=np.int64)  # padding: the scratch entry
-        allowed = np.zeros((rows, width, cap + 1), dtype=bool)
-        allowed[:, :, cap] = True  # a padding query sees the scratch entry only
+        slots = PaddedSlots(rows, width, kv.capacity)
         for (lane, feed, region), n in zip(items, q, strict=True):
             r = lane._row
             ids[r, :n], positions[r, :n] = feed.ids, feed.positions
-            at[r, :n] = feed.base + np.arange(n)
-            allowed[r, :n, cap] = False
-            allowed[r, :n, : feed.start] = True  # the committed prefix
-            allowed[r, :n, feed.start : feed.base + n] = region
-        inputs = self._inputs_for(width)
-        device = inputs.ids.device
-        for buffer, host in ((inputs.ids, ids), (inputs.positions, positions), (inputs.at, at),
-                             (inputs.allowed, allowed)):  # without waiting (pinned memory)
-            buffer.copy_(host_to_device(host, device))
-        self.stats.passes[width] = self.stats.passes.get(width, 0) + 1
-        if shape.graphs and width in shape.buckets:
-            if inputs.graph is None:
-                self._capture(inputs, self._stream())
-            inputs.graph.replay()
-        else:
-            inputs.logits, inputs.capture = self._compute(inputs)
-        for (lane, feed, _), n in zip(items, q, strict=True):
-            kv.lengths[lane._row] = feed.base + n
+            sees = slots.place(r, n, feed.base)
+            sees[:, : feed.start] = True  # the committed prefix
+            sees[:, feed.start : feed.base + n] = region
+        inputs = self.graphs.inputs(width)
+        for buffer, host in ((inputs.ids, ids), (inputs.positions, positions),
+                             (inputs.at, slots.at), (inputs.allowed, slots.allowed)):
+            self.graphs.fill(buffer, host)
+        logits, capture = self.graphs.run(inputs, width, width in shape.buckets)
         out = []
-        for lane, feed, _ in items:
+        for (lane, feed, _), n in zip(items, q, strict=True):
             r = lane._row
-            picked = host_to_device(feed.keep, inputs.logits.device)
+            kv.lengths[r] = feed.base + n
+            # copies: the next replay of this bucket overwrites the pass's outputs
+            picked = host_to_device(feed.keep, logits.device)
             layer_inputs = None if not m.feature_layers else {
-                layer: x[r : r + 1, : len(feed.ids)] for layer, x in inputs.capture.items()}
-            out.append((inputs.logits[r : r + 1].index_select(1, picked), layer_inputs))
+                layer: x[r : r + 1, :n] for layer, x in capture.items()}
+            out.append((logits[r : r + 1].index_select(1, picked), layer_inputs))
         return out
-
-    def _inputs_for(self, width: int) -> _Inputs:
-        """The input buffers of this width on the current stream (a root pass beside drafting
-        runs on its own stream, so it has buffers, and graphs, of its own)."""
-        key = (self._stream(), width)
-        if key not in self._inputs:
-            self._inputs[key] = _Inputs(len(self.kv.lengths), width, self.kv.capacity,
-                                        self.model.input_device)
-        return self._inputs[key]
-
-    def _stream(self):
-        """The stream passes are queued on now (None off a GPU)."""
-        device = self.model.input_device
-        return device_module(device).current_stream(device) if device.type == "cuda" else None
 
     def _compute(self, inputs: _Inputs):
         """(logits [rows, width, V], each layer's input [rows, width, H]) of the pass the
@@ -237,27 +172,6 @@ class StaticPasses(BatchedPasses):
         logits = m.engine.lean(inputs.ids, inputs.positions, mask[:, None],
                                _StaticCache(self.kv, inputs), inputs.keep, capture)
         return logits, capture
-
-    def _capture(self, inputs: _Inputs, stream) -> None:
-        """Capture the pass the buffers hold as a CUDA graph, after a warm-up run on a stream
-        of its own (it writes the cache entries the replay will: the same values)."""
-        device = self.model.input_device
-        torch.cuda.synchronize(device)
-        start, used = time.perf_counter(), torch.cuda.memory_allocated(device)
-        warm = torch.cuda.Stream(device)
-        warm.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(warm):
-            self._compute(inputs)
-        torch.cuda.current_stream(device).wait_stream(warm)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pools.get(stream)):
-            inputs.logits, inputs.capture = self._compute(inputs)
-        self._pools[stream] = graph.pool()
-        inputs.graph = graph
-        torch.cuda.synchronize(device)
-        self.stats.captured += 1
-        self.stats.capture_s += time.perf_counter() - start
-        self.stats.graph_bytes += torch.cuda.memory_allocated(device) - used
 
 
 def static_passes(model, rows: int, shape: StaticShape) -> StaticPasses:
@@ -295,24 +209,30 @@ def use_static(model, shape: StaticShape) -> None:
 
 
 def apply_graphs(models, mode: str, capacity: int = DEFAULT_CAPACITY) -> list[str]:
-    """`--graphs` for `models` (`HFModel`s; anything else, such as an EAGLE-3 head, runs as it
-    does): 'off' leaves them eager; 'auto' sets up graphs for each model that supports them;
-    'on' does and fails, naming the reason, for one that does not. Returns the names of the
-    models now on graphs."""
+    """`--graphs` for `models` (`HFModel`s and EAGLE-3 heads; anything else, such as prompt
+    lookup, runs as it does): 'off' leaves them eager; 'auto' sets up graphs for each model
+    that supports them; 'on' does, and fails naming the reason for one that does not. Returns
+    the names of the models now on graphs."""
+    from .eagle3 import Eagle3Draft
     from .model import HFModel
+    from .static_head import use_static_head
 
     if mode not in GRAPH_MODES:
         raise ValueError(f"--graphs {mode!r}: choose one of {', '.join(GRAPH_MODES)}")
     on = []
+    shape = StaticShape(capacity=capacity, graphs=True)
     for model in models:
-        if mode == "off" or not isinstance(model, HFModel):
+        if mode == "off" or not isinstance(model, (HFModel, Eagle3Draft)):
             continue
-        why = graphs_supported(model)
+        is_head = isinstance(model, Eagle3Draft)
+        why = (f"{model.name} runs on {model.device.type}, and CUDA graphs need a CUDA card"
+               if is_head and model.device.type != "cuda" else
+               None if is_head else graphs_supported(model))
         if why is not None:
             if mode == "on":
                 raise ValueError(f"--graphs on: {why}; use --graphs auto (graphs where they "
                                  "run, eager elsewhere) or off")
             continue
-        use_static(model, StaticShape(capacity=capacity, graphs=True))
+        (use_static_head if is_head else use_static)(model, shape)
         on.append(model.name)
     return on
