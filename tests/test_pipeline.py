@@ -330,6 +330,7 @@ def _mutate(cfg, path, value):
                    "decoders": ["ar", "fts"]}],
      r"config key pairs\[0\]\.decoders: fts's matched cap .* needs pearl's tree sizes; add "
      r"pearl to pairs\[0\]\.decoders"),
+    (("decode", "graphs"), "always", r"config key decode\.graphs: 'always' is not one of"),
     (("decode", "decoders"), ["ar", "fts"],
      r"config key decode\.decoders: fts's matched cap .* add pearl to decode\.decoders"),
 ])
@@ -674,6 +675,7 @@ def test_the_schemas_defaults_are_the_librarys():
     from targetrows.core.pool import PoolShape
     from targetrows.cost.job_time import decode_minutes
     from targetrows.decoding.config import DecodeConfig
+    from targetrows.hf.graphs import DEFAULT_CAPACITY
     from targetrows.rowlog.record import RecordConfig
     from targetrows.train.replies import RepliesConfig
     from targetrows.train.reranker import RerankerConfig
@@ -692,6 +694,7 @@ def test_the_schemas_defaults_are_the_librarys():
         ("pool", "top_k"): pool.top_k, ("pool", "depth"): pool.depth,
         ("decode", "max_new_tokens"): decode.max_new_tokens, ("decode", "seed"): decode.seed,
         ("decode", "batch_size"): decode.batch_size,
+        ("decode", "max_context"): DEFAULT_CAPACITY,
         ("resources", "runtime_margin"): inspect_default(decode_minutes, "margin"),
         ("record", "stride"): record.stride, ("record", "seed"): record.seed,
         ("record", "max_new_tokens"): record.max_new_tokens,

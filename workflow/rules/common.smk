@@ -467,7 +467,23 @@ def decode_positions(wildcards, input, target_spec):
             )
         return int(window)
     pair = MeasuredPair.from_json(json.loads(Path(input.parts).read_text()))
-    return sequence_positions(pair.longest_turn, work.max_new_tokens, work.largest_budget)
+    positions = sequence_positions(pair.longest_turn, work.max_new_tokens, work.largest_budget)
+    return static_positions(positions)
+
+
+def static_positions(positions):
+    """Under decode.graphs, a sequence's static cache holds decode.max_context entries,
+    allocated up front: a job whose sequences may reach more stops here, not mid-run."""
+    d = config["decode"]
+    if d["graphs"] == "off":
+        return positions
+    if positions > d["max_context"]:
+        raise WorkflowError(
+            f"config key decode.max_context: a decode job's sequences may reach {positions} "
+            f"positions (longest prompt turn, decode.max_new_tokens and the largest tree), past "
+            f"the static cache's {d['max_context']}; raise it, or set decode.graphs: off"
+        )
+    return d["max_context"]
 
 
 def gpu_card_gb():
