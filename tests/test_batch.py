@@ -315,3 +315,34 @@ def test_a_batched_head_step_drafts_what_each_lanes_own_step_does(tmp_path):
         want = run_batched(target, head, [job], 1)[0]
         for g, w in zip(got, want, strict=True):
             torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10)
+
+
+def _partitions(items):
+    if not items:
+        yield []
+        return
+    first, rest = items[0], items[1:]
+    for part in _partitions(rest):
+        for i in range(len(part)):
+            yield part[:i] + [[first, *part[i]]] + part[i + 1:]
+        yield [[first], *part]
+
+
+def test_lanes_split_into_passes_as_cheap_as_any_grouping():
+    """`split_by_width` against every way to group up to 6 lanes into passes: its cost (the
+    padded tokens plus a pass's cost each) is the least, and it covers each lane once."""
+    from targetrows.hf.lanes import split_by_width
+
+    rng = np.random.default_rng(0)
+    for _ in range(60):
+        widths = rng.choice([1, 1, 2, 9, 17, 60, 200], size=rng.integers(1, 7)).tolist()
+        cost = int(rng.choice([0, 8, 64, 500]))
+
+        def total(parts, widths=widths, cost=cost):
+            return sum(cost + len(p) * max(widths[i] for i in p) for p in parts)
+
+        parts = split_by_width(widths, cost)
+        assert sorted(i for p in parts for i in p) == list(range(len(widths)))
+        assert total(parts) == min(total(p) for p in _partitions(list(range(len(widths)))))
+    assert split_by_width([1, 200, 1, 1], 64) == [[1], [0, 2, 3]]  # a prefill beside steps
+    assert split_by_width([9, 9, 8], 64) == [[0, 1, 2]]

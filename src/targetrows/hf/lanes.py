@@ -150,6 +150,29 @@ class _PassLayer(DynamicLayer):
         return self._past
 
 
+PASS_COST = 64
+
+
+def split_by_width(widths: list[int], pass_cost: int) -> list[list[int]]:
+    """The items (by index) grouped into passes so that the padded tokens plus `pass_cost` per
+    pass are fewest: a pass of lanes fed w_1 >= w_2 >= ... tokens feeds n x w_1. Groups are
+    runs of the items sorted by width, longest first (ties by index), so a prompt's prefill
+    does not pad the one-token steps beside it, while passes of like widths stay one."""
+    order = sorted(range(len(widths)), key=lambda i: (-widths[i], i))
+    n = len(order)
+    best, cut = [0] + [None] * n, [0] * (n + 1)  # best[j]: the first j items' cost
+    for j in range(1, n + 1):
+        for i in range(j):  # items i..j-1 as one pass, padded to the widest, order[i]
+            cost = best[i] + pass_cost + (j - i) * widths[order[i]]
+            if best[j] is None or cost < best[j]:
+                best[j], cut[j] = cost, i
+    parts, j = [], n
+    while j:
+        parts.append(order[cut[j] : j])
+        j = cut[j]
+    return parts[::-1]
+
+
 class BatchedPasses:
     """The batched pass of one model's lanes (a group of `targetrows.core.passes`): `run_batch`
     takes each waiting lane's feed, and gives each its (logits, layer inputs)."""
@@ -161,14 +184,22 @@ class BatchedPasses:
         """The stream a root pass of the lanes runs on beside drafting: the model's own."""
         return self.model.side_stream()
 
+    # a pass's cost beside the tokens it feeds, in fed tokens: where padding every lane to the
+    # longest feed would cost more, the lanes run as several passes (`split_by_width`)
+    pass_cost: int | None = PASS_COST
+
     def run_batch(self, items: list[tuple[Any, Any]]):
-        # lanes in row order: adjacent rows are read as a view of the buffer, not gathered;
-        # what each lane's queries may see is read from its state now, as it asked
-        order = sorted(range(len(items)), key=lambda i: items[i][0]._row)
-        out = self._run([(*items[i], items[i][0]._region(items[i][1])) for i in order])
         answers = [None] * len(items)
-        for at, i in enumerate(order):
-            answers[i] = out[at]
+        widths = [len(feed.ids) for _, feed in items]
+        parts = ([list(range(len(items)))] if self.pass_cost is None
+                 else split_by_width(widths, self.pass_cost))
+        for part in parts:
+            # lanes in row order: adjacent rows are read as a view of the buffer, not gathered;
+            # what each lane's queries may see is read from its state now, as it asked
+            order = sorted(part, key=lambda i: items[i][0]._row)
+            out = self._run([(*items[i], items[i][0]._region(items[i][1])) for i in order])
+            for at, i in enumerate(order):
+                answers[i] = out[at]
         return answers
 
     @torch.inference_mode()

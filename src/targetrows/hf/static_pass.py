@@ -120,6 +120,9 @@ class StaticPasses(BatchedPasses):
     """The static-shape pass of one model's lanes (a group of `targetrows.core.passes`, like
     `BatchedPasses`, whose lanes and results it shares): see the module docstring."""
 
+    # every pass is [rows, bucket] whoever takes part: splitting a group only adds passes
+    pass_cost = None
+
     def __init__(self, model, kv: StaticKV, shape: StaticShape):
         super().__init__(model, kv)
         self.shape = shape
