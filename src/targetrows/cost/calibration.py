@@ -24,7 +24,7 @@ from targetrows.core.rules.batch import PoolBatch, stack_pools
 from targetrows.core.rules.root_pool import draft_rank
 from targetrows.core.tree import Tree
 from targetrows.core.verify import walk
-from targetrows.decoding.budget import NO_TREE
+from targetrows.decoding.budget import NO_TREE, NO_TREE_TEXT, condition_text
 from targetrows.decoding.config import DecodeConfig
 from targetrows.decoding.model import edge_probs, overlaps
 from targetrows.decoding.registry import get_rule
@@ -117,8 +117,8 @@ class BudgetChoice:
         )
         batch = "" if self.batch_size == 1 else f" per sequence at batch size {self.batch_size}"
         ar = "" if self.ar_tokens_per_s is None else f"; ar (no tree): {self.ar_tokens_per_s:.1f}"
-        tree = f"{self.budget} at depth {self.depth}"
-        pick = f"no tree, ar (best tree: {tree})" if self.no_tree else tree
+        tree = condition_text(self.budget, self.depth)
+        pick = f"{NO_TREE_TEXT} (best tree: {tree})" if self.no_tree else tree
         return (
             f"budget auto -> {pick} (predicted tokens/s{batch} by budget at depth {self.depth}: "
             f"{curve}; best predicted tokens/s by depth: {best}{ar})"
