@@ -424,6 +424,23 @@ def test_auto_is_never_predicted_slower_than_ar():
     assert picks == {True, False}  # both sides of the line were crossed
 
 
+def test_auto_times_and_picks_at_the_configs_batch_size(monkeypatch):
+    """The batch size has one home, `DecodeConfig.batch_size`: `auto_budget` times its passes
+    batched at it and its pick is per sequence at it (`BudgetSearch` holds none)."""
+    import dataclasses
+
+    assert "batch_size" not in {f.name for f in dataclasses.fields(BudgetSearch)}
+    seen = []
+    monkeypatch.setattr(calibration, "measure_parts",
+                        lambda *a, **k: seen.append(k.get("batch_size")) or DEAR_TREES)
+    pair = ToyPair(vocab_size=24, seed=3, closeness=0.9)
+    config = DecodeConfig("fts", pool=PoolShape(4, 3), batch_size=4)
+    choice = calibration.auto_budget(pair.target, pair.draft, config, [[1, 2, 3]],
+                                     BudgetSearch(budgets=(1, 2), contexts=1))
+    assert seen == [4] and choice.batch_size == 4
+    assert "predicted tokens/s per sequence at batch size 4" in choice.describe()
+
+
 def test_a_condition_of_no_tree_runs_a_tree_decoder_as_ar():
     """`condition_config`, what decode, bench and compare all run a condition with: a tree
     decoder at (NO_TREE, NO_TREE) takes ar's config (no budget, no draft, no reranker), at any

@@ -38,12 +38,12 @@ from .report import csv_text
 from .run import measure, pick_budgets
 
 
-def run_batched_bench(target, draft, prompts: Sequence, settings, batch_size: int,
-                      progress=None) -> list[dict]:
-    """One row per method and temperature (see the module docstring). With `--budget auto`
-    each decoder runs the budget and depth the cost model picks for this batch size, from
-    passes timed batched (`measure(..., batch_size)`), and its row holds the throughput that
-    pick predicted."""
+def run_batched_bench(target, draft, prompts: Sequence, settings, progress=None) -> list[dict]:
+    """One row per method and temperature (see the module docstring), at the batch size
+    `settings.decode.batch_size`. With `--budget auto` each decoder runs the budget and depth
+    the cost model picks for this batch size, from passes timed batched (`measure`), and its
+    row holds the throughput that pick predicted."""
+    batch_size = settings.decode.batch_size
     ids = [list(p.ids) for p in prompts]
     methods = (["hf_generate"] if settings.hf else []) + list(settings.decoders)
     choices = {}
@@ -52,7 +52,7 @@ def run_batched_bench(target, draft, prompts: Sequence, settings, batch_size: in
                           settings.pool.depth)
                  for m in settings.decoders for t in settings.temperatures}
     else:
-        parts = measure(target, draft, prompts, settings, batch_size)
+        parts = measure(target, draft, prompts, settings)
         plans, choices = pick_budgets(target, draft, prompts, settings, parts)
     for method in methods:  # warm-up: lazy initialisation is nobody's cost
         _run(method, target, draft, ids[:batch_size], settings, settings.temperatures[0], 2,

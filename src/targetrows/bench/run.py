@@ -110,6 +110,11 @@ class BenchSettings:
     def pool(self) -> PoolShape:
         return self.decode.pool
 
+    def at_batch_size(self, n: int) -> BenchSettings:
+        """These settings decoding `n` sequences at once (`decode.batch_size`, what
+        `targetrows.bench.batched` runs at)."""
+        return replace(self, decode=replace(self.decode, batch_size=n))
+
     def run_config(self, method: str, temperature: float, budget: int | None, depth: int,
                    seed: int, max_new_tokens: int | None = None) -> DecodeConfig:
         """One of our decoders' runs: `decode` with its own decoder, budget (None for ar),
@@ -154,12 +159,11 @@ def pick_budgets(target, draft, prompts: Sequence[BenchPrompt], settings: BenchS
     return plans, choices
 
 
-def measure(target, draft, prompts: Sequence[BenchPrompt], settings: BenchSettings,
-            batch_size: int = 1):
+def measure(target, draft, prompts: Sequence[BenchPrompt], settings: BenchSettings):
     """Part times at the shortest and the longest of the runs' mean contexts (a prompt's length
     plus half the new tokens: attention grows with the context, so one prompt's would misprice
-    the others); `PartTimes.at` gives each prompt's own. At `batch_size` N: batched passes of N
-    sequences (`measure_parts`)."""
+    the others); `PartTimes.at` gives each prompt's own. At `settings.decode.batch_size` N:
+    batched passes of N sequences (`measure_parts`)."""
     half = settings.decode.max_new_tokens // 2
     lengths = sorted(len(p.ids) + half for p in prompts)
     ids = [p.ids for p in prompts]
@@ -172,7 +176,7 @@ def measure(target, draft, prompts: Sequence[BenchPrompt], settings: BenchSettin
                              pool.depth + 2)
     longer = timing_context(ids, lengths[-1]) if lengths[-1] > lengths[0] else None
     return measure_parts(target, draft if uses_draft else None, timing_context(ids, lengths[0]),
-                         sizes, widths, settings.repeats, longer, batch_size)
+                         sizes, widths, settings.repeats, longer, settings.decode.batch_size)
 
 
 @dataclass(frozen=True)

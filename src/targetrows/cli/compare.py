@@ -34,13 +34,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from targetrows.bench.compare import compare, format_table, lossless_report, table_rows
     from targetrows.core.atomic import atomic_write_text
-    from targetrows.cost.calibration import BudgetSearch, auto_budget
+    from targetrows.cost.calibration import auto_budget
     from targetrows.specbench.chat import encode_prompt, stop_ids
 
     if not args.prompt.strip():
         raise ValueError("--prompt is empty: give the text of a user message")
     common.check_temperatures([args.temperature])
-    batch_size = common.batch_size_from(args)
+    common.batch_size_from(args)  # a bad --batch-size fails before the models load
     rerankers = common.rerankers_from(args)
     decoders = common.decoders_from(args, rerankers)
     common.check_draft(decoders, args.draft)
@@ -51,11 +51,11 @@ def run(args: argparse.Namespace) -> int:
     trees = [d for d in decoders if get_decoder(d).drafts]
     config = common.decode_config(args, trees[0] if trees else "ar",
                                   stop_ids=frozenset(stop_ids(tokenizer, target)))
+    batch_size = config.batch_size  # --batch-size
     if trees:
         config = config.for_decoder(trees[0], rerankers)
         if isinstance(args.budget, Auto):
-            choice = auto_budget(target, draft, config, [prompt_ids],
-                                 BudgetSearch(batch_size=batch_size))
+            choice = auto_budget(target, draft, config, [prompt_ids])
             print(f"{trees[0]}: {choice.describe()}", file=sys.stderr)
             config = replace(config, budget=choice.budget,
                              pool=replace(config.pool, depth=choice.depth))

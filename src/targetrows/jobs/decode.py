@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 from targetrows.core.atomic import remove_stale_temps
 from targetrows.core.passes import Passes
-from targetrows.cost.calibration import BudgetSearch, auto_budget
+from targetrows.cost.calibration import auto_budget
 from targetrows.cost.parttimes import mean_context_len
 from targetrows.cost.rounds import DEFAULT_BUDGETS
 from targetrows.decoding.batch import check_batchable
@@ -174,8 +174,7 @@ def auto_condition(target, draft, tokenizer, files: list[_File],
                for q in firsts]
     lengths = [len(encode_conversation(tokenizer, [("user", q.turns[0])]))
                for file in files for q in file.questions]
-    choice = auto_budget(target, draft, s.decode, ids, search=BudgetSearch(batch_size=s.decode.batch_size),
-                         prompt_configs=configs,
+    choice = auto_budget(target, draft, s.decode, ids, prompt_configs=configs,
                          context_len=mean_context_len(lengths, s.decode.max_new_tokens))
     print(f"{s.decode.name}: {choice.describe()}", file=sys.stderr)
     return choice.condition()
