@@ -47,7 +47,7 @@ def sweep(target, draft, prompts, settings, batch_sizes) -> dict[int, list[dict]
     rows = {}
     for n in batch_sizes:
         t = time.perf_counter()
-        rows[n] = run_batched_bench(target, draft, prompts, settings, n)
+        rows[n] = run_batched_bench(target, draft, prompts, settings.at_batch_size(n))
         print(f"batch {n}: {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
     return rows
 

@@ -270,7 +270,8 @@ def batched(args, device: str, keep: dict) -> dict[int, list[dict]]:
         decoders=("ar", "draft_rank", "fts"), temperatures=(0.0,), budget=int(args.budget))
     sizes = (1, 3) if smoke else (1, 4, 16)
     prompts = _prompts(target.vocab_size, max(sizes), 16 if smoke else args.prompt_len)
-    return {n: run_batched_bench(target, draft, prompts, settings, n) for n in sizes}
+    return {n: run_batched_bench(target, draft, prompts, settings.at_batch_size(n))
+            for n in sizes}
 
 
 def batched_markdown(rows: dict[int, list[dict]]) -> str:

@@ -4,6 +4,7 @@ goals, bad input."""
 
 import csv
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from tiny_models import DRAFT_VOCAB, TARGET_VOCAB, TOKENIZER_SIZE, save_tiny_pai
 from targetrows.bench import report as bench_report
 from targetrows.bench import run as bench
 from targetrows.cli import main
+from targetrows.cost.parttimes import PartTimes, PassCurve
 from targetrows.decoding.registry import decoder_names
 from targetrows.hf.baselines import hf_generate
 
@@ -178,15 +180,78 @@ def test_bench_auto_budget(pair, prompts_file, tmp_path):
     assert code == 0
     rows = list(csv.DictReader(open(tmp_path / "auto.csv")))
     assert [r["method"] for r in rows] == ["ar", "fts"]
-    budget, depth = int(rows[1]["budget"]), int(rows[1]["depth"])
-    assert 1 <= budget <= 3 + 3 * 3  # within the candidate pool
-    assert 1 <= depth <= 2 and rows[0]["depth"] == ""  # at most --depth; ar drafts no pool
+    assert rows[0]["budget"] == rows[0]["depth"] == ""  # ar drafts no pool
     report = (tmp_path / "auto.md").read_text()
-    # the bench runs the best tree even where auto's pick is no tree (ar has its own row)
-    tree = f"{budget} at depth {depth}"
-    assert (f"fts, T=0: budget auto -> {tree} (" in report
-            or f"fts, T=0: budget auto -> no tree, ar (best tree: {tree}) (" in report)
-    assert f"| fts | {budget} | {depth} |" in report
+    picked = re.search(r"fts, T=0: budget auto -> (no tree, ar \(best tree: )?(\d+) at depth "
+                       r"(\d+)", report)
+    budget, depth = int(picked[2]), int(picked[3])  # the best tree
+    assert 1 <= budget <= 3 + 3 * 3  # within the candidate pool
+    assert 1 <= depth <= 2  # at most --depth
+    if picked[1]:  # no tree beat ar on this machine: fts ran as ar (budget and depth 0)
+        assert rows[1]["budget"] == rows[1]["depth"] == "0"
+        assert "| fts | 0 (no tree, ar) | 0 |" in report
+    else:
+        assert (int(rows[1]["budget"]), int(rows[1]["depth"])) == (budget, depth)
+        assert f"| fts | {budget} | {depth} |" in report
+
+
+# a verify pass of n nodes: 10 ms + 40 ms per node beyond the first; no tree beats ar's one
+# 10 ms pass per token
+DEAR_TREES = PartTimes(PassCurve((1, 2, 200), (0.01, 0.05, 7.97)), PassCurve((1,), (0.002,)), 3)
+
+
+@pytest.mark.parametrize("batch", ["1", "2"])
+def test_an_auto_pick_of_no_tree_runs_as_ar(pair, tmp_path, monkeypatch, capsys, batch):
+    """Where no tree beats ar (tree passes timed dear), `auto` picks no tree: the bench runs
+    the tree decoder with ar's config (no draft, no tree: ar's tokens), its rows say budget and
+    depth 0 and the best tree it passed over is named; batched too, its pick per sequence at
+    the batch size."""
+    from targetrows.bench import batched
+
+    monkeypatch.setattr(bench, "measure", lambda *a: DEAR_TREES)
+    monkeypatch.setattr(batched, "measure", lambda *a: DEAR_TREES)
+    ran = []  # (config's decoder, draft given, prompt, new tokens) of every timed decode
+
+    def spy(original):
+        def run(target, draft, prompts, configs, *args):
+            results = original(target, draft, prompts, configs, *args)
+            for p, c, r in zip(*((prompts, configs, results) if batch == "2" else
+                                 ([prompts], [configs], [results])), strict=True):
+                if c.max_new_tokens == 6:  # not a warm-up
+                    ran.append((c.name, draft is not None, tuple(p), tuple(r.tokens)))
+            return results
+        return run
+
+    monkeypatch.setattr(bench, "generate", spy(bench.generate))
+    monkeypatch.setattr(batched, "generate_batch", spy(batched.generate_batch))
+    target, draft = pair
+    code = main(["bench", "--target", target, "--draft", draft, "--prompt", "Hi there",
+                 "--prompt", "Count to five", "--decoders", "ar", "fts", "--no-hf", "--budget",
+                 "auto", "--max-new-tokens", "6", "--top-k", "3", "--depth", "2",
+                 "--batch-size", batch, "--dtype", "float32", "--out-dir", str(tmp_path),
+                 "--name", "notree"])
+    assert code == 0
+    assert {name for name, *_ in ran} == {"ar"}  # fts ran with ar's config
+    if batch == "1":
+        assert not any(drafted for _, drafted, _, _ in ran)
+    tokens = {}
+    for _, _, prompt, new in ran:  # ar's and fts's tokens are one
+        assert tokens.setdefault(prompt, new) == new
+    assert len(tokens) == 2 and len(ran) == 4
+    rows = list(csv.DictReader(open(tmp_path / "notree.csv")))
+    fts = [r for r in rows if r["method"] == "fts"]
+    assert fts and all(r["budget"] == r["depth"] == "0" for r in fts)
+    report = (tmp_path / "notree.md").read_text()
+    if batch == "1":
+        assert all(float(r["mean_nodes"]) == float(r["mean_draft_passes"]) == 0 for r in fts)
+        assert "| fts | 0 (no tree, ar) | 0 |" in report
+        said = report
+    else:
+        assert float(fts[0]["mean_nodes"]) == 0 and float(fts[0]["same_as_ar"]) == 1.0
+        assert "| fts | 0 (no tree, ar) | 0 |" in report
+        said = capsys.readouterr().err
+        assert "predicted tokens/s per sequence at batch size 2 " in said
+    assert "fts, T=0: budget auto -> no tree, ar (best tree: " in said
 
 
 def test_prompt_lookup_proposes_and_keeps_greedy_tokens():

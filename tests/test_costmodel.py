@@ -422,3 +422,45 @@ def test_auto_is_never_predicted_slower_than_ar():
                 max(choice.ar_tokens_per_s, *fitting))
             picks.add(choice.no_tree)
     assert picks == {True, False}  # both sides of the line were crossed
+
+
+def test_auto_times_and_picks_at_the_configs_batch_size(monkeypatch):
+    """The batch size has one home, `DecodeConfig.batch_size`: `auto_budget` times its passes
+    batched at it and its pick is per sequence at it (`BudgetSearch` holds none)."""
+    import dataclasses
+
+    assert "batch_size" not in {f.name for f in dataclasses.fields(BudgetSearch)}
+    seen = []
+    monkeypatch.setattr(calibration, "measure_parts",
+                        lambda *a, **k: seen.append(k.get("batch_size")) or DEAR_TREES)
+    pair = ToyPair(vocab_size=24, seed=3, closeness=0.9)
+    config = DecodeConfig("fts", pool=PoolShape(4, 3), batch_size=4)
+    choice = calibration.auto_budget(pair.target, pair.draft, config, [[1, 2, 3]],
+                                     BudgetSearch(budgets=(1, 2), contexts=1))
+    assert seen == [4] and choice.batch_size == 4
+    assert "predicted tokens/s per sequence at batch size 4" in choice.describe()
+
+
+def test_a_condition_of_no_tree_runs_a_tree_decoder_as_ar():
+    """`condition_config`, what decode, bench and compare all run a condition with: a tree
+    decoder at (NO_TREE, NO_TREE) takes ar's config (no budget, no draft, no reranker), at any
+    other condition its budget and depth; ar keeps its own."""
+    from targetrows.decoding.budget import condition_config, condition_text
+
+    fts = DecodeConfig("fts", budget=8, pool=PoolShape(4, 3), temperature=1.0, seed=7,
+                       batch_size=2)
+    ar = condition_config(fts, NO_TREE, NO_TREE)
+    assert ar.name == "ar" and ar.budget is None and not ar.decoder.needs_draft
+    assert (ar.temperature, ar.seed, ar.batch_size) == (1.0, 7, 2)
+    tree = condition_config(fts, 5, 2)
+    assert (tree.name, tree.budget, tree.pool) == ("fts", 5, PoolShape(4, 2))
+    assert condition_config(fts, 5, 0).pool == PoolShape(4, 3)  # depth 0: the pool's own
+    assert condition_config(DecodeConfig("ar"), NO_TREE, NO_TREE) == DecodeConfig("ar")
+    assert condition_text(NO_TREE, NO_TREE) == "no tree, ar"
+    assert condition_text(5, 2) == "5 at depth 2"
+    # a no-tree config decodes as ar: the target's greedy tokens, no tree verified
+    pair = ToyPair(vocab_size=24, seed=3, closeness=0.9)
+    want = generate(pair.target, None, [1, 2, 3], DecodeConfig("ar", max_new_tokens=8))
+    got = generate(pair.target, None, [1, 2, 3], condition_config(
+        DecodeConfig("fts", max_new_tokens=8), NO_TREE, NO_TREE))
+    assert got.tokens == want.tokens and max(r.nodes for r in got.rounds) == 0

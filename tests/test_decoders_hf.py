@@ -4,6 +4,7 @@ import copy
 import dataclasses
 import itertools
 import json
+import re
 import subprocess
 import sys
 
@@ -226,11 +227,56 @@ def test_compare_budget_auto_runs_at_the_depth_it_picks(saved_pair, tmp_path):
                 "3", "--max-new-tokens", "12", "--json", str(out))
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(out.read_text())
-    assert 1 <= doc["depth"] <= 3  # --depth is the deepest pool tried
-    # compare runs the best tree even where auto's pick is no tree (ar runs beside it)
-    tree = f"{doc['budget']} at depth {doc['depth']}"
-    assert (f"draft_rank: budget auto -> {tree} (" in proc.stderr
-            or f"draft_rank: budget auto -> no tree, ar (best tree: {tree}) (" in proc.stderr)
+    assert doc["budget_auto"]
+    picked = re.search(r"draft_rank: budget auto -> (no tree, ar \(best tree: )?(\d+) at depth "
+                       r"(\d+)", proc.stderr)
+    assert 1 <= int(picked[3]) <= 3  # --depth is the deepest pool tried
+    rows = {r["decoder"]: r for r in doc["decoders"]}
+    assert rows["ar"]["budget"] is None
+    if picked[1]:  # no tree beat ar on this machine: draft_rank ran as ar
+        assert doc["budget"] == doc["depth"] == rows["draft_rank"]["budget"] == 0
+        assert rows["draft_rank"]["mean_nodes"] == 0
+    else:
+        assert (doc["budget"], doc["depth"]) == (int(picked[2]), int(picked[3]))
+        assert rows["draft_rank"]["budget"] == doc["budget"]
+
+
+@pytest.mark.parametrize("batch", ["1", "2"])
+def test_compare_runs_an_auto_pick_of_no_tree_as_ar(saved_pair, tmp_path, monkeypatch, capsys,
+                                                    batch):
+    """Where no tree beats ar (tree passes timed dear), `auto` picks no tree: compare runs every
+    tree decoder with ar's config (ar's tokens, no tree, no draft pass), its rows and the JSON
+    say budget 0, and the best tree it passed over is named; the pick is per sequence at
+    --batch-size."""
+    import functools
+
+    from targetrows.cli import main
+    from targetrows.cost import calibration
+    from targetrows.cost.parttimes import PartTimes, PassCurve
+
+    # a verify pass of n nodes: 10 ms + 40 ms per node beyond the first
+    dear = PartTimes(PassCurve((1, 2, 200), (0.01, 0.05, 7.97)), PassCurve((1,), (0.002,)), 3)
+    monkeypatch.setattr(calibration, "auto_budget",
+                        functools.partial(calibration.auto_budget, parts=dear))
+    target, draft = saved_pair
+    out = tmp_path / "compare.json"
+    code = main(["compare", "--target", target, "--draft", draft, "--prompt", "Tell me a story",
+                 "--budget", "auto", "--decoders", "ar", "draft_rank", "fts", "--top-k", "3",
+                 "--depth", "2", "--max-new-tokens", "8", "--batch-size", batch, "--dtype",
+                 "float32", "--json", str(out)])
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    assert "draft_rank: budget auto -> no tree, ar (best tree: " in printed.err
+    assert ("per sequence at batch size 2 " in printed.err) == (batch == "2")
+    doc = json.loads(out.read_text())
+    rows = {r["decoder"]: r for r in doc["decoders"]}
+    for name in ("draft_rank", "fts"):
+        assert rows[name]["token_ids"] == rows["ar"]["token_ids"]
+        assert all(r["nodes"] == r["draft_passes"] == 0 for r in rows[name]["rounds"])
+        assert (rows[name]["budget"], rows[name]["depth"]) == (0, 0)
+        assert any(line.split()[:4] == [name, "no", "tree,", "ar"]
+                   for line in printed.out.splitlines())
+    assert (doc["budget"], doc["depth"], doc["budget_auto"]) == (0, 0, True)
 
 
 class _RowTarget:

@@ -20,6 +20,7 @@ parting is a near-tie of reduced precision; HF's padded rows round differently t
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Sequence
 
@@ -34,16 +35,17 @@ from targetrows.decoding.registry import get_decoder
 from targetrows.decoding.schedule import BatchStats
 from targetrows.hf.baselines import hf_generate_batch
 
-from .report import csv_text
+from .report import budget_cell, csv_text
 from .run import measure, pick_budgets
 
 
-def run_batched_bench(target, draft, prompts: Sequence, settings, batch_size: int,
-                      progress=None) -> list[dict]:
-    """One row per method and temperature (see the module docstring). With `--budget auto`
-    each decoder runs the budget and depth the cost model picks for this batch size, from
-    passes timed batched (`measure(..., batch_size)`), and its row holds the throughput that
-    pick predicted."""
+def run_batched_bench(target, draft, prompts: Sequence, settings, progress=None) -> list[dict]:
+    """One row per method and temperature (see the module docstring), at the batch size
+    `settings.decode.batch_size`. With `--budget auto` each decoder runs the budget and depth
+    the cost model picks for this batch size, from passes timed batched (`measure`), and its
+    row holds the throughput that pick predicted; a pick of no tree runs as ar (budget and
+    depth 0)."""
+    batch_size = settings.decode.batch_size
     ids = [list(p.ids) for p in prompts]
     methods = (["hf_generate"] if settings.hf else []) + list(settings.decoders)
     choices = {}
@@ -52,8 +54,10 @@ def run_batched_bench(target, draft, prompts: Sequence, settings, batch_size: in
                           settings.pool.depth)
                  for m in settings.decoders for t in settings.temperatures}
     else:
-        parts = measure(target, draft, prompts, settings, batch_size)
+        parts = measure(target, draft, prompts, settings)
         plans, choices = pick_budgets(target, draft, prompts, settings, parts)
+        for (method, temp), choice in choices.items():  # no tree: the best tree it rejected
+            print(f"{method}, T={temp:g}: {choice.describe()}", file=sys.stderr)
     for method in methods:  # warm-up: lazy initialisation is nobody's cost
         _run(method, target, draft, ids[:batch_size], settings, settings.temperatures[0], 2,
              batch_size, plans.get((method, settings.temperatures[0])))
@@ -119,7 +123,7 @@ def _row(method, temperature, plan, batch_size, tokens, latency, wall, results, 
         row["mean_nodes"] = float(np.mean([r.nodes for r in rounds]))
         row["sequences_per_pass"] = stats.mean_batch if stats.passes else 1.0
     if choice is not None:  # the pick's predicted tokens/s per sequence, times the batch
-        predicted = batch_size * choice.at_depth(choice.depth)[choice.budgets.index(choice.budget)]
+        predicted = batch_size * choice.predicted_tokens_per_s
         row["predicted_tokens_per_s"] = predicted
         row["measured_over_predicted"] = row["tokens_per_s"] / predicted
     return row
@@ -140,7 +144,7 @@ def markdown(head: dict, rows: list[dict]) -> str:
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in (r for r in rows if r["temperature"] == temp):
             lines.append("| " + " | ".join([
-                r["method"], str(r["budget"]), str(r["depth"]), f"{r['tokens_per_s']:.1f}",
+                r["method"], budget_cell(r["budget"]), str(r["depth"]), f"{r['tokens_per_s']:.1f}",
                 f"{r['x_hf_generate']:.2f}", f"{r['latency_median_s']:.2f}",
                 f"{r['latency_max_s']:.2f}", _num(r.get("tokens_per_round")),
                 _num(r.get("sequences_per_pass")), _num(r.get("same_as_ar")),

@@ -14,30 +14,45 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
+from collections.abc import Mapping
 
 from targetrows.bench.drift import explain_parting
 from targetrows.core.rows import greedy
 from targetrows.decoding.batch import generate_batch
+from targetrows.decoding.budget import NO_TREE, NO_TREE_TEXT, condition_config
 from targetrows.decoding.config import DecodeConfig
 from targetrows.decoding.loop import DecodeResult, generate
 from targetrows.decoding.registry import get_decoder
 
 
-def compare(target, draft, prompt_ids, decoders, config: DecodeConfig, rerankers=None,
-            progress=True, batch_size: int = 1):
-    """{decoder: DecodeResult}, each decoder run once on the same prompt and seed (a learned
-    one with its rule's model from `rerankers`). At `batch_size` N above 1 each decoder decodes
-    N copies of the prompt at once (`batched_copies`)."""
+def decoder_configs(decoders, config: DecodeConfig, rerankers=None,
+                    condition: tuple[int, int] | None = None) -> dict[str, DecodeConfig]:
+    """{decoder: the config it runs with}: `config` with the decoder's own entry (a learned one
+    with its rule's model from `rerankers`), a tree decoder at `condition` (budget, pool depth)
+    where given, else at `config`'s budget; at (NO_TREE, NO_TREE), an `auto` pick of no tree,
+    with ar's config (`condition_config`)."""
+    configs = {name: config.for_decoder(name, rerankers) for name in decoders}
+    if condition is None:
+        return configs
+    return {name: condition_config(c, *condition) for name, c in configs.items()}
+
+
+def compare(target, draft, prompt_ids, configs: Mapping[str, DecodeConfig], progress=True):
+    """{decoder: DecodeResult}, each decoder run once with its config (`decoder_configs`) on the
+    same prompt and seed. At a config's `batch_size` N above 1 the decoder decodes N copies of
+    the prompt at once (`batched_copies`)."""
     from tqdm import tqdm
 
     results = {}
     # a short warm-up so the first decoder does not pay for lazy initialisation
-    generate(target, None, prompt_ids, dataclasses.replace(config, decoder="ar", max_new_tokens=2))
-    for name in tqdm(decoders, desc="decoders", file=sys.stderr, disable=not progress):
-        run = config.for_decoder(name, rerankers)
-        use = draft if get_decoder(name).needs_draft else None
-        results[name] = (generate(target, use, prompt_ids, run) if batch_size == 1 else
-                         batched_copies(target, use, prompt_ids, run, batch_size))
+    for config in list(configs.values())[:1]:
+        generate(target, None, prompt_ids,
+                 dataclasses.replace(config, decoder="ar", max_new_tokens=2))
+    for name, run in tqdm(configs.items(), desc="decoders", file=sys.stderr,
+                          disable=not progress):
+        use = draft if run.decoder.needs_draft else None  # no tree: ar's config, no draft
+        results[name] = (generate(target, use, prompt_ids, run) if run.batch_size == 1 else
+                         batched_copies(target, use, prompt_ids, run, run.batch_size))
     return results
 
 
@@ -73,7 +88,9 @@ def batched_copies(target, draft, prompt_ids, config: DecodeConfig, n: int) -> D
     return dataclasses.replace(copies[0], wall_time=wall / n)
 
 
-def table_rows(results) -> list[dict]:
+def table_rows(results, configs: Mapping[str, DecodeConfig] | None = None) -> list[dict]:
+    """A row per decoder; with the `configs` they ran with, each tree decoder's budget and pool
+    depth (NO_TREE for one that ran as ar: an `auto` pick of no tree)."""
     base = results.get("ar")
     rows = []
     for name, res in results.items():
@@ -81,6 +98,7 @@ def table_rows(results) -> list[dict]:
         speed = s["tokens_per_s"]
         rows.append({
             "decoder": name,
+            **({} if configs is None else _condition(name, configs[name])),
             "new_tokens": s["new_tokens"],
             "tokens_per_s": speed,
             "speedup": speed / base.summary()["tokens_per_s"] if base else float("nan"),
@@ -91,13 +109,28 @@ def table_rows(results) -> list[dict]:
     return rows
 
 
+def _condition(name: str, config: DecodeConfig) -> dict:
+    if config.decoder.drafts:
+        return {"budget": config.budget, "depth": config.pool.depth}
+    no_tree = get_decoder(name).drafts  # a tree decoder that ran with ar's config
+    return {"budget": NO_TREE if no_tree else None, "depth": NO_TREE if no_tree else None}
+
+
+def _budget_cell(budget) -> str:
+    return "-" if budget is None else NO_TREE_TEXT if budget == NO_TREE else str(budget)
+
+
 def format_table(rows: list[dict]) -> str:
-    head = ("decoder", "new tokens", "tokens/s", "speedup", "tokens/round", "accepted/round",
-            "mean nodes")
+    """The rows as a text table; with a budget column where they hold one (`table_rows` given
+    the configs)."""
+    budgets = all("budget" in r for r in rows)
+    head = ("decoder", *(("budget",) if budgets else ()), "new tokens", "tokens/s", "speedup",
+            "tokens/round", "accepted/round", "mean nodes")
     lines = ["  ".join(f"{h:>14}" for h in head)]
     for r in rows:
         lines.append("  ".join([
-            f"{r['decoder']:>14}", f"{r['new_tokens']:>14d}", f"{r['tokens_per_s']:>14.1f}",
+            f"{r['decoder']:>14}", *((f"{_budget_cell(r['budget']):>14}",) if budgets else ()),
+            f"{r['new_tokens']:>14d}", f"{r['tokens_per_s']:>14.1f}",
             f"{r['speedup']:>13.2f}x", f"{r['tokens_per_round']:>14.2f}",
             f"{r['accepted_per_round']:>14.2f}", f"{r['mean_nodes']:>14.1f}",
         ]))

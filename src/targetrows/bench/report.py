@@ -15,7 +15,7 @@ import numpy as np
 
 from targetrows.bench.goals import cell, goals
 from targetrows.core.atomic import atomic_write_text
-from targetrows.decoding.budget import Auto
+from targetrows.decoding.budget import NO_TREE, NO_TREE_TEXT, Auto
 from targetrows.hf.baselines import PROMPT_LOOKUP_NGRAM
 
 PER_ROUND_MS = ("t_draft", "t_root", "t_verify")
@@ -198,13 +198,19 @@ def summary_markdown(summary: list[dict], settings) -> str:
     return "\n\n".join(parts)
 
 
+def budget_cell(budget) -> str:
+    """A row's budget as the tables show it; an `auto` pick of no tree, which ran as ar, says
+    so."""
+    return f"{budget} ({NO_TREE_TEXT})" if budget == NO_TREE else str(budget)
+
+
 def _summary_cells(s: dict) -> list[str]:
     ms = {k: cell(s[k] * 1e3 if k in s else None, "{:.1f}") for k in PER_ROUND_MS}
     book = ("-" if "t_bookkeeping" not in s
             else f"{s['t_bookkeeping'] * 1e3:.1f} ({s['bookkeeping_share']:.1%})")
     return [
         s["method"],
-        str(s["budget"]) or "-",
+        budget_cell(s["budget"]) or "-",
         str(s["depth"]) or "-",
         f"{s['tps_median']:.1f} [{s['tps_min']:.1f}-{s['tps_max']:.1f}]",
         *(cell(s[f"vs_{base}"]) for base in RATIO_HEADS),

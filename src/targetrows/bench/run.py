@@ -39,7 +39,15 @@ from targetrows.cost.parttimes import (
     timing_context,
 )
 from targetrows.cost.rounds import DEFAULT_BUDGETS, bound, predicted_tokens_per_s
-from targetrows.decoding.budget import Auto, Budget, Fixed, Matched, parse_budget
+from targetrows.decoding.budget import (
+    NO_TREE,
+    Auto,
+    Budget,
+    Fixed,
+    Matched,
+    condition_config,
+    parse_budget,
+)
 from targetrows.decoding.config import DecodeConfig
 from targetrows.decoding.loop import generate, new_state
 from targetrows.decoding.model import synchronize
@@ -110,13 +118,20 @@ class BenchSettings:
     def pool(self) -> PoolShape:
         return self.decode.pool
 
+    def at_batch_size(self, n: int) -> BenchSettings:
+        """These settings decoding `n` sequences at once (`decode.batch_size`, what
+        `targetrows.bench.batched` runs at)."""
+        return replace(self, decode=replace(self.decode, batch_size=n))
+
     def run_config(self, method: str, temperature: float, budget: int | None, depth: int,
                    seed: int, max_new_tokens: int | None = None) -> DecodeConfig:
-        """One of our decoders' runs: `decode` with its own decoder, budget (None for ar),
-        temperature, pool depth and seed."""
-        return replace(self.decode.for_decoder(method, self.rerankers), budget=budget,
-                       temperature=temperature, pool=replace(self.pool, depth=depth), seed=seed,
-                       max_new_tokens=max_new_tokens or self.decode.max_new_tokens)
+        """One of our decoders' runs: `decode` with its own decoder, temperature and seed, at
+        (budget, pool depth) (`condition_config`: ar's budget is None; a tree decoder at
+        NO_TREE, an `auto` pick of no tree, runs with ar's config)."""
+        config = replace(self.decode.for_decoder(method, self.rerankers),
+                         temperature=temperature, seed=seed,
+                         max_new_tokens=max_new_tokens or self.decode.max_new_tokens)
+        return condition_config(config, budget, depth)
 
 
 # -- the run -----------------------------------------------------------------------------------
@@ -127,9 +142,10 @@ def pick_budgets(target, draft, prompts: Sequence[BenchPrompt], settings: BenchS
     behind each tree decoder's plan (`auto_budget`, calibrated at three contexts 12 greedy
     tokens apart along the first prompt of each category: what a draft gets right differs from
     task to task, and a reply's first tokens are its easiest; benchmarks/calibration_spread.py
-    compares placements): --budget auto runs its pick; a number runs at that budget and
-    --depth, the choice then searching that one condition for the acceptance it predicts
-    (each run's predicted speed, `_predicted`)."""
+    compares placements): --budget auto runs its pick (`BudgetChoice.condition`: where no tree
+    beats ar, (NO_TREE, NO_TREE), which runs as ar); a number runs at that budget and --depth,
+    the choice then searching that one condition for the acceptance it predicts (each run's
+    predicted speed, `_predicted`)."""
     first_of_each: dict[str, tuple[int, ...]] = {}
     for p in prompts:
         first_of_each.setdefault(p.category, p.ids)
@@ -149,17 +165,15 @@ def pick_budgets(target, draft, prompts: Sequence[BenchPrompt], settings: BenchS
                                  list(first_of_each.values()), search, parts,
                                  context_len=context_len)
             choices[name, temp] = choice
-            plans[name, temp] = (settings.budget.nodes, depth) if fixed else (choice.budget,
-                                                                               choice.depth)
+            plans[name, temp] = (settings.budget.nodes, depth) if fixed else choice.condition()
     return plans, choices
 
 
-def measure(target, draft, prompts: Sequence[BenchPrompt], settings: BenchSettings,
-            batch_size: int = 1):
+def measure(target, draft, prompts: Sequence[BenchPrompt], settings: BenchSettings):
     """Part times at the shortest and the longest of the runs' mean contexts (a prompt's length
     plus half the new tokens: attention grows with the context, so one prompt's would misprice
-    the others); `PartTimes.at` gives each prompt's own. At `batch_size` N: batched passes of N
-    sequences (`measure_parts`)."""
+    the others); `PartTimes.at` gives each prompt's own. At `settings.decode.batch_size` N:
+    batched passes of N sequences (`measure_parts`)."""
     half = settings.decode.max_new_tokens // 2
     lengths = sorted(len(p.ids) + half for p in prompts)
     ids = [p.ids for p in prompts]
@@ -172,7 +186,7 @@ def measure(target, draft, prompts: Sequence[BenchPrompt], settings: BenchSettin
                              pool.depth + 2)
     longer = timing_context(ids, lengths[-1]) if lengths[-1] > lengths[0] else None
     return measure_parts(target, draft if uses_draft else None, timing_context(ids, lengths[0]),
-                         sizes, widths, settings.repeats, longer, batch_size)
+                         sizes, widths, settings.repeats, longer, settings.decode.batch_size)
 
 
 @dataclass(frozen=True)
@@ -210,7 +224,7 @@ def run_method(method: str, models: BenchModels, prompt: BenchPrompt, config: De
         )
         result = None
     else:
-        draft = models.draft if get_decoder(method).needs_draft else None
+        draft = models.draft if config.decoder.needs_draft else None  # no tree: ar's config
         result = generate(models.target, draft, prompt.ids, config, _kept_state(models, config))
         tokens = result.tokens
     synchronize(models.target)
@@ -283,7 +297,7 @@ def run_bench(
     runs = _interleaved_runs(models, prompts, settings, methods, config_for, progress)
     # part times before and after the runs, averaged: drift of a shared machine shows in both
     parts = mean_parts(parts, measure(target, draft, prompts, settings))
-    first_s = {m: prompt_rows_s.get(m, prompt_s) for m in methods}
+    first_s = {m: prompt_rows_s.get(m, prompt_s) for m in [*methods, "ar"]}
     rows = _with_cost_model(runs, parts, first_s, choices, settings)
     context = {"parts": parts, "prompt_s": prompt_s, "prompt_rows_s": prompt_rows_s,
                "plans": plans, "choices": choices,
@@ -362,17 +376,19 @@ def _with_cost_model(runs, parts, first_s: dict[str, list[float]], choices,
     rows = []
     for row, result, i in runs:
         at = parts.at(row["prompt_tokens"] + row["new_tokens"] / 2)
+        no_tree = row["budget"] == NO_TREE  # an auto pick of no tree: the run was ar's
+        ran = "ar" if no_tree else row["method"]
         if result is not None and result.rounds:
             depth = row["depth"] or settings.pool.depth
-            drafted = get_decoder(row["method"]).pool_depth(depth, row["budget"] or depth)
-            b = bound(row["method"], at, result.rounds, replace(settings.pool, depth=drafted),
-                      first_s[row["method"]][i], budget=row["budget"])
+            drafted = get_decoder(ran).pool_depth(depth, row["budget"] or depth)
+            b = bound(ran, at, result.rounds, replace(settings.pool, depth=drafted),
+                      first_s[ran][i], budget=row["budget"] or None)
             row.update(overlap=b.overlap, bound_tokens_per_s=b.tokens_per_s,
                        bound_speedup=b.speedup,
                        measured_over_bound=row["tokens_per_s"] / b.tokens_per_s)
         if row["method"] in settings.decoders and row["new_tokens"] > 0:
-            predicted = _predicted(row, choices.get((row["method"], row["temperature"])), at,
-                                   first_s[row["method"]][i], settings)
+            choice = None if no_tree else choices.get((row["method"], row["temperature"]))
+            predicted = _predicted(row, choice, at, first_s[ran][i], settings)
             row.update(predicted_tokens_per_s=predicted,
                        measured_over_predicted=row["tokens_per_s"] / predicted)
         rows.append(row)
@@ -407,11 +423,13 @@ def _parting(target, prompt_ids, reference, tokens) -> dict:
 def _row(method, prompt, temperature, config: DecodeConfig, tokens, wall, result) -> dict:
     ours = method not in HF_METHODS and not method.startswith(PEER)
     tree = ours and config.budget is not None
+    # a tree decoder run with ar's config: its auto pick was no tree (budget and depth 0)
+    no_tree = ours and get_decoder(method).drafts and not config.decoder.drafts
     row = {
         "method": method,
         "temperature": temperature,
-        "budget": config.budget if tree else "",
-        "depth": config.pool.depth if tree else "",  # the pool depth setting
+        "budget": config.budget if tree else NO_TREE if no_tree else "",
+        "depth": config.pool.depth if tree else NO_TREE if no_tree else "",  # pool depth
         "question_id": prompt.question_id,
         "category": prompt.category,
         "prompt_tokens": len(prompt.ids),

@@ -24,7 +24,6 @@ from .common import (
     add_decoding_arguments,
     add_model_arguments,
     add_reranker_argument,
-    batch_size_from,
     budget_type,
     check_draft,
     decode_config,
@@ -152,10 +151,10 @@ def _run_with_peers(args, target, draft, prompts, settings, assistant):
     return rows, context
 
 
-def _run_batched(args, target, draft, prompts, settings, batch_size: int, command: str) -> int:
+def _run_batched(args, target, draft, prompts, settings, command: str) -> int:
     from targetrows.bench import batched, report
 
-    rows = batched.run_batched_bench(target, draft, prompts, settings, batch_size, _progress)
+    rows = batched.run_batched_bench(target, draft, prompts, settings, _progress)
     head = report.header(settings, target, draft, len(prompts), command=command, note=args.note)
     paths = batched.write(args.out_dir, args.name, rows, head)
     print(batched.markdown(head, rows))
@@ -187,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
         prompt_lookup_tokens=args.prompt_lookup_tokens,
     )
     check_draft(decoders, args.draft)
-    batch_size = batch_size_from(args)
+    batch_size = settings.decode.batch_size  # --batch-size
     if batch_size > 1 and (args.assistant or args.peer):
         raise ValueError("--batch-size above 1 compares with Hugging Face's batched generate "
                          "only: drop --assistant and --peer")
@@ -207,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
     prog = "targetrows" if prog in ("cli.py", "__main__.py") else prog  # python -m targetrows.cli
     command = shlex.join([prog, *sys.argv[1:]])
     if batch_size > 1:
-        return _run_batched(args, target, draft, prompts, settings, batch_size, command)
+        return _run_batched(args, target, draft, prompts, settings, command)
     rows, context = _run_with_peers(args, target, draft, prompts, settings, assistant)
     context["lookup"] = bool(args.draft_lookup)  # which goal over ar applies
     # quoted as a shell would need it: a --peer command or a --note is one argument

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
 
 from targetrows.core.rows import greedy
 from targetrows.decoding.budget import Auto, Fixed
@@ -32,15 +31,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from targetrows.bench.compare import compare, format_table, lossless_report, table_rows
+    from targetrows.bench.compare import (
+        compare,
+        decoder_configs,
+        format_table,
+        lossless_report,
+        table_rows,
+    )
     from targetrows.core.atomic import atomic_write_text
-    from targetrows.cost.calibration import BudgetSearch, auto_budget
+    from targetrows.cost.calibration import auto_budget
     from targetrows.specbench.chat import encode_prompt, stop_ids
 
     if not args.prompt.strip():
         raise ValueError("--prompt is empty: give the text of a user message")
     common.check_temperatures([args.temperature])
-    batch_size = common.batch_size_from(args)
+    common.batch_size_from(args)  # a bad --batch-size fails before the models load
     rerankers = common.rerankers_from(args)
     decoders = common.decoders_from(args, rerankers)
     common.check_draft(decoders, args.draft)
@@ -51,20 +56,22 @@ def run(args: argparse.Namespace) -> int:
     trees = [d for d in decoders if get_decoder(d).drafts]
     config = common.decode_config(args, trees[0] if trees else "ar",
                                   stop_ids=frozenset(stop_ids(tokenizer, target)))
+    batch_size = config.batch_size  # --batch-size
+    # the (budget, depth) every tree decoder runs at: auto's pick for the first of them, which
+    # is (NO_TREE, NO_TREE) where no tree beats ar: each then runs as ar
+    condition = None
     if trees:
         config = config.for_decoder(trees[0], rerankers)
         if isinstance(args.budget, Auto):
-            choice = auto_budget(target, draft, config, [prompt_ids],
-                                 BudgetSearch(batch_size=batch_size))
+            choice = auto_budget(target, draft, config, [prompt_ids])
             print(f"{trees[0]}: {choice.describe()}", file=sys.stderr)
-            config = replace(config, budget=choice.budget,
-                             pool=replace(config.pool, depth=choice.depth))
+            condition = choice.condition()
         else:
-            config = replace(config, budget=args.budget.nodes)
-    budget, depth = config.budget, config.pool.depth
-    results = compare(target, draft, prompt_ids, decoders, config, rerankers,
-                      batch_size=batch_size)
-    rows = table_rows(results)
+            condition = (args.budget.nodes, config.pool.depth)
+    budget, depth = condition or (config.budget, config.pool.depth)
+    configs = decoder_configs(decoders, config, rerankers, condition)
+    results = compare(target, draft, prompt_ids, configs)
+    rows = table_rows(results, configs)
     print(format_table(rows))
     status = 0
     if greedy(args.temperature) and "ar" in results:
@@ -77,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
             row["text"] = tokenizer.decode(res.tokens, skip_special_tokens=True)
             row["rounds"] = [r.__dict__ for r in res.rounds]
         document = {"prompt": args.prompt, "temperature": args.temperature,
-                    "budget": budget, "depth": depth, "seed": args.seed,
+                    "budget": budget, "depth": depth,
+                    "budget_auto": bool(trees) and isinstance(args.budget, Auto), "seed": args.seed,
                     "batch_size": batch_size, "decoders": rows}
         atomic_write_text(args.json_out, json.dumps(document, indent=1) + "\n")
     return status

@@ -24,7 +24,7 @@ from targetrows.core.rules.batch import PoolBatch, stack_pools
 from targetrows.core.rules.root_pool import draft_rank
 from targetrows.core.tree import Tree
 from targetrows.core.verify import walk
-from targetrows.decoding.budget import NO_TREE
+from targetrows.decoding.budget import NO_TREE, NO_TREE_TEXT, condition_text
 from targetrows.decoding.config import DecodeConfig
 from targetrows.decoding.model import edge_probs, overlaps
 from targetrows.decoding.registry import get_rule
@@ -50,10 +50,6 @@ class BudgetSearch:
     contexts: int = 8  # calibration contexts in all, spread over the calibration prompts
     gap: int = 4  # greedy target tokens from one context to the next along a prompt's path
     repeats: int = 5  # timings per pass size
-    # sequences decoded at once: passes are timed batched (`measure_parts`), and the pick is
-    # the budget of the best predicted tokens/s per sequence at that batch size (so the best
-    # throughput: batch_size times that)
-    batch_size: int = 1
 
 
 @dataclass(frozen=True)
@@ -117,8 +113,8 @@ class BudgetChoice:
         )
         batch = "" if self.batch_size == 1 else f" per sequence at batch size {self.batch_size}"
         ar = "" if self.ar_tokens_per_s is None else f"; ar (no tree): {self.ar_tokens_per_s:.1f}"
-        tree = f"{self.budget} at depth {self.depth}"
-        pick = f"no tree, ar (best tree: {tree})" if self.no_tree else tree
+        tree = condition_text(self.budget, self.depth)
+        pick = f"{NO_TREE_TEXT} (best tree: {tree})" if self.no_tree else tree
         return (
             f"budget auto -> {pick} (predicted tokens/s{batch} by budget at depth {self.depth}: "
             f"{curve}; best predicted tokens/s by depth: {best}{ar})"
@@ -284,6 +280,10 @@ def auto_budget(
     tree beats it, the pick is no tree (`BudgetChoice.condition`), as at large batch sizes,
     where a verify pass of N x n nodes costs much more than one of N nodes.
 
+    At `config.batch_size` N above 1 the passes are timed batched (`measure_parts`), and the
+    pick is the best predicted tokens/s per sequence at that batch size (so the best
+    throughput: N times that).
+
     Times target passes against tree size and the draft's passes at `context_len` cached tokens
     (default: the prompts' mean length plus half `config.max_new_tokens`, the mean context of
     runs like them; `parts` given: those times, at that context), predicts acceptance per
@@ -311,7 +311,8 @@ def auto_budget(
     if context_len is None:
         context_len = mean_context_len([len(p) for p in prompts], config.max_new_tokens)
     if parts is None:
-        parts = _time_parts(target, draft, entry, pool, prompts, context_len, budgets, search)
+        parts = _time_parts(target, draft, entry, pool, prompts, context_len, budgets, search,
+                            config.batch_size)
     timed, parts = parts, parts.at(context_len)
     configs = prompt_configs or [config] * len(prompts)
     if entry.needs_draft:
@@ -330,17 +331,19 @@ def auto_budget(
                                          np.where(_fits(entry, pool, depths, budgets), tps, -np.inf))
     return BudgetChoice(best, best_depth, tuple(budgets), tuple(depths), _nested(tps),
                         _nested(committed), _nested(nodes), timed, context_len, float(overlap),
-                        search.batch_size, ar_tokens_per_s(parts))
+                        config.batch_size, ar_tokens_per_s(parts))
 
 
-def _time_parts(target, draft, entry, pool, prompts, context_len: int, budgets, search):
+def _time_parts(target, draft, entry, pool, prompts, context_len: int, budgets, search,
+                batch_size: int):
     """Part times for every candidate: target passes of each budget's tree sizes and the
-    deepest pool's draft passes (which cover every shallower one's), at `context_len`."""
+    deepest pool's draft passes (which cover every shallower one's), at `context_len`, batched
+    at `batch_size` sequences."""
     widths = draft_sizes_for(entry.draft_widths(pool) + [pool.top_k],
                              pool.depth + 1 + entry.commits_t0)
     return measure_parts(target, draft if entry.needs_draft else None,
                          timing_context(prompts, context_len), target_sizes_for(budgets),
-                         widths, search.repeats, batch_size=search.batch_size)
+                         widths, search.repeats, batch_size=batch_size)
 
 
 def _fits(entry, pool, depths, budgets) -> np.ndarray:

@@ -22,11 +22,18 @@ from collections.abc import Sequence
 
 from targetrows.core.atomic import remove_stale_temps
 from targetrows.core.passes import Passes
-from targetrows.cost.calibration import BudgetSearch, auto_budget
+from targetrows.cost.calibration import auto_budget
 from targetrows.cost.parttimes import mean_context_len
 from targetrows.cost.rounds import DEFAULT_BUDGETS
 from targetrows.decoding.batch import check_batchable
-from targetrows.decoding.budget import NO_TREE, Auto, Budget, Fixed
+from targetrows.decoding.budget import (
+    NO_TREE,
+    Auto,
+    Budget,
+    Fixed,
+    condition_config,
+    condition_text,
+)
 from targetrows.decoding.config import DecodeConfig
 from targetrows.decoding.loop import decode_passes, new_state
 from targetrows.decoding.model import draft_kind, overlaps
@@ -157,9 +164,8 @@ def auto_condition(target, draft, tokenizer, files: list[_File],
         for record in file.interrupted:
             if record.get("fingerprint") == file.fingerprint and record.get("budget_auto"):
                 auto = int(record["budget"]), _depth_of(record, depth)
-                said = "no tree, ar" if auto[0] == NO_TREE else f"{auto[0]} at depth {auto[1]}"
-                print(f"{s.decode.name}: budget auto -> {said}, as chosen by the interrupted "
-                      f"run ({file.partial})", file=sys.stderr)
+                print(f"{s.decode.name}: budget auto -> {condition_text(*auto)}, as chosen "
+                      f"by the interrupted run ({file.partial})", file=sys.stderr)
                 return (NO_TREE, NO_TREE) if auto[0] == NO_TREE else auto
     firsts = [file.questions[0] for file in files]
     ids = [encode_conversation(tokenizer, [("user", q.turns[0])]) for q in firsts]
@@ -168,8 +174,7 @@ def auto_condition(target, draft, tokenizer, files: list[_File],
                for q in firsts]
     lengths = [len(encode_conversation(tokenizer, [("user", q.turns[0])]))
                for file in files for q in file.questions]
-    choice = auto_budget(target, draft, s.decode, ids, search=BudgetSearch(batch_size=s.decode.batch_size),
-                         prompt_configs=configs,
+    choice = auto_budget(target, draft, s.decode, ids, prompt_configs=configs,
                          context_len=mean_context_len(lengths, s.decode.max_new_tokens))
     print(f"{s.decode.name}: {choice.describe()}", file=sys.stderr)
     return choice.condition()
@@ -282,14 +287,11 @@ def _condition_config(base: DecodeConfig, budget: int, depth: int, question: Que
                       stops: frozenset) -> DecodeConfig:
     """The config of one question at one condition: its budget and pool depth (ar: none), the
     tokenizer's stop tokens, and a learned rule's model that never saw this question. A tree
-    decoder's condition of no tree (`auto` found none faster) decodes as ar."""
-    if budget == NO_TREE and base.decoder.drafts:
-        return dataclasses.replace(base.for_decoder("ar"), stop_ids=stops)
-    config = dataclasses.replace(base, budget=budget or None, stop_ids=stops)
-    if depth:
-        config = dataclasses.replace(config, pool=dataclasses.replace(base.pool, depth=depth))
-    if base.reranker is not None:  # cross-fitted: a model that never saw this question
-        config = dataclasses.replace(config, reranker=base.reranker.for_prompt(
+    decoder's condition of no tree (`auto` found none faster) decodes as ar
+    (`condition_config`)."""
+    config = condition_config(dataclasses.replace(base, stop_ids=stops), budget, depth)
+    if config.reranker is not None:  # cross-fitted: a model that never saw this question
+        config = dataclasses.replace(config, reranker=config.reranker.for_prompt(
             prompt_key(question)))
     return config
 
