@@ -43,11 +43,12 @@ def prompts_of(files, per_file: int, tokenizer) -> list[BenchPrompt]:
     return out
 
 
-def sweep(target, draft, prompts, settings, batch_sizes) -> dict[int, list[dict]]:
+def sweep(target, draft, prompts, settings, batch_sizes, runs=1) -> dict[int, list[dict]]:
     rows = {}
     for n in batch_sizes:
         t = time.perf_counter()
-        rows[n] = run_batched_bench(target, draft, prompts, settings.at_batch_size(n))
+        rows[n] = run_batched_bench(target, draft, prompts, settings.at_batch_size(n),
+                                    runs=runs)
         print(f"batch {n}: {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
     return rows
 
@@ -108,6 +109,8 @@ def main(argv=None) -> int:
     parser.add_argument("--top-k", type=int, default=PoolShape().top_k)
     parser.add_argument("--depth", type=int, default=PoolShape().depth)
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--runs", type=int, default=3,
+                        help="runs of every method, in turn; each row is its median run")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     target, draft, tokenizer = load_pair(args.target, args.draft, "cpu", dtype=args.dtype)
@@ -118,14 +121,15 @@ def main(argv=None) -> int:
     settings = BenchSettings(decode=decode, decoders=tuple(args.decoders), temperatures=(0.0,),
                              budget=parse_budget(args.budget, "--budget"))
     start = time.perf_counter()
-    rows = sweep(target, draft, prompts, settings, args.batch_sizes)
+    rows = sweep(target, draft, prompts, settings, args.batch_sizes, args.runs)
     command = " ".join(sys.argv[1:] if argv is None else argv)
     head = (f"# The rules at batch sizes {', '.join(map(str, args.batch_sizes))}\n\n"
             f"- command: `python benchmarks/batch_sweep.py {command}`\n"
             f"- date: {time.strftime('%Y-%m-%d')}; machine: {platform.platform()}; target "
             f"{target.dtype}; {len(prompts)} prompts ({args.per_file} per file), "
             f"{args.max_new_tokens} new tokens, greedy; top_k {args.top_k}, depth {args.depth}, "
-            f"budget {args.budget}; {time.perf_counter() - start:.0f} s in all\n\n")
+            f"budget {args.budget}; each row the median of {args.runs} runs, the methods in "
+            f"turn; {time.perf_counter() - start:.0f} s in all\n\n")
     emit(head + tables(rows, isinstance(settings.budget, Auto)), args.out)
     return 0
 

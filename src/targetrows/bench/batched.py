@@ -39,12 +39,15 @@ from .report import budget_cell, csv_text
 from .run import measure, pick_budgets
 
 
-def run_batched_bench(target, draft, prompts: Sequence, settings, progress=None) -> list[dict]:
+def run_batched_bench(target, draft, prompts: Sequence, settings, progress=None,
+                      runs: int = 1) -> list[dict]:
     """One row per method and temperature (see the module docstring), at the batch size
     `settings.decode.batch_size`. With `--budget auto` each decoder runs the budget and depth
     the cost model picks for this batch size, from passes timed batched (`measure`), and its
     row holds the throughput that pick predicted; a pick of no tree runs as ar (budget and
-    depth 0)."""
+    depth 0). `runs`: every method decodes the prompts that many times, the methods in turn
+    (a slow spell of a shared machine then slows one run of each, not every run of one), and
+    its row is its run of median wall time."""
     batch_size = settings.decode.batch_size
     ids = [list(p.ids) for p in prompts]
     methods = (["hf_generate"] if settings.hf else []) + list(settings.decoders)
@@ -63,14 +66,17 @@ def run_batched_bench(target, draft, prompts: Sequence, settings, progress=None)
              batch_size, plans.get((method, settings.temperatures[0])))
     rows = []
     for temp in settings.temperatures:
-        done = {}
+        done, timed = {}, {m: [] for m in methods}
+        for _ in range(runs):
+            for method in methods:
+                timed[method].append(_run(method, target, draft, ids, settings, temp, None,
+                                          batch_size, plans.get((method, temp))))
         for method in methods:
-            plan = plans.get((method, temp))
-            tokens, latency, wall, results, stats = _run(method, target, draft, ids, settings,
-                                                         temp, None, batch_size, plan)
+            by_wall = sorted(timed[method], key=lambda run: run[2])
+            tokens, latency, wall, results, stats = by_wall[(len(by_wall) - 1) // 2]
             done[method] = tokens
-            rows.append(_row(method, temp, plan, batch_size, tokens, latency, wall, results,
-                             stats, choices.get((method, temp))))
+            rows.append(_row(method, temp, plans.get((method, temp)), batch_size, tokens,
+                             latency, wall, results, stats, choices.get((method, temp))))
             if progress is not None:
                 progress(rows[-1])
         base = next((r for r in rows[-len(methods):] if r["method"] == "hf_generate"), None)
