@@ -15,14 +15,14 @@ left cannot hold is skipped and says so):
 3. pass costs: a verify pass over 1-128 nodes at the Llama-3.1-8B, Qwen3-8B and Qwen2.5-32B
    shapes in bfloat16, and the row spread between pass shapes (`gpu_speed.pass_costs`).
 4. bench: `targetrows bench` on the Qwen3-8B shape with a Qwen3-0.6B-shaped draft.
-5. overlap: root pass alongside drafting on one GPU (a thread, and a stream of its own),
-   against one after the other.
-   Then batched: ar, draft_rank and fts decoding 1, 4 and 16 prompts at once on that pair,
-   against Hugging Face's batched generate (`gpu_speed.batched`).
-   Then graphs: static-shape passes replayed as CUDA graphs against eager on that pair (pass
+5. graphs: static-shape passes replayed as CUDA graphs against eager on that pair (pass
    costs 1-128 nodes, the draft's pass, ar / draft_rank / fts tokens/s against the
    weight-streaming bound, capture time and memory), and every decoder's tokens with graphs
    against eager in float32 with the syncs per round (`gpu_graphs`).
+   Then overlap: root pass alongside drafting on one GPU (a thread, and a stream of its own),
+   against one after the other.
+   Then batched: ar, draft_rank and fts decoding 1, 4 and 16 prompts at once on that pair,
+   against Hugging Face's batched generate (`gpu_speed.batched`).
 6. EAGLE-3: identity with random heads of both layouts, then the Qwen3-8B shape's bench with a
    random head of a real head's shape, and that head's overlap as in 5.
 7. drift: every decoder against HF greedy in float32 and bfloat16, the gap at each parting.
@@ -183,9 +183,9 @@ def main(argv=None) -> int:
     stage("bench", 60, lambda: speed.bench_pair(args, device, keep),
           lambda out: bench_section("Bench: Qwen3-8B shape, Qwen3-0.6B-shaped draft, T=0", out,
                                     report) or "")
+    stage("graphs", 90, lambda: graphs.graphs(args, device, keep), graphs_render)
     stage("overlap", 60, lambda: speed.overlap(args, device, keep), overlap_render)
     stage("batched", 45, lambda: speed.batched(args, device, keep), speed.batched_markdown)
-    stage("graphs", 90, lambda: graphs.graphs(args, device, keep), graphs_render)
     keep.pop("draft", None)
     stage("eagle3_identity", 30, lambda: exact.eagle3_identity(device, args.smoke),
           identity_render("Greedy identity with EAGLE-3 heads (float64, both layouts)"))

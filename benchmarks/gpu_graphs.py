@@ -7,8 +7,8 @@ the paper's shapes.
 - one target pass over 1-128 tree nodes, eager and with graphs (`time_passes`), and the
   0.6B-shaped draft's one-token pass;
 - `ar`, `draft_rank` and `fts` tokens/s, eager and with graphs, against that bound;
-- every decoder's tokens with graphs against eager on tiny float32 models (they must be equal),
-  and the host syncs per round with graphs;
+- every decoder's tokens with graphs against eager on tiny float32 models, with a standalone
+  draft and with an EAGLE-3 head (they must be equal), and the host syncs per round on graphs;
 - capture time and the graphs' memory.
 
 With --smoke the same code runs tiny on the CPU, eagerly (static shapes without graphs).
@@ -132,29 +132,53 @@ def graphs(args, device: str, keep: dict) -> dict:
 
 
 def _identity_and_syncs(device: str, smoke: bool, use_graphs: bool) -> dict:
-    """Every decoder on tiny float32 models, eager and on graphs: the same tokens, and the
-    host syncs per round on graphs."""
+    """Every decoder on tiny float32 models, eager and on graphs, with a standalone draft and
+    with a random EAGLE-3 head (its steps on graphs too): the same tokens, and the host syncs
+    per round on graphs."""
+    import tempfile
+
     from test_decoders_hf import noisy_copy
+    from tiny_heads import save_tiny_head
     from tiny_models import tiny_model
 
-    target_hf = tiny_model("llama", seed=0, n_layers=2).to(device)
+    from targetrows.hf.eagle3_checkpoint import load_eagle3
+    from targetrows.hf.static_head import use_static_head
+
+    target_hf = tiny_model("llama", seed=0, n_layers=6).to(device)  # 6: a head reads 3 layers
     draft_hf = noisy_copy(target_hf, 0.01, seed=2)
-    eager = HFModel(target_hf, name="t"), HFModel(draft_hf, name="d")
-    static = tuple(on_graphs(m, m.name, use_graphs, 128) for m in eager)
+    folder = save_tiny_head(tempfile.mkdtemp() + "/head", target_hf.config,
+                            draft_vocab_size=150)
+    pairs = {}
+    for kind in ("standalone", "eagle3"):
+        models = []
+        for static in (False, True):
+            target = HFModel(target_hf, name="t")
+            draft = (load_eagle3(folder, target) if kind == "eagle3"
+                     else HFModel(draft_hf, name="d"))
+            if static:
+                shape = StaticShape(capacity=128, graphs=use_graphs)
+                use_static(target, shape)
+                (use_static_head if kind == "eagle3" else use_static)(draft, shape)
+            models.append((target, draft))
+        pairs[kind] = models
     prompts = [[5, 17, 42], [200, 3, 9, 9, 31], [64]]
     rows = []
-    for name in decoder_names():
-        config = decode_config(name, budget=8, max_new_tokens=8 if smoke else 24,
-                               pool=PoolShape(4, 3))
-        drafts = config.decoder.needs_draft
-        want = [generate(eager[0], eager[1] if drafts else None, p, config).tokens
-                for p in prompts]
-        got = [generate(static[0], static[1] if drafts else None, p, config).tokens
-               for p in prompts]
-        with counting_syncs() as count:
-            result = generate(static[0], static[1] if drafts else None, prompts[0], config)
-        rows.append({"decoder": name, "same": got == want, "rounds": len(result.rounds),
-                     "syncs": count.per(len(result.rounds)) if count.counted else None})
+    for kind, (eager, static) in pairs.items():
+        for name in decoder_names():
+            config = decode_config(name, budget=8, max_new_tokens=8 if smoke else 24,
+                                   pool=PoolShape(4, 3))
+            drafts = config.decoder.needs_draft
+            if kind == "eagle3" and not drafts:
+                continue
+            want = [generate(eager[0], eager[1] if drafts else None, p, config).tokens
+                    for p in prompts]
+            got = [generate(static[0], static[1] if drafts else None, p, config).tokens
+                   for p in prompts]
+            with counting_syncs() as count:
+                result = generate(static[0], static[1] if drafts else None, prompts[0], config)
+            rows.append({"draft": kind, "decoder": name, "same": got == want,
+                         "rounds": len(result.rounds),
+                         "syncs": count.per(len(result.rounds)) if count.counted else None})
     return {"identity": rows}
 
 
@@ -185,8 +209,10 @@ def markdown(rep: dict) -> str:
     lines += ["", f"Graphs captured: {c['captured']} in {c['capture_s']:.1f} s, "
               f"{c['graph_gb']:.2f} GiB; stage {c['stage_s']:.0f} s.", "",
               "Every decoder on tiny float32 models, static passes against eager:", "",
-              "| decoder | same tokens | rounds | syncs per round |", "|---|---|---|---|"]
+              "| draft | decoder | same tokens | rounds | syncs per round |",
+              "|---|---|---|---|---|"]
     for r in rep["identity"]:
         syncs = "-" if r["syncs"] is None else f"{r['syncs']:.1f}"
-        lines.append(f"| {r['decoder']} | {r['same']} | {r['rounds']} | {syncs} |")
+        lines.append(f"| {r['draft']} | {r['decoder']} | {r['same']} | {r['rounds']} | "
+                     f"{syncs} |")
     return "\n".join(lines)

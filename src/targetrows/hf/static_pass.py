@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .eagle3 import Eagle3Draft
 from .graphs import (
     DEFAULT_CAPACITY,
     GRAPH_MODES,
@@ -53,6 +54,8 @@ from .graphs import (
 )
 from .lanes import BatchedKV, BatchedPasses, LaneCache
 from .lean_forward import lean_forward
+from .model import HFModel
+from .static_head import use_static_head
 from .torch_rows import host_to_device
 
 __all__ = ["DEFAULT_CAPACITY", "GRAPH_MODES", "CapacityError", "StaticShape", "StaticKV",
@@ -183,11 +186,14 @@ def static_passes(model, rows: int, shape: StaticShape) -> StaticPasses:
 
 
 def graphs_supported(model) -> str | None:
-    """Why `model` (an `HFModel`) cannot run static-shape passes on a CUDA graph, or None."""
+    """Why `model` (an `HFModel` or an EAGLE-3 head) cannot run its passes on CUDA graphs, or
+    None."""
+    if model.device.type != "cuda":
+        return f"{model.name} runs on {model.device.type}, and CUDA graphs need a CUDA card"
+    if isinstance(model, Eagle3Draft):
+        return None  # one layer, on one card
     if not model.engine.one_device:
         return f"{model.name} is spread over several devices"
-    if model.input_device.type != "cuda":
-        return f"{model.name} runs on {model.input_device.type}, and CUDA graphs need a CUDA card"
     if lean_forward(model.model, anywhere=True) is None:
         arch = getattr(model.model.config, "model_type", "?")
         return f"{model.name} is a {arch!r} model; static passes cover Llama, Qwen2 and Qwen3"
@@ -216,10 +222,6 @@ def apply_graphs(models, mode: str, capacity: int = DEFAULT_CAPACITY) -> list[st
     lookup, runs as it does): 'off' leaves them eager; 'auto' sets up graphs for each model
     that supports them; 'on' does, and fails naming the reason for one that does not. Returns
     the names of the models now on graphs."""
-    from .eagle3 import Eagle3Draft
-    from .model import HFModel
-    from .static_head import use_static_head
-
     if mode not in GRAPH_MODES:
         raise ValueError(f"--graphs {mode!r}: choose one of {', '.join(GRAPH_MODES)}")
     on = []
@@ -227,15 +229,12 @@ def apply_graphs(models, mode: str, capacity: int = DEFAULT_CAPACITY) -> list[st
     for model in models:
         if mode == "off" or not isinstance(model, (HFModel, Eagle3Draft)):
             continue
-        is_head = isinstance(model, Eagle3Draft)
-        why = (f"{model.name} runs on {model.device.type}, and CUDA graphs need a CUDA card"
-               if is_head and model.device.type != "cuda" else
-               None if is_head else graphs_supported(model))
+        why = graphs_supported(model)
         if why is not None:
             if mode == "on":
                 raise ValueError(f"--graphs on: {why}; use --graphs auto (graphs where they "
                                  "run, eager elsewhere) or off")
             continue
-        (use_static_head if is_head else use_static)(model, shape)
+        (use_static_head if isinstance(model, Eagle3Draft) else use_static)(model, shape)
         on.append(model.name)
     return on
