@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 import torch
-from gpu_speed import QWEN3_0_6B, _prompts, random_model, shape
+from gpu_speed import _prompts, pair_models
 from rerankers import decode_config
 
 from targetrows.bench.syncs import counting_syncs
@@ -80,20 +80,10 @@ def graphs(args, device: str, keep: dict) -> dict:
     """The stage's measurements (see the module docstring)."""
     smoke = args.smoke
     use_graphs = device.startswith("cuda")
-    dtype = torch.float32 if smoke else torch.bfloat16
     capacity = 256 if smoke else args.prompt_len + args.max_new_tokens + 2 * 128
     out: dict = {"graphs": use_graphs}
     bandwidth = copy_bandwidth(device, smoke)
-    if "target" not in keep:
-        arch, size = shape("qwen3-8b", smoke, layers=6)
-        keep["target"] = HFModel(random_model(arch, size, device, dtype, 0), name="qwen3-8b")
-    if "draft" not in keep:
-        arch, size = shape("qwen3-8b", smoke, layers=1)
-        size = dict(size, **({} if smoke else {k: QWEN3_0_6B[k] for k in (
-            "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-            "tie_word_embeddings")}))
-        keep["draft"] = HFModel(random_model(arch, size, device, dtype, 1), name="qwen3-0.6b")
-    target, draft = keep["target"], keep["draft"]
+    target, draft = pair_models(keep, device, smoke)
     out["bound_s"] = weight_bytes(target) / bandwidth
     out["bandwidth_gbs"] = bandwidth / 1e9
     t = time.perf_counter()

@@ -201,6 +201,22 @@ def _prompts(vocab: int, n: int, length: int):
             for i in range(n)]
 
 
+def pair_models(keep: dict, device: str, smoke: bool, draft: bool = True):
+    """(target, draft): the Qwen3-8B-shaped target and the Qwen3-0.6B-shaped draft kept in
+    `keep` by an earlier stage, or built now (random weights; the draft only if `draft`)."""
+    dtype = torch.float32 if smoke else torch.bfloat16
+    if "target" not in keep:
+        arch, size = shape("qwen3-8b", smoke, layers=6)
+        keep["target"] = HFModel(random_model(arch, size, device, dtype, 0), name="qwen3-8b")
+    if draft and "draft" not in keep:
+        arch, size = shape("qwen3-8b", smoke, layers=1)
+        size = dict(size, **({} if smoke else {k: QWEN3_0_6B[k] for k in (
+            "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "tie_word_embeddings")}))
+        keep["draft"] = HFModel(random_model(arch, size, device, dtype, 1), name="qwen3-0.6b")
+    return keep["target"], keep.get("draft")
+
+
 def bench_pair(args, device: str, keep: dict, head: bool = False):
     """`run_bench` on the Qwen3-8B-shaped target (from `keep`, or built) with a Qwen3-0.6B-shaped
     draft, or with a random head of a Qwen3-8B head's shape (`head`)."""
@@ -209,12 +225,8 @@ def bench_pair(args, device: str, keep: dict, head: bool = False):
     from targetrows.hf.eagle3_checkpoint import load_eagle3
 
     smoke = args.smoke
-    dtype = torch.float32 if smoke else torch.bfloat16
     t = time.perf_counter()
-    if "target" not in keep:
-        arch, size = shape("qwen3-8b", smoke, layers=6)
-        keep["target"] = HFModel(random_model(arch, size, device, dtype, 0), name="qwen3-8b")
-    target = keep["target"]
+    target = pair_models(keep, device, smoke, draft=not head)[0]
     if head:
         sizes = dict(hidden=None, n_heads=4, n_kv=2, head_dim=16, intermediate=128,
                      draft_vocab_size=256) if smoke else QWEN3_8B_HEAD
@@ -223,12 +235,6 @@ def bench_pair(args, device: str, keep: dict, head: bool = False):
                                     target.model.config, scale=0.02, **sizes)
         draft = keep["head"] = load_eagle3(folder, target)
     else:
-        if "draft" not in keep:
-            arch, size = shape("qwen3-8b", smoke, layers=1)
-            size = dict(size, **({} if smoke else {k: QWEN3_0_6B[k] for k in (
-                "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                "tie_word_embeddings")}))
-            keep["draft"] = HFModel(random_model(arch, size, device, dtype, 1), name="qwen3-0.6b")
         draft = keep["draft"]
     build_s = time.perf_counter() - t
     settings = bench.BenchSettings(
