@@ -445,7 +445,8 @@ def test_a_condition_of_no_tree_runs_a_tree_decoder_as_ar():
     """`condition_config`, what decode, bench and compare all run a condition with: a tree
     decoder at (NO_TREE, NO_TREE) takes ar's config (no budget, no draft, no reranker), at any
     other condition its budget and depth; ar keeps its own."""
-    from targetrows.decoding.budget import condition_config, condition_text
+    from targetrows.decoding.budget import condition_text
+    from targetrows.decoding.config import condition_config
 
     fts = DecodeConfig("fts", budget=8, pool=PoolShape(4, 3), temperature=1.0, seed=7,
                        batch_size=2)

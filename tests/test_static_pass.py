@@ -244,7 +244,7 @@ def test_graphs_on_where_they_cannot_run_fails_and_auto_stays_eager(llama):
     model = HFModel(target_hf, name="t")
     with pytest.raises(ValueError, match="CUDA"):
         apply_graphs([model], "on")
-    assert apply_graphs([model], "auto") == [] and model.engine.static is None
+    assert apply_graphs([model], "auto") == [] and model.engine.lane_group is None
     with pytest.raises(ValueError, match="auto, on, off"):
         apply_graphs([model], "always")
 

@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from targetrows.bench.drift import explain_parting
 from targetrows.core.rows import greedy
 from targetrows.decoding.batch import generate_batch
-from targetrows.decoding.budget import NO_TREE, NO_TREE_TEXT, condition_config
-from targetrows.decoding.config import DecodeConfig
+from targetrows.decoding.budget import NO_TREE, NO_TREE_TEXT
+from targetrows.decoding.config import DecodeConfig, condition_config
 from targetrows.decoding.loop import DecodeResult, generate
 from targetrows.decoding.registry import get_decoder
 

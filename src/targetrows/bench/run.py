@@ -45,10 +45,9 @@ from targetrows.decoding.budget import (
     Budget,
     Fixed,
     Matched,
-    condition_config,
     parse_budget,
 )
-from targetrows.decoding.config import DecodeConfig
+from targetrows.decoding.config import DecodeConfig, condition_config
 from targetrows.decoding.loop import generate, new_state
 from targetrows.decoding.model import synchronize
 from targetrows.decoding.registry import decoder_names, get_decoder

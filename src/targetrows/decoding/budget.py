@@ -12,18 +12,14 @@ command line, a conditions file) and parsed by `parse_budget` alone:
 
 `ar` verifies no tree and has no budget: its `DecodeConfig.budget` is None. A condition (budget,
 pool depth) of (NO_TREE, NO_TREE) is an `auto` pick of no tree: a tree decoder there decodes
-as `ar` (`condition_config`), in `decode`, `bench` and `compare` alike.
+as `ar` (`targetrows.decoding.config.condition_config`), in `decode`, `bench` and `compare` alike.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from targetrows.core.checks import check_budget
-
-if TYPE_CHECKING:
-    from .config import DecodeConfig
 
 DEFAULT_BUDGET = 59  # the paper's online budget
 # the budget and depth of no tree: what ar's answers record, and what `auto` picks where no tree
@@ -96,19 +92,6 @@ def budget_spec(budget: Budget):
     if isinstance(budget, Matched):
         return {"matched": budget.at}
     return "auto"
-
-
-def condition_config(config: DecodeConfig, budget: int | None, depth: int) -> DecodeConfig:
-    """`config` at one condition: a tree decoder at `budget` non-root nodes on a pool of `depth`
-    levels (0: the pool's own); at NO_TREE (`auto` found no tree faster than ar's one pass per
-    token, `BudgetChoice.condition`) ar's config, which drafts nothing. A decoder without a
-    tree (ar) keeps its config."""
-    if not config.decoder.drafts:
-        return config
-    if budget == NO_TREE:
-        return config.for_decoder("ar")
-    config = replace(config, budget=budget)
-    return replace(config, pool=replace(config.pool, depth=depth)) if depth else config
 
 
 def condition_text(budget: int, depth: int) -> str:

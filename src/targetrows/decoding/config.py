@@ -11,7 +11,7 @@ from targetrows.core.pool import PoolShape
 from targetrows.core.rules.learned import Reranker
 from targetrows.core.rules.sequoia_model import AcceptanceVector
 
-from .budget import DEFAULT_BUDGET
+from .budget import DEFAULT_BUDGET, NO_TREE
 from .registry import Decoder, get_decoder
 
 
@@ -94,3 +94,16 @@ class DecodeConfig:
     def pool_budget(self) -> int | None:
         """The tree size a round's root pool is pruned to (`Decoder.prunes_pool`), or None."""
         return self.budget if self.decoder.prunes_pool else None
+
+
+def condition_config(config: DecodeConfig, budget: int | None, depth: int) -> DecodeConfig:
+    """`config` at one condition: a tree decoder at `budget` non-root nodes on a pool of `depth`
+    levels (0: the pool's own); at NO_TREE (`auto` found no tree faster than ar's one pass per
+    token, `BudgetChoice.condition`) ar's config, which drafts nothing. A decoder without a
+    tree (ar) keeps its config."""
+    if not config.decoder.drafts:
+        return config
+    if budget == NO_TREE:
+        return config.for_decoder("ar")
+    config = replace(config, budget=budget)
+    return replace(config, pool=replace(config.pool, depth=depth)) if depth else config

@@ -209,7 +209,9 @@ class HeadEngine:
     draft_cols: torch.Tensor | None = None  # draft-vocabulary columns inside vocab_size
     target_cols: torch.Tensor | None = None  # their target ids, ascending
     target_ids: np.ndarray | None = None  # the same, on the host
-    static: object | None = None  # the static-shape steps' `StaticShape`, or None: eager
+    # how n lanes' steps run, (head, n) -> a group: None for `HeadSteps`; static-shape
+    # steps set their own (`targetrows.hf.static_head.use_static_head`)
+    lane_group: object | None = None
 
 
 class Eagle3Draft(TorchRows):

@@ -268,10 +268,8 @@ def hf_lanes(model, n: int) -> list:
     if getattr(model, "_is_lane", False):
         raise ValueError(f"{model.name}: a lane is one sequence of a batch; make lanes of the "
                          "model")
-    if model.engine.static is not None:  # the same static-shape passes, over n rows
-        from .static_pass import static_passes
-
-        passes = static_passes(model, n, model.engine.static)
+    if model.engine.lane_group is not None:  # the model's own kind of passes, over n rows
+        passes = model.engine.lane_group(model, n)
     else:
         passes = BatchedPasses(model, BatchedKV(len(model.model.get_decoder().layers), n))
     lanes = []
@@ -335,10 +333,8 @@ def head_lanes(draft, n: int, target_lanes) -> list:
     if target_lanes is None or len(target_lanes) != n:
         raise ValueError(f"{draft.name}: an EAGLE-3 head's lanes read their target lanes' "
                          f"features: give {n} target lanes")
-    if draft.engine.static is not None:  # the same static-shape steps, over n rows
-        from .static_head import StaticHeadSteps
-
-        steps = StaticHeadSteps(draft, n, draft.engine.static)
+    if draft.engine.lane_group is not None:  # the head's own kind of steps, over n rows
+        steps = draft.engine.lane_group(draft, n)
     else:
         steps = HeadSteps(draft)
     lanes = []

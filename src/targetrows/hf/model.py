@@ -55,7 +55,9 @@ class Engine:
     hidden_size: int = 0
     capture: dict | None = None  # the feature layers' inputs of the pass running now
     side: SideStream | None = None
-    static: object | None = None  # the static-shape passes' `StaticShape`, or None: eager
+    # how n lanes' passes run, (model, n) -> a group of passes: None for `BatchedPasses`;
+    # static-shape passes set their own (`targetrows.hf.static_pass.use_static`)
+    lane_group: object | None = None
 
 
 @dataclass(frozen=True)

@@ -211,7 +211,7 @@ def use_static(model, shape: StaticShape) -> None:
     if getattr(model, "_is_lane", False):
         raise ValueError(f"{model.name}: set up the model, not a lane, for static passes")
     model.engine.lean = lean
-    model.engine.static = shape
+    model.engine.lane_group = lambda lead, n: static_passes(lead, n, shape)
     model._row = 0
     passes = static_passes(model, 1, shape)
     model._begin(model.engine, passes, lambda: LaneCache(passes.kv, 0))

@@ -31,10 +31,9 @@ from targetrows.decoding.budget import (
     Auto,
     Budget,
     Fixed,
-    condition_config,
     condition_text,
 )
-from targetrows.decoding.config import DecodeConfig
+from targetrows.decoding.config import DecodeConfig, condition_config
 from targetrows.decoding.loop import decode_passes, new_state
 from targetrows.decoding.model import draft_kind, overlaps
 from targetrows.decoding.schedule import run_batched
