@@ -134,6 +134,17 @@ class _ReplayedPass:
         _copy_into(self.inputs.out, self.graphs._compute(self.inputs))
 
 
+def _replay_in_place(monkeypatch) -> None:
+    """Graphs 'captured' as `_ReplayedPass`es (graphs=True runs on the CPU)."""
+    from targetrows.hf.graphs import BucketGraphs
+
+    def capture(self, inputs, stream):
+        inputs.graph = _ReplayedPass(self, inputs)
+        self.stats.captured += 1
+
+    monkeypatch.setattr(BucketGraphs, "_capture", capture)
+
+
 def test_outputs_replayed_in_place_are_read_before_the_next_replay(llama, monkeypatch, tmp_path):
     """A graph's outputs are overwritten by its next replay: decoders with a standalone draft
     and with an EAGLE-3 head (its steps static too), at batch 1 and 3, give their eager
@@ -142,14 +153,9 @@ def test_outputs_replayed_in_place_are_read_before_the_next_replay(llama, monkey
     from tiny_heads import save_tiny_head
 
     from targetrows.hf.eagle3_checkpoint import load_eagle3
-    from targetrows.hf.graphs import BucketGraphs
     from targetrows.hf.static_head import use_static_head
 
-    def capture(self, inputs, stream):
-        inputs.graph = _ReplayedPass(self, inputs)
-        self.stats.captured += 1
-
-    monkeypatch.setattr(BucketGraphs, "_capture", capture)
+    _replay_in_place(monkeypatch)
     target_hf, draft_hf = llama
     head_target = tiny_model("llama", seed=0, n_layers=6, dtype=torch.float64)
     folder = save_tiny_head(tmp_path / "h", head_target.config, draft_vocab_size=150)
@@ -175,6 +181,32 @@ def test_outputs_replayed_in_place_are_read_before_the_next_replay(llama, monkey
             assert [r.tokens for r in batched] == want, name
         assert all(m._passes.stats.captured > 0 if isinstance(m, HFModel)
                    else m._steps.stats.captured > 0 for m in replayed)
+
+
+def test_lanes_asked_for_again_replay_their_graphs_and_retire_the_earlier_ones(llama,
+                                                                               monkeypatch):
+    """A model's static lanes at one count keep their group: the next batch at that count
+    replays the graphs the first captured (and gives the same tokens), and lanes made before
+    it can no longer reach the rows they handed over."""
+    _replay_in_place(monkeypatch)
+    target_hf, draft_hf = llama
+    shape = StaticShape(capacity=CAPACITY, graphs=True)
+    target, draft = HFModel(target_hf, name="t"), HFModel(draft_hf, name="d")
+    use_static(target, shape)
+    use_static(draft, shape)
+    earlier = target.lanes(3)
+    group = earlier[0]._passes
+    prompts = HF_PROMPTS[:4]
+    configs = _configs("draft_rank", len(prompts), pool=PoolShape(top_k=4, depth=3))
+    want = [r.tokens for r in generate_batch(target, draft, prompts, configs, 3)]
+    captured = group.stats.captured
+    assert captured > 0
+    assert [r.tokens for r in generate_batch(target, draft, prompts, configs, 3)] == want
+    assert group.stats.captured == captured
+    with pytest.raises(RuntimeError, match="later lanes"):
+        earlier[0].logits([5, 17], Tree.root_only(17), [0])
+    with pytest.raises(RuntimeError, match="later lanes"):
+        earlier[1].reset()
 
 
 @pytest.mark.parametrize("batch", [1, 3])
@@ -229,6 +261,25 @@ def test_compaction_after_acceptance_equals_a_fresh_prefill(llama):
         torch.testing.assert_close(layer.keys, ref.keys, rtol=1e-10, atol=1e-10)
         torch.testing.assert_close(layer.values, ref.values, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(lane._features, fresh._features, rtol=1e-10, atol=1e-10)
+
+
+@torch.inference_mode()
+def test_the_feature_buffer_of_static_passes_is_allocated_once(llama):
+    """Static passes keep the target's features (what an EAGLE-3 head drafts from) in one
+    buffer per sequence, made at the capacity: contexts past an eager buffer's first size
+    (256 entries) and a new sequence write into the same memory, so a graph's copy never
+    meets a buffer that moved (and nothing is copied beside a root pass on its own stream)."""
+    target_hf, _ = llama
+    lane = static_model(target_hf, capacity=400, feature_layers=[0, 1]).lanes(2)[0]
+    buffers = set()
+    for ctx in ([5, 17, 42], [i % 50 + 1 for i in range(300)], [9, 8] * 180):
+        lane.reset()
+        lane.logits(ctx, Tree.root_only(ctx[-1]), [0])
+        lane.commit(ctx)
+        lane.logits(ctx, Tree([ctx[-1], 3, 4], [-1, 0, 1]), [1, 2])
+        buffers.add(lane._feature_buffer.data_ptr())
+        assert lane._feature_buffer.shape[0] == 400
+    assert len(buffers) == 1
 
 
 def test_a_context_past_the_capacity_is_an_error_naming_the_setting(llama):

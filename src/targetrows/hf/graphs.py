@@ -63,6 +63,24 @@ class StaticShape:
                 "--max-context (config: decode.max_context), or run with --graphs off")
 
 
+class GroupPerCount:
+    """A model's static lane group, made by `make(model, n)` and kept while its lanes are
+    asked for at the same count: a group's graphs are captured on first use, so the next
+    batch, bench run or job at that count replays them instead of capturing anew. A new count
+    replaces the group (its caches and graphs go with the last lanes that hold them).
+    Asking again hands the rows to the new lanes; the earlier ones are retired
+    (`targetrows.hf.lanes`)."""
+
+    def __init__(self, make):
+        self._make, self._n, self._group = make, None, None
+
+    def __call__(self, model, n: int):
+        if self._n != n:
+            self._group = None  # freed before its successor is allocated
+            self._group, self._n = self._make(model, n), n
+        return self._group
+
+
 @dataclass
 class GraphStats:
     """What a model's static passes ran: passes per width, graphs captured, the seconds and

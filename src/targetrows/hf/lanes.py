@@ -278,6 +278,32 @@ def hf_lanes(model, n: int) -> list:
         lane._row, lane._is_lane = row, True
         lane._begin(model.engine, passes, lambda row=row: LaneCache(passes.kv, row))
         lanes.append(lane)
+    return _claim(passes, lanes, ("_passes", "_cache", "_new_cache"))
+
+
+class _Replaced:
+    """What a lane holds once a later `lanes(n)` call has handed its rows to new lanes: any use
+    is an error, never a write over a new lane's row."""
+
+    def __init__(self, name: str):
+        self._why = (f"{name}: these lanes' rows were handed to the lanes of a later lanes() "
+                     "call (a static group is kept per lane count); use those")
+
+    def __getattr__(self, attr):
+        raise RuntimeError(self._why)
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError(self._why)
+
+
+def _claim(group, lanes: list, state: tuple[str, ...]) -> list:
+    """Make `lanes` the ones that use `group`'s rows: a group that is reused (static passes
+    keep theirs, with their captured graphs, per lane count) retires the lanes it had, whose
+    `state` (what reaches the rows) becomes `_Replaced`. Returns `lanes`."""
+    for lane in getattr(group, "lanes_now", ()):
+        for attr in state:
+            setattr(lane, attr, _Replaced(lane.name))
+    group.lanes_now = lanes
     return lanes
 
 
@@ -343,4 +369,4 @@ def head_lanes(draft, n: int, target_lanes) -> list:
         lane._row, lane._is_lane = row, True
         lane._begin(draft.engine, target, steps)
         lanes.append(lane)
-    return lanes
+    return _claim(steps, lanes, ("_steps",))

@@ -58,6 +58,9 @@ class Engine:
     # how n lanes' passes run, (model, n) -> a group of passes: None for `BatchedPasses`;
     # static-shape passes set their own (`targetrows.hf.static_pass.use_static`)
     lane_group: object | None = None
+    # static-shape passes: each sequence's feature buffer holds this many entries, allocated at
+    # its first pass and never grown (None: it grows as the cache does)
+    static_entries: int | None = None
 
 
 @dataclass(frozen=True)
@@ -200,7 +203,8 @@ class HFModel(TorchRows):
         # per cache entry: the feature layers' inputs, concatenated (only with feature_layers);
         # a view of the first rows of a buffer that grows like the KV cache (no copy per pass)
         self._features: torch.Tensor | None = None
-        self._feature_buffer: torch.Tensor | None = None
+        if self.engine.static_entries is None or not hasattr(self, "_feature_buffer"):
+            self._feature_buffer: torch.Tensor | None = None  # a static one is kept
         self._features_copied = None  # the last growth's copy, queued: readers wait for it
 
     def lanes(self, n: int, target_lanes=None) -> list[HFModel]:
@@ -376,7 +380,8 @@ class HFModel(TorchRows):
         end = held + len(fresh)
         buf = self._feature_buffer
         if buf is None or len(buf) < end:  # room for twice as many: O(1) copies per entry
-            grown = fresh.new_empty((max(256, 2 * end), fresh.shape[1]))
+            static = self.engine.static_entries  # static passes check `end` against it first
+            grown = fresh.new_empty((static or max(256, 2 * end), fresh.shape[1]))
             if held:
                 grown[:held] = buf[:held]
                 record_use(buf)  # copied on this stream, maybe not the one it was made on

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .graphs import BucketGraphs, PaddedSlots, StaticShape
+from .graphs import BucketGraphs, GroupPerCount, PaddedSlots, StaticShape
 
 
 class _Inputs:
@@ -100,6 +100,6 @@ def use_static_head(draft, shape: StaticShape) -> None:
     own), and its lanes too."""
     if getattr(draft, "_is_lane", False):
         raise ValueError(f"{draft.name}: set up the head, not a lane, for static steps")
-    draft.engine.lane_group = lambda head, n: StaticHeadSteps(head, n, shape)
+    draft.engine.lane_group = GroupPerCount(lambda head, n: StaticHeadSteps(head, n, shape))
     draft._row = 0
     draft._begin(draft.engine, draft.target, StaticHeadSteps(draft, 1, shape))

@@ -5,7 +5,11 @@ features at each of its positions (the head's input).
 
 Sizes come from the models' config.json (layers, key/value heads, head size, hidden size). A
 sequence reaches at most `sequence_positions` positions; a lane buffer doubles when it needs
-more room, so it may hold up to twice what it uses, and is counted so.
+more room, so it may hold up to twice what it uses, and is counted so. Under `decode.graphs`
+the buffers are static instead: `decode.max_context` positions (the pipeline sizes by them), and
+beside a batch's N lanes each model keeps its own one-sequence buffer, so N + 1 buffers of that
+size, within the 2N the count allows (under `auto` a model without static passes stays eager and
+grows as above).
 """
 
 from __future__ import annotations
