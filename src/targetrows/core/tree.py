@@ -31,8 +31,10 @@ class Tree:
         depth.flags.writeable = False
         self.depth = depth
         # (parent, token) -> child: verification's only lookup
-        pairs = zip(parents.tolist(), tokens.tolist(), strict=True)
+        pairs = list(zip(parents.tolist(), tokens.tolist(), strict=True))
         self._child_index = {pt: i for i, pt in enumerate(pairs)}
+        if len(self._child_index) < len(pairs):
+            _duplicate_sibling(pairs)
 
     @classmethod
     def root_only(cls, token: int) -> Tree:
@@ -197,13 +199,16 @@ def _check(tokens: np.ndarray, parents: np.ndarray) -> None:
             f"node {i} has parent {parents[i]}: parents must satisfy 0 <= parents[i] < i "
             "(node indices are topological, which also rules out cycles)"
         )
-    # sibling tokens distinct: a duplicate (parent, token) pair
-    pairs = parents[1:] * (int(tokens.max()) + 1) + tokens[1:]
-    _, first, counts = np.unique(pairs, return_index=True, return_counts=True)
-    if np.any(counts > 1):
-        dup = np.flatnonzero(counts > 1)[0]
-        later = np.flatnonzero(pairs == pairs[first[dup]])[1] + 1
-        raise ValueError(
-            f"node {int(later)} repeats token {int(tokens[later])} among the children of "
-            f"node {int(parents[later])}: sibling tokens must be distinct"
-        )
+
+
+def _duplicate_sibling(pairs: list[tuple[int, int]]) -> None:
+    """Name the first node whose (parent, token) repeats an earlier node's: sibling tokens must be
+    distinct."""
+    seen = set()
+    for i, (parent, token) in enumerate(pairs):
+        if (parent, token) in seen:
+            raise ValueError(
+                f"node {i} repeats token {token} among the children of node {parent}: sibling "
+                "tokens must be distinct"
+            )
+        seen.add((parent, token))
