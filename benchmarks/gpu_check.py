@@ -16,9 +16,9 @@ left cannot hold is skipped and says so):
    shapes in bfloat16, and the row spread between pass shapes (`gpu_speed.pass_costs`).
 4. bench: `targetrows bench` on the Qwen3-8B shape with a Qwen3-0.6B-shaped draft.
 5. graphs: static-shape passes replayed as CUDA graphs against eager on that pair (pass
-   costs 1-128 nodes, the draft's pass, ar / draft_rank / fts tokens/s against the
-   weight-streaming bound, capture time and memory), and every decoder's tokens with graphs
-   against eager in float32 with the syncs per round (`gpu_graphs`).
+   costs 1-128 nodes, the draft's pass, an EAGLE-3 head's step, ar / draft_rank / fts
+   tokens/s against the weight-streaming bound, capture time and memory), and every decoder's
+   tokens with graphs against eager in float32 with the syncs per round (`gpu_graphs`).
    Then overlap: root pass alongside drafting on one GPU (a thread, and a stream of its own),
    against one after the other.
    Then batched: ar, draft_rank and fts decoding 1, 4 and 16 prompts at once on that pair,

@@ -4,8 +4,9 @@ the paper's shapes.
 
 - the weight-streaming bound: the target's weight bytes over a measured device copy bandwidth
   (a pass cannot take less; `ar` cannot make more tokens/s than its inverse);
-- one target pass over 1-128 tree nodes, eager and with graphs (`time_passes`), and the
-  0.6B-shaped draft's one-token pass;
+- one target pass over 1-128 tree nodes, eager and with graphs (`time_passes`), the
+  0.6B-shaped draft's pass of 1 and 8 tokens, and the step of an EAGLE-3 head of a Qwen3-8B
+  head's shape feeding 1 and 10 nodes;
 - `ar`, `draft_rank` and `fts` tokens/s, eager and with graphs, against that bound;
 - every decoder's tokens with graphs against eager on tiny float32 models, with a standalone
   draft and with an EAGLE-3 head (they must be equal), and the host syncs per round on graphs;
@@ -112,6 +113,7 @@ def graphs(args, device: str, keep: dict) -> dict:
         speed[name] = {"eager": eager_tps, "graphs": graph_tps,
                        "same": graph_tokens == eager_tokens}
     out["speed"] = speed
+    out["head_step"] = head_steps(target, smoke, ctx, repeats, capacity, use_graphs)
     passes = static_target._passes.stats, static_draft._passes.stats
     out["capture"] = {"captured": sum(s.captured for s in passes),
                       "capture_s": sum(s.capture_s for s in passes),
@@ -119,6 +121,36 @@ def graphs(args, device: str, keep: dict) -> dict:
                       "stage_s": time.perf_counter() - t}
     out.update(_identity_and_syncs(device, smoke, use_graphs))
     return out
+
+
+def head_steps(target: HFModel, smoke: bool, ctx: list[int], repeats: int, capacity: int,
+               use_graphs: bool) -> dict:
+    """One step of a random EAGLE-3 head of a Qwen3-8B head's shape, feeding 1 and 10 nodes
+    (a level of the default pool) on the cached `ctx`, eager and static (graphs on a GPU). Each
+    head reads a twin of `target` over the same weights, so that no other stage's target keeps
+    features."""
+    import os
+    import tempfile
+
+    from gpu_speed import QWEN3_8B_HEAD
+    from tiny_heads import save_tiny_head
+
+    from targetrows.hf.eagle3_checkpoint import load_eagle3
+    from targetrows.hf.static_head import use_static_head
+
+    sizes = dict(hidden=None, n_heads=4, n_kv=2, head_dim=16, intermediate=128,
+                 draft_vocab_size=256) if smoke else QWEN3_8B_HEAD
+    with torch.random.fork_rng(devices=[]):
+        folder = save_tiny_head(os.path.join(tempfile.mkdtemp(), "qwen3-8b-head"),
+                                target.model.config, scale=0.02, **sizes)
+    eager = load_eagle3(folder, HFModel(target.model, vocab_size=target.vocab_size,
+                                        name="qwen3-8b (head, eager)"))
+    static = load_eagle3(folder, on_graphs(target, "qwen3-8b (head, graphs)", use_graphs,
+                                           capacity))
+    use_static_head(static, StaticShape(capacity=capacity, graphs=use_graphs))
+    widths = (1, 4) if smoke else (1, 10)
+    return {"eager": time_passes(eager, ctx, widths, repeats),
+            "graphs": time_passes(static, ctx, widths, repeats)}
 
 
 def _identity_and_syncs(device: str, smoke: bool, use_graphs: bool) -> dict:
@@ -190,6 +222,9 @@ def markdown(rep: dict) -> str:
     lines += ["", "Qwen3-0.6B-shaped draft pass, 1 / 8 tokens, ms: eager "
               f"{d['eager'].seconds[0] * 1e3:.2f} / {d['eager'].seconds[-1] * 1e3:.2f}, graphs "
               f"{d['graphs'].seconds[0] * 1e3:.2f} / {d['graphs'].seconds[-1] * 1e3:.2f}.", "",
+              f"EAGLE-3 head step (a Qwen3-8B head's shape), {_widths(rep['head_step'])} nodes, "
+              f"ms: eager {_ms(rep['head_step']['eager'])}, graphs "
+              f"{_ms(rep['head_step']['graphs'])}.", "",
               "| decoder | eager tokens/s | graphs tokens/s | graphs / bound | same tokens |",
               "|---|---|---|---|---|"]
     for name, s in rep["speed"].items():
@@ -206,3 +241,11 @@ def markdown(rep: dict) -> str:
         lines.append(f"| {r['draft']} | {r['decoder']} | {r['same']} | {r['rounds']} | "
                      f"{syncs} |")
     return "\n".join(lines)
+
+
+def _widths(curves: dict) -> str:
+    return " / ".join(str(n) for n in curves["eager"].sizes)
+
+
+def _ms(curve) -> str:
+    return " / ".join(f"{t * 1e3:.2f}" for t in curve.seconds)
