@@ -75,7 +75,7 @@ class GroupPerCount:
 
     def __call__(self, model, n: int):
         if self._n != n:
-            self._group = None  # freed before its successor is allocated
+            self._group = None  # let go first: freed with its last lanes, not beside the new
             self._group, self._n = self._make(model, n), n
         return self._group
 

@@ -201,10 +201,11 @@ class HFModel(TorchRows):
         self._slot = np.zeros(0, dtype=np.int64)  # cache index of each tree node, -1 if unfed
         self._anc = np.zeros((0, 0), dtype=bool)
         # per cache entry: the feature layers' inputs, concatenated (only with feature_layers);
-        # a view of the first rows of a buffer that grows like the KV cache (no copy per pass)
+        # a view of the first rows of a buffer that grows like the KV cache (no copy per pass),
+        # or under static passes is made once at their capacity and kept for the next sequence
         self._features: torch.Tensor | None = None
-        if self.engine.static_entries is None or not hasattr(self, "_feature_buffer"):
-            self._feature_buffer: torch.Tensor | None = None  # a static one is kept
+        static = self.engine.static_entries is not None
+        self._feature_buffer = getattr(self, "_feature_buffer", None) if static else None
         self._features_copied = None  # the last growth's copy, queued: readers wait for it
 
     def lanes(self, n: int, target_lanes=None) -> list[HFModel]:
