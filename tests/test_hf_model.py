@@ -292,6 +292,27 @@ def test_sampling_is_seeded_and_follows_the_softmax():
     np.testing.assert_allclose(freq, torch.softmax(logits[0] / 1.5, -1).numpy(), atol=0.015)
 
 
+def test_row_blocks_drawn_as_one_give_the_tokens_drawn_block_by_block():
+    """`draw((a, b))` is one read for the root row and a pass's rows (`decoding.loop._verify`):
+    the same tokens as drawing a, then b, from the same seed, for the torch and toy backends."""
+    from targetrows.core.toy import ToyPair
+
+    hf = wrap(tiny_model("llama", dtype=torch.float32), seed=3)
+    a, b = torch.randn(1, 50, generator=torch.Generator().manual_seed(0)), torch.randn(
+        6, 50, generator=torch.Generator().manual_seed(1))
+    for temperature in (0.0, 0.7):
+        hf.reset(3)
+        apart = np.concatenate([hf.draw(a, temperature), hf.draw(b, temperature)])
+        hf.reset(3)
+        np.testing.assert_array_equal(hf.draw((a, b), temperature), apart)
+    toy = ToyPair(50, seed=0).target
+    for temperature in (0.0, 0.7):
+        toy.reset(3)
+        apart = np.concatenate([toy.draw(a.numpy(), temperature), toy.draw(b.numpy(), temperature)])
+        toy.reset(3)
+        np.testing.assert_array_equal(toy.draw((a.numpy(), b.numpy()), temperature), apart)
+
+
 def test_non_finite_logits_name_the_position():
     model = tiny_model("llama", seed=4, dtype=torch.float32)
     with torch.no_grad():

@@ -84,6 +84,8 @@ class ToyModel:
     def draw(self, logits: np.ndarray, temperature: float) -> np.ndarray:
         from .verify import draw_rows
 
+        if isinstance(logits, tuple):  # row blocks, drawn in order as one
+            logits = np.concatenate(logits)
         if greedy(temperature):
             return draw_rows(logits, None)
         if self._rng is None:

@@ -19,8 +19,6 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import numpy as np
-
 from targetrows.core.passes import Passes
 from targetrows.core.rows import RowStore
 from targetrows.core.tree import Tree
@@ -160,12 +158,14 @@ def _verify(target, ctx: list[int], tree: Tree, store: RowStore, config: DecodeC
         stats.target_passes += 1
     else:  # exact root row from this context's root pass: only the other nodes need a pass
         rows, nodes = None, range(0)
-        draws = target.draw(root_logits, config.temperature)
         if len(tree) > 1:
             nodes = range(1, len(tree))
             rows = yield from target.logits_passes(ctx, tree, nodes)
-            draws = np.concatenate([draws, target.draw(rows, config.temperature)])
             stats.target_passes += 1
+        # the root's and the nodes' draws in one read, once the pass is queued (a GPU's host
+        # waits once, not before launching the pass too)
+        draws = target.draw(root_logits if rows is None else (root_logits, rows),
+                            config.temperature)
     stats.t_verify = time.perf_counter() - t
     path, bonus = walk(tree, draws)
     stats.nodes = tree.budget

@@ -55,7 +55,9 @@ class Model(Protocol):
 
     def draw(self, logits: Any, temperature: float) -> np.ndarray:
         """One token per row: the argmax at temperature 0, else a sample from
-        softmax(logits / temperature) using the model's own seeded generator."""
+        softmax(logits / temperature) using the model's own seeded generator. `logits` may be a
+        tuple of row blocks: drawn as their rows in order, in one read (the same tokens as
+        drawing block by block)."""
 
     def topk(self, logits: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(tokens [rows, k], log-probs [rows, k]) of each row at temperature 1, best first,

@@ -130,7 +130,10 @@ class TorchRows:
         return logits
 
     @torch.inference_mode()
-    def draw(self, logits: torch.Tensor, temperature: float) -> np.ndarray:
+    def draw(self, logits: torch.Tensor | tuple[torch.Tensor, ...],
+             temperature: float) -> np.ndarray:
+        if isinstance(logits, tuple):  # blocks drawn in one read (rows in order: one stream)
+            logits = torch.cat(logits)
         if greedy(temperature):
             return self._fetch(logits.argmax(dim=-1))[0]  # first maximum: ties to the lower id
         check_temperature(temperature, f"{self.name}: temperature")

@@ -1,0 +1,108 @@
+"""Host reads per round of every decoder, counted on the CPU: a floor under a GPU's host syncs.
+
+On a GPU the host waits for the device wherever it reads a value back. Our torch backends read
+through one function (`TorchRows._fetch`: the draw, a top-k, log-probs, with the checks queued
+since the last read), so each call is one wait. This script counts those calls per round, with
+the checks queued as on a GPU (`_defer_checks`), on tiny float32 models: a standalone draft and
+a random EAGLE-3 head. It cannot see the waits a GPU adds elsewhere (a blocking copy, a
+`nonzero`); `benchmarks/gpu_check.py` counts those with torch's sync debug mode. The issue's
+goal is at most 3 a round.
+
+    python benchmarks/host_reads.py --out benchmarks/results/host_reads.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from collections import Counter
+from contextlib import contextmanager
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))  # tiny_models, tiny_heads, rerankers
+
+import torch  # noqa: E402
+from report_out import emit  # noqa: E402
+from rerankers import decode_config  # noqa: E402
+from tiny_heads import save_tiny_head  # noqa: E402
+from tiny_models import tiny_model  # noqa: E402
+
+from targetrows.core.pool import PoolShape  # noqa: E402
+from targetrows.decoding.loop import generate  # noqa: E402
+from targetrows.decoding.registry import decoder_names  # noqa: E402
+from targetrows.hf.eagle3_checkpoint import load_eagle3  # noqa: E402
+from targetrows.hf.model import HFModel  # noqa: E402
+from targetrows.hf.torch_rows import TorchRows  # noqa: E402
+
+PACKAGE = os.path.join("src", "targetrows")
+
+
+@contextmanager
+def counting_reads():
+    """Count `TorchRows._fetch` calls inside the block, by the innermost line of ours outside
+    torch_rows.py that made them; checks are queued for the next read, as on a GPU."""
+    import traceback
+
+    counts: Counter = Counter()
+    fetch, defer = TorchRows._fetch, TorchRows._defer_checks
+
+    def counted(self, *tensors):
+        ours = [f for f in traceback.extract_stack()[:-1]
+                if PACKAGE in f.filename and not f.filename.endswith("torch_rows.py")]
+        where = os.path.relpath(ours[-1].filename, os.path.join(HERE, "..", PACKAGE))
+        counts[f"{where}:{ours[-1].lineno} {ours[-1].name}"] += 1
+        return fetch(self, *tensors)
+
+    TorchRows._fetch, TorchRows._defer_checks = counted, True
+    try:
+        yield counts
+    finally:
+        TorchRows._fetch, TorchRows._defer_checks = fetch, defer
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--budget", type=int, default=8)
+    p.add_argument("--top-k", type=int, default=4)
+    p.add_argument("--depth", type=int, default=4)
+    p.add_argument("--max-new-tokens", type=int, default=24)
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    torch.manual_seed(0)
+    target_hf = tiny_model("llama", seed=0, n_layers=6)
+    target = HFModel(target_hf, name="target")
+    folder = tempfile.mkdtemp()
+    drafts = {"standalone": HFModel(tiny_model("llama", seed=1, n_layers=1), name="draft"),
+              "eagle3": load_eagle3(save_tiny_head(os.path.join(folder, "head"), target_hf.config,
+                                                   draft_vocab_size=100), target)}
+    pool = PoolShape(args.top_k, args.depth)
+    lines = ["# Host reads per round (CPU count: a floor under a GPU's syncs)", "",
+             f"- command: `python benchmarks/host_reads.py {' '.join(sys.argv[1:])}`",
+             f"- tiny float32 Llama target (6 layers), budget {args.budget}, pool {pool.top_k} x "
+             f"{pool.depth}, {args.max_new_tokens} new tokens, T=0; torch {torch.__version__}",
+             "", "| draft | decoder | rounds | reads per round |", "|---|---|---|---|"]
+    sites: Counter = Counter()
+    for kind, draft in drafts.items():
+        for name in decoder_names():
+            config = decode_config(name, budget=args.budget, max_new_tokens=args.max_new_tokens,
+                                   pool=pool)
+            drafted = config.decoder.needs_draft
+            if kind == "eagle3" and not drafted:
+                continue  # draft-free: counted once, under standalone
+            with counting_reads() as counts:
+                result = generate(target, draft if drafted else None, [5, 17, 42], config)
+            rounds = len(result.rounds)
+            lines.append(f"| {kind if drafted else '-'} | {name} | {rounds} | "
+                         f"{sum(counts.values()) / rounds:.1f} |")
+            sites.update(counts)
+    lines += ["", "Where the reads come from (all runs above):", "", "| reads | line |",
+              "|---|---|"]
+    lines += [f"| {n} | `{site}` |" for site, n in sites.most_common(12)]
+    emit("\n".join(lines) + "\n", args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
