@@ -113,6 +113,7 @@ def graphs(args, device: str, keep: dict) -> dict:
         speed[name] = {"eager": eager_tps, "graphs": graph_tps,
                        "same": graph_tokens == eager_tokens}
     out["speed"] = speed
+    out["hf_tps"] = _hf_tokens_per_s(target, prompts, 8 if smoke else args.max_new_tokens)
     out["head_step"] = head_steps(target, smoke, ctx, repeats, capacity, use_graphs)
     passes = static_target._passes.stats, static_draft._passes.stats
     out["capture"] = {"captured": sum(s.captured for s in passes),
@@ -121,6 +122,52 @@ def graphs(args, device: str, keep: dict) -> dict:
                       "stage_s": time.perf_counter() - t}
     out.update(_identity_and_syncs(device, smoke, use_graphs))
     return out
+
+
+def _hf_tokens_per_s(target: HFModel, prompts, max_new_tokens: int) -> float:
+    """Hugging Face's greedy `generate()` on the target alone, the prompts one at a time (the
+    baseline of the issue's `ar` goal)."""
+    from targetrows.hf.baselines import hf_generate
+
+    def run(ids):
+        return hf_generate(target.model, ids, 0.0, max_new_tokens, (), 0, target.vocab_size)
+
+    run(prompts[0])  # warm-up
+    _sync(str(target.device))
+    start = time.perf_counter()
+    made = sum(len(run(p)) for p in prompts)
+    _sync(str(target.device))
+    return made / (time.perf_counter() - start)
+
+
+def goals(rep: dict) -> list[tuple[str, str, bool | None]]:
+    """The issue's goals for graphs on a GPU, each (goal, what was measured, met): None where
+    this run cannot say (syncs are counted on CUDA only)."""
+    passes = rep["target_passes"]["graphs"]
+    sizes, seconds = list(passes.sizes), passes.seconds
+    one, bound = seconds[0], rep["bound_s"]
+    wide = max(n for n in sizes if n <= 64)
+    head = rep["head_step"]["graphs"]
+    draft = rep["draft_pass"]["graphs"]
+    ar = rep["speed"]["ar"]["graphs"]
+    syncs = [r["syncs"] for r in rep["identity"] if r["syncs"] is not None]
+    same = (all(r["same"] for r in rep["identity"])
+            and all(s["same"] for s in rep["speed"].values()))
+    return [
+        ("target's 1-token pass <= 2x its weight-streaming time",
+         f"{one * 1e3:.2f} ms, {one / bound:.1f}x", one <= 2 * bound),
+        (f"a {wide}-node pass <= 1.3x the 1-token pass",
+         f"{seconds[sizes.index(wide)] / one:.2f}x", seconds[sizes.index(wide)] <= 1.3 * one),
+        (f"head step < 1 ms ({head.sizes[-1]} nodes)", f"{head.seconds[-1] * 1e3:.2f} ms",
+         head.seconds[-1] < 1e-3),
+        (f"0.6B draft pass < 2 ms ({draft.sizes[-1]} tokens)",
+         f"{draft.seconds[-1] * 1e3:.2f} ms", draft.seconds[-1] < 2e-3),
+        ("ar >= 4x HF generate", f"{ar / rep['hf_tps']:.2f}x", ar >= 4 * rep["hf_tps"]),
+        ("<= 3 host syncs a round, every decoder",
+         f"at most {max(syncs):.1f}" if syncs else "not counted (no CUDA)",
+         max(syncs) <= 3 if syncs else None),
+        ("tokens with graphs = eager, every decoder", str(same), same),
+    ]
 
 
 def head_steps(target: HFModel, smoke: bool, ctx: list[int], repeats: int, capacity: int,
@@ -230,6 +277,10 @@ def markdown(rep: dict) -> str:
     for name, s in rep["speed"].items():
         lines.append(f"| {name} | {s['eager']:.1f} | {s['graphs']:.1f} | "
                      f"{s['graphs'] * bound:.2f} | {s['same']} |")
+    lines += ["", f"HF `generate()` on the target alone: {rep['hf_tps']:.1f} tokens/s.", "",
+              "| goal (graphs on a GPU) | measured | met |", "|---|---|---|"]
+    lines += [f"| {goal} | {got} | {'-' if met is None else ('yes' if met else 'no')} |"
+              for goal, got, met in goals(rep)]
     c = rep["capture"]
     lines += ["", f"Graphs captured: {c['captured']} in {c['capture_s']:.1f} s, "
               f"{c['graph_gb']:.2f} GiB; stage {c['stage_s']:.0f} s.", "",
