@@ -241,6 +241,31 @@ def test_a_static_head_step_drafts_what_an_eager_step_does(tmp_path, batch):
             torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10)
 
 
+def test_head_lanes_asked_for_again_retire_the_earlier_ones(tmp_path):
+    """An EAGLE-3 head's static lanes, asked for again at the same count over the same target
+    lanes, take over the rows: the earlier head lanes raise, the new ones draft."""
+    from test_batch import _head_draft
+    from tiny_heads import save_tiny_head
+
+    from targetrows.core.passes import run_now
+    from targetrows.hf.eagle3_checkpoint import load_eagle3
+    from targetrows.hf.static_head import use_static_head
+
+    target_hf = tiny_model("llama", seed=0, n_layers=6, dtype=torch.float64)
+    target = HFModel(target_hf, name="t")
+    head = load_eagle3(str(save_tiny_head(tmp_path / "h", target_hf.config,
+                                          draft_vocab_size=150)), target)
+    use_static(target, StaticShape(capacity=CAPACITY))
+    use_static_head(head, StaticShape(capacity=CAPACITY))
+    t_lanes = target.lanes(2)
+    earlier, now = head.lanes(2, t_lanes), head.lanes(2, t_lanes)
+    tree = Tree([5, 9, 8], [-1, 0, 0])
+    with pytest.raises(RuntimeError, match="later lanes"):
+        run_now(_head_draft(t_lanes[0], earlier[0], [2, 8, 1, 5], tree))
+    rows = run_now(_head_draft(t_lanes[0], now[0], [2, 8, 1, 5], tree))[0]
+    assert rows.shape[0] == len(tree)
+
+
 @torch.inference_mode()
 def test_compaction_after_acceptance_equals_a_fresh_prefill(llama):
     """A tree pass, then a commit of a path through it that is not where the nodes were fed:
