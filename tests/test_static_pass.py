@@ -8,6 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from replayed_graphs import CaptureError, replay_in_place  # noqa: E402
 from test_batch import HF_PROMPTS, STOP, _configs, _one_by_one  # noqa: E402
 from test_decoders_hf import hf_greedy, noisy_copy  # noqa: E402
 from tiny_models import ARCHS, tiny_model  # noqa: E402
@@ -111,40 +112,6 @@ def test_every_decoder_through_static_passes_equals_hf_greedy(llama):
     assert set(target._passes.stats.passes) <= {1, 2, 4, 8, 16, 32, 64, 128}
 
 
-def _copy_into(dst, src) -> None:
-    if isinstance(dst, torch.Tensor):
-        dst.copy_(src)
-    elif isinstance(dst, (tuple, list)):
-        for d, x in zip(dst, src, strict=True):
-            _copy_into(d, x)
-    elif isinstance(dst, dict):
-        for key in dst:
-            _copy_into(dst[key], src[key])
-
-
-class _ReplayedPass:
-    """A CPU stand-in for a CUDA graph: a replay recomputes the pass into the output tensors
-    the capture made, as a graph writes its outputs where its capture put them."""
-
-    def __init__(self, graphs, inputs):
-        self.graphs, self.inputs = graphs, inputs
-        inputs.out = graphs._compute(inputs)
-
-    def replay(self):
-        _copy_into(self.inputs.out, self.graphs._compute(self.inputs))
-
-
-def _replay_in_place(monkeypatch) -> None:
-    """Graphs 'captured' as `_ReplayedPass`es (graphs=True runs on the CPU)."""
-    from targetrows.hf.graphs import BucketGraphs
-
-    def capture(self, inputs, stream):
-        inputs.graph = _ReplayedPass(self, inputs)
-        self.stats.captured += 1
-
-    monkeypatch.setattr(BucketGraphs, "_capture", capture)
-
-
 def test_outputs_replayed_in_place_are_read_before_the_next_replay(llama, monkeypatch, tmp_path):
     """A graph's outputs are overwritten by its next replay: decoders with a standalone draft
     and with an EAGLE-3 head (its steps static too), at batch 1 and 3, give their eager
@@ -155,7 +122,7 @@ def test_outputs_replayed_in_place_are_read_before_the_next_replay(llama, monkey
     from targetrows.hf.eagle3_checkpoint import load_eagle3
     from targetrows.hf.static_head import use_static_head
 
-    _replay_in_place(monkeypatch)
+    replay_in_place(monkeypatch)
     target_hf, draft_hf = llama
     head_target = tiny_model("llama", seed=0, n_layers=6, dtype=torch.float64)
     folder = save_tiny_head(tmp_path / "h", head_target.config, draft_vocab_size=150)
@@ -183,12 +150,47 @@ def test_outputs_replayed_in_place_are_read_before_the_next_replay(llama, monkey
                    else m._steps.stats.captured > 0 for m in replayed)
 
 
+def test_the_graph_stand_in_fails_where_a_cuda_graph_would(monkeypatch):
+    """The CPU stand-in for graphs (tests/replayed_graphs.py) replays a pass that reads only
+    its buffers, and raises on what a CUDA graph would refuse to capture (a host wait, a
+    boolean index) or would replay wrongly (a Python value, a tensor made anew per pass)."""
+    from targetrows.hf.graphs import BucketGraphs
+
+    replay_in_place(monkeypatch)
+    state = {"offset": 0.0, "made": [torch.zeros(4)]}
+
+    class Buffers:
+        def __init__(self):
+            self.x = torch.zeros(4)
+
+    def run(compute):
+        graphs = BucketGraphs(torch.device("cpu"), True, lambda width: Buffers(), compute)
+        outs = []
+        for i in range(3):
+            inputs = graphs.inputs(4)
+            graphs.fill(inputs.x, np.full(4, float(i)))
+            outs.append(graphs.run(inputs, 4, True).clone())
+            state["offset"] += 1
+            state["made"].append(torch.full((4,), state["offset"]))  # each kept: a new address
+        assert graphs.stats.captured == 1
+        return outs
+
+    assert [o.tolist() for o in run(lambda b: 2 * b.x + 1)] == [[1.0] * 4, [3.0] * 4, [5.0] * 4]
+    with pytest.raises(CaptureError, match="waits"):
+        run(lambda b: b.x * b.x.sum().item())
+    with pytest.raises(CaptureError, match="boolean"):
+        run(lambda b: b.x[b.x >= 0])
+    for frozen in (lambda b: b.x + state["offset"], lambda b: b.x + state["made"][-1]):
+        with pytest.raises(CaptureError, match="differs from its capture"):
+            run(frozen)
+
+
 def test_lanes_asked_for_again_replay_their_graphs_and_retire_the_earlier_ones(llama,
                                                                                monkeypatch):
     """A model's static lanes at one count keep their group: the next batch at that count
     replays the graphs the first captured (and gives the same tokens), and lanes made before
     it can no longer reach the rows they handed over."""
-    _replay_in_place(monkeypatch)
+    replay_in_place(monkeypatch)
     target_hf, draft_hf = llama
     shape = StaticShape(capacity=CAPACITY, graphs=True)
     target, draft = HFModel(target_hf, name="t"), HFModel(draft_hf, name="d")

@@ -1,0 +1,132 @@
+"""A CPU stand-in for CUDA graphs that fails where a real graph would go wrong.
+
+A CUDA graph records the kernels of one run of a pass with their arguments: the addresses of
+the tensors they read and write, and every number. A replay runs those kernels again on
+whatever those addresses hold now. So a pass can be captured only if
+
+- it makes the host wait for nothing: an `.item()`, a `nonzero`, a boolean index or a tensor
+  made from host data raises while a stream is capturing;
+- everything that changes from one pass to the next reaches it through tensors it reads at
+  fixed addresses, never through Python values (a length the host keeps, a tensor made anew
+  per pass), which the capture freezes: a replay would silently run the first pass's.
+
+Re-running the pass's Python (what a plain stand-in does) checks neither. Here a capture runs
+the pass under a dispatch mode that records each operation with its numbers and, for each
+tensor the pass did not make itself, its address, and raises on an operation that waits; each
+replay runs the pass again, records again, and raises where the record differs from the
+capture's. Outputs are written where the capture put them, as a graph writes them.
+
+`replay_in_place(monkeypatch)` makes `BucketGraphs` capture this way (graphs=True on the CPU).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+aten = torch.ops.aten
+
+# operations that make the host wait for the device (their result's value or size is read
+# back), or copy host data in: illegal while a CUDA stream is capturing
+WAITING = {aten._local_scalar_dense.default, aten.nonzero.default, aten.masked_select.default,
+           aten.is_nonzero.default, aten.equal.default, aten.repeat_interleave.Tensor,
+           aten._unique.default, aten._unique2.default, aten.unique_dim.default,
+           aten.unique_consecutive.default, aten.lift_fresh.default,
+           aten.lift_fresh_copy.default}
+BOOLEAN_INDEXED = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default}
+
+
+class CaptureError(AssertionError):
+    """A pass that a CUDA graph could not capture, or would replay wrongly."""
+
+
+class _Record(TorchDispatchMode):
+    """Each operation of one run: its name, its non-tensor arguments, and for each tensor
+    argument either the operation of this run that made it or, for a tensor from outside,
+    its address, shape, strides and dtype."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list[tuple] = []
+        self._made: dict[int, tuple[int, int]] = {}  # id(tensor) -> (op, output)
+        self._keep: list = []  # outputs stay alive, so their ids are not reused
+
+    def _describe(self, x):
+        if not isinstance(x, torch.Tensor):
+            return x
+        if id(x) in self._made:
+            return ("made", *self._made[id(x)])
+        return ("outside", x.untyped_storage().data_ptr(), x.storage_offset(),
+                tuple(x.shape), tuple(x.stride()), x.dtype)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        flat, _ = tree_flatten((args, kwargs))
+        where = f"operation {len(self.ops)} ({func})"
+        if func in WAITING:
+            raise CaptureError(f"{where} waits for the device or copies host data in: a CUDA "
+                               "graph cannot capture it")
+        if func in BOOLEAN_INDEXED and any(
+                isinstance(x, torch.Tensor) and x.dtype == torch.bool for x in flat):
+            raise CaptureError(f"{where} indexes with a boolean mask (a nonzero: the host "
+                               "waits): a CUDA graph cannot capture it")
+        self.ops.append((str(func), tuple(self._describe(x) for x in flat)))
+        out = func(*args, **kwargs)
+        for i, x in enumerate(tree_flatten(out)[0]):
+            if isinstance(x, torch.Tensor):
+                self._made[id(x)] = (len(self.ops) - 1, i)
+                self._keep.append(x)
+        return out
+
+
+def _recorded(compute, inputs):
+    record = _Record()
+    with record:
+        out = compute(inputs)
+    return out, record.ops
+
+
+def _copy_into(dst, src) -> None:
+    if isinstance(dst, torch.Tensor):
+        dst.copy_(src)
+    elif isinstance(dst, (tuple, list)):
+        for d, x in zip(dst, src, strict=True):
+            _copy_into(d, x)
+    elif isinstance(dst, dict):
+        for key in dst:
+            _copy_into(dst[key], src[key])
+
+
+class ReplayedPass:
+    """One captured (stream, bucket): the capture's record and outputs; `replay` re-runs the
+    pass, checks it ran what was captured, and writes its outputs over the capture's."""
+
+    def __init__(self, graphs, inputs):
+        self.graphs, self.inputs = graphs, inputs
+        inputs.out, self.ops = _recorded(graphs._compute, inputs)
+        self.replays = 0
+
+    def replay(self):
+        out, ops = _recorded(self.graphs._compute, self.inputs)
+        self.replays += 1
+        if ops != self.ops:
+            same = (a == b for a, b in zip(ops, self.ops, strict=False))  # up to the shorter
+            first = next((i for i, s in enumerate(same) if not s), min(len(ops), len(self.ops)))
+            raise CaptureError(
+                f"replay {self.replays} differs from its capture at operation {first}: "
+                f"captured {self.ops[first] if first < len(self.ops) else 'nothing'}, now "
+                f"{ops[first] if first < len(ops) else 'nothing'} (a Python value or a new "
+                "tensor reached the pass; a CUDA graph would replay the captured one)")
+        _copy_into(self.inputs.out, out)
+
+
+def replay_in_place(monkeypatch) -> None:
+    """Graphs 'captured' as `ReplayedPass`es (graphs=True runs on the CPU)."""
+    from targetrows.hf.graphs import BucketGraphs
+
+    def capture(self, inputs, stream):
+        inputs.graph = ReplayedPass(self, inputs)
+        self.stats.captured += 1
+
+    monkeypatch.setattr(BucketGraphs, "_capture", capture)
