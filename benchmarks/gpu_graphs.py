@@ -51,6 +51,12 @@ def copy_bandwidth(device: str, smoke: bool) -> float:
     return 2 * n / float(np.median(times))
 
 
+def graphs_on(device: str) -> bool:
+    """Whether the stage replays CUDA graphs (on a CUDA device), or runs static shapes eagerly
+    (a test stands graphs in on the CPU by replacing this)."""
+    return device.startswith("cuda")
+
+
 def _sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -80,7 +86,7 @@ def _tokens_per_s(target, draft, prompts, config) -> tuple[float, list[list[int]
 def graphs(args, device: str, keep: dict) -> dict:
     """The stage's measurements (see the module docstring)."""
     smoke = args.smoke
-    use_graphs = device.startswith("cuda")
+    use_graphs = graphs_on(device)
     capacity = 256 if smoke else args.prompt_len + args.max_new_tokens + 2 * 128
     out: dict = {"graphs": use_graphs}
     bandwidth = copy_bandwidth(device, smoke)

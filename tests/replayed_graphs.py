@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 aten = torch.ops.aten
 
@@ -62,7 +61,7 @@ class _Record(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        flat, _ = tree_flatten((args, kwargs))
+        flat = list(_flat((args, sorted(kwargs.items()))))
         where = f"operation {len(self.ops)} ({func})"
         if func in WAITING:
             raise CaptureError(f"{where} waits for the device or copies host data in: a CUDA "
@@ -71,13 +70,22 @@ class _Record(TorchDispatchMode):
                 isinstance(x, torch.Tensor) and x.dtype == torch.bool for x in flat):
             raise CaptureError(f"{where} indexes with a boolean mask (a nonzero: the host "
                                "waits): a CUDA graph cannot capture it")
-        self.ops.append((str(func), tuple(self._describe(x) for x in flat)))
+        self.ops.append((func, tuple(self._describe(x) for x in flat)))
         out = func(*args, **kwargs)
-        for i, x in enumerate(tree_flatten(out)[0]):
+        for i, x in enumerate(_flat(out)):
             if isinstance(x, torch.Tensor):
                 self._made[id(x)] = (len(self.ops) - 1, i)
                 self._keep.append(x)
         return out
+
+
+def _flat(x):
+    """The leaves of nested tuples and lists (what operations take and return)."""
+    if isinstance(x, (tuple, list)):
+        for item in x:
+            yield from _flat(item)
+    else:
+        yield x
 
 
 def _recorded(compute, inputs):

@@ -456,10 +456,12 @@ def _benchmark(name: str):
 
 
 def test_gpu_check_smoke(tmp_path):
-    """The GPU script's stages, tiny and on CPU (the pipeline stage left out: test_pipeline runs
-    the same DAG): identity passes, every stage writes its section, the bench rows its CSV."""
+    """The GPU script's stages, tiny and on CPU (left out: the pipeline stage, as test_pipeline
+    runs the same DAG, and the graphs stage, which the next test runs with graphs on):
+    identity passes, every stage writes its section, the bench rows its CSV."""
     gpu_check = _benchmark("gpu_check")
-    argv = ["--smoke", "--skip", "pipeline", "--out-dir", str(tmp_path), "--name", "smoke"]
+    argv = ["--smoke", "--skip", "pipeline", "graphs", "--out-dir", str(tmp_path), "--name",
+            "smoke"]
     assert gpu_check.main(argv) == 0
     report = (tmp_path / "smoke.md").read_text()
     assert report.count("mismatches with HF greedy generate: 0 -> PASS") == 2
@@ -468,11 +470,31 @@ def test_gpu_check_smoke(tmp_path):
                   "## Root pass alongside drafting on one GPU, a Qwen3-0.6B-shaped draft",
                   "## Root pass alongside drafting on one GPU, a random EAGLE-3 head",
                   "## Bench: Qwen3-8B shape with a random", "## Temperature-0 drift",
-                  "## Batched decoding", "## Graphs: static-shape passes"):
+                  "## Batched decoding"):
         assert title in report
     assert "FAILED" not in report and "## Stage pipeline: skipped (--skip)" in report
+    assert "## Stage graphs: skipped (--skip)" in report
     rows = list(csv.DictReader(open(tmp_path / "smoke.csv")))
     assert {r["method"] for r in rows} >= {"hf_generate", "hf_assisted", "fts", "eagle3:fts"}
+
+
+def test_gpu_check_graphs_stage_on_graphs_stood_in_on_the_cpu(monkeypatch):
+    """The graphs stage with graphs on, replayed by the CPU stand-in that fails where a CUDA
+    graph would (tests/replayed_graphs.py): every pass it captures replays as captured, and
+    tokens on graphs equal eager ones for every decoder."""
+    from argparse import Namespace
+
+    from replayed_graphs import replay_in_place
+
+    stage = _benchmark("gpu_check").graphs
+    replay_in_place(monkeypatch)
+    monkeypatch.setattr(stage, "graphs_on", lambda device: True)
+    args = Namespace(smoke=True, prompt_len=16, max_new_tokens=8, prompts=1, budget=8)
+    rep = stage.graphs(args, "cpu", {})
+    assert rep["graphs"] and rep["capture"]["captured"] > 0
+    assert all(r["same"] for r in rep["identity"]) and len(rep["identity"]) > 10
+    assert all(s["same"] for s in rep["speed"].values())
+    assert "| tokens with graphs = eager, every decoder | True | yes |" in stage.markdown(rep)
 
 
 def test_draft_guesses_classify_and_score_positions_as_brute_force():
