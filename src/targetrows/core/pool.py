@@ -165,9 +165,37 @@ def pool_passes(model: Any, context: Sequence[int], top_k: int, depth: int,
     """`expand_model` as steps that ask for the draft's passes (`targetrows.core.passes`)."""
     _check_shape(top_k, depth)
     tokens, parents, logq = [int(context[-1])], [-1], [0.0]
-    yield from grow(_model_propose(model, context, top_k), tokens, parents, logq, [0], top_k,
-                    depth, budget)
+    yield from grow_model(model, context, tokens, parents, logq, [0], top_k, depth, budget)
     return Tree(tokens, parents), np.array(logq)
+
+
+def grow_model(model: Any, context: Sequence[int], tokens: list[int], parents: list[int],
+               logq: list[float], roots: Sequence[int], top_k: int, depth: int,
+               budget: int | None = None) -> Passes[None]:
+    """`grow` with `model`'s proposals: on the device, read once, where the model grows pools
+    there (``model.grow_passes``, an EAGLE-3 head's: `grows_on_device`), else level by level
+    (`grow_on_host`). The same pool either way."""
+    if grows_on_device(model):
+        return (yield from model.grow_passes(context, tokens, parents, logq, roots, top_k, depth,
+                                             budget))
+    return (yield from grow_on_host(model, context, tokens, parents, logq, roots, top_k, depth,
+                                    budget))
+
+
+def grow_on_host(model: Any, context: Sequence[int], tokens: list[int], parents: list[int],
+                 logq: list[float], roots: Sequence[int], top_k: int, depth: int,
+                 budget: int | None = None) -> Passes[None]:
+    """`grow` with `model`'s top-k at each level's frontier (`Model.topk_at`): one read per
+    level."""
+    return (yield from grow(_model_propose(model, context, top_k), tokens, parents, logq, roots,
+                            top_k, depth, budget))
+
+
+def grows_on_device(model: Any) -> bool:
+    """Whether `model` grows its pools on the device. Such a pool is drafted to its full depth:
+    a budget-pruned pool that `grow` ends early (no frontier node can enter the tree) still
+    runs its remaining passes there, as nothing is read to tell it to stop."""
+    return getattr(model, "grow_passes", None) is not None
 
 
 def expand_under_guesses(
@@ -193,8 +221,8 @@ def guessed_pools_passes(
     tokens = [int(context[-1])] + g_tok[0, :guesses].tolist()
     parents = [-1] + [0] * guesses
     logq = [0.0] + g_lp[0, :guesses].tolist()
-    yield from grow(_model_propose(model, context, top_k), tokens, parents, logq,
-                    list(range(1, guesses + 1)), top_k, depth)
+    yield from grow_model(model, context, tokens, parents, logq, list(range(1, guesses + 1)),
+                          top_k, depth)
     return Tree(tokens, parents), np.array(logq)
 
 

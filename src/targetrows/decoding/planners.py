@@ -18,7 +18,12 @@ import time
 import numpy as np
 
 from targetrows.core.passes import Passes, no_passes, run_now
-from targetrows.core.pool import guessed_pools_passes, pool_passes, pool_under
+from targetrows.core.pool import (
+    grows_on_device,
+    guessed_pools_passes,
+    pool_passes,
+    pool_under,
+)
 from targetrows.core.recycle import TOKEN_RECYCLING_TEMPLATE, Recycler
 from targetrows.core.rules.rule import tree_after_t0
 from targetrows.core.tree import Tree
@@ -39,7 +44,8 @@ def _root_pool(r: Round) -> Passes:
     cfg = r.config
     cand, logq = yield from pool_passes(r.draft, r.context, cfg.pool.top_k, cfg.pool_depth,
                                         cfg.pool_budget)
-    r.stats.draft_passes += int(cand.depth.max())  # a pruned pool may stop early
+    # a pruned pool grown level by level may stop early; one grown on the device never does
+    r.stats.draft_passes += cfg.pool_depth if grows_on_device(r.draft) else int(cand.depth.max())
     return cand, logq
 
 

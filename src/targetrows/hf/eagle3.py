@@ -35,11 +35,13 @@ from transformers.activations import ACT2FN
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from targetrows.core.passes import Pass, Passes
+from targetrows.core.pool import grow_on_host
 from targetrows.core.tree import Tree
 
 from .fed_tree import adopt, common_prefix, extends
+from .head_pool import grow_on_device
 from .model import HFModel
-from .torch_rows import TorchRows, host_to_device
+from .torch_rows import TorchRows, host_to_device, on_device
 
 
 @dataclass(frozen=True)
@@ -325,15 +327,16 @@ class Eagle3Draft(TorchRows):
         self._tree, self._tree_ctx_len = tree, n_ctx
 
     # -- rows ----------------------------------------------------------------------------------
-    def _embed(self, tokens: np.ndarray) -> torch.Tensor:
+    def _embed(self, tokens: np.ndarray | torch.Tensor) -> torch.Tensor:
         embed = self.head.embed_tokens if self.head.embed_tokens is not None else self._target_embed
-        ids = host_to_device(tokens, embed.weight.device)
-        return embed(ids).to(device=self.device, dtype=self.dtype)
+        return embed(on_device(tokens, embed.weight.device)).to(device=self.device,
+                                                                 dtype=self.dtype)
 
-    def _feed(self, h: torch.Tensor, tokens: np.ndarray, positions: np.ndarray,
-              allowed: np.ndarray) -> Passes[torch.Tensor]:
+    def _feed(self, h: torch.Tensor, tokens: np.ndarray | torch.Tensor, positions: np.ndarray,
+              allowed: np.ndarray | torch.Tensor) -> Passes[torch.Tensor]:
         """One head step over new entries appended to the cache, asked for as a pass (alone,
-        or batched with other lanes' steps: `targetrows.hf.lanes`); returns their g."""
+        or batched with other lanes' steps: `targetrows.hf.lanes`); returns their g. Tokens
+        and the mask may be on the host or, from a pool grown on the device, there."""
         step = yield Pass(self._steps, (self, h, self._embed(tokens), positions, allowed))
         g, self._k, self._v = step
         return g
@@ -377,6 +380,19 @@ class Eagle3Draft(TorchRows):
             return self.topk(self._rows(g), k)
         ids, logp = super().topk(self._draft_logits(g)[:, self._draft_cols], k)
         return self._target_ids[ids], logp
+
+    @torch.inference_mode()
+    def grow_passes(self, context: Sequence[int], tokens: list[int], parents: list[int],
+                    logq: list[float], roots: Sequence[int], top_k: int, depth: int,
+                    budget: int | None = None) -> Passes[None]:
+        """`targetrows.core.pool.grow` with this head's proposals, its levels chosen on the
+        device and read once (`targetrows.hf.head_pool`); level by level on the host where
+        top_k exceeds the draft vocabulary (rows widened to the target's then rank it)."""
+        if top_k > len(self._target_ids):
+            return (yield from grow_on_host(self, context, tokens, parents, logq, roots, top_k,
+                                            depth, budget))
+        return (yield from grow_on_device(self, context, tokens, parents, logq, roots, top_k,
+                                          depth, budget))
 
     def _node_g(self, context: Sequence[int], tree: Tree,
                 nodes: Sequence[int]) -> Passes[torch.Tensor]:
@@ -457,6 +473,6 @@ class OwnSteps:
         out = []
         for draft, h, embeds, positions, allowed in items:
             pos = host_to_device(positions, draft.device)
-            mask = host_to_device(allowed, draft.device)[None, None]
+            mask = on_device(allowed, draft.device)[None, None]
             out.append(draft.head.step(h, embeds, pos, draft._k, draft._v, mask))
         return out

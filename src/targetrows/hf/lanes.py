@@ -334,19 +334,32 @@ class HeadSteps:
         positions = np.zeros((n, width_q), dtype=np.int64)
         allowed = np.zeros((n, 1, width_q, width + width_q), dtype=bool)
         allowed[:, 0, np.arange(width_q), width + np.arange(width_q)] = True  # padding: itself
+        on_gpu = []  # masks made on the device (a pool grown there): written after the copy
         for i, (lane, h_i, e_i, pos_i, a_i) in enumerate(items):
             past_k[i, :, : past[i]], past_v[i, :, : past[i]] = lane._k, lane._v
             h[i, : q[i]], embeds[i, : q[i]] = h_i, e_i
             positions[i, : q[i]] = pos_i
-            allowed[i, 0, : q[i], : past[i]] = a_i[:, : past[i]]
-            allowed[i, 0, : q[i], width : width + q[i]] = a_i[:, past[i]:]
+            if isinstance(a_i, np.ndarray):
+                _place_mask(allowed, i, q[i], past[i], width, a_i)
+            else:
+                on_gpu.append(i)
         device = first.device
+        mask = host_to_device(allowed, device)
+        for i in on_gpu:
+            _place_mask(mask, i, q[i], past[i], width, items[i][4])
         g, keys, values = self.head.step_batch(h, embeds, host_to_device(positions, device),
-                                               past_k, past_v, host_to_device(allowed, device))
+                                               past_k, past_v, mask)
         return [(g[i, : q[i]],
                  torch.cat([lane._k, keys[i, :, width : width + q[i]]], dim=1),
                  torch.cat([lane._v, values[i, :, width : width + q[i]]], dim=1))
                 for i, (lane, *_) in enumerate(items)]
+
+
+def _place_mask(mask, i: int, q: int, past: int, width: int, seen) -> None:
+    """Lane i's rows of a batched step's mask: what its q queries see of its `past` entries,
+    then of its new ones, which sit after the padding, at `width`."""
+    mask[i, 0, :q, :past] = seen[:, :past]
+    mask[i, 0, :q, width : width + q] = seen[:, past:]
 
 
 def head_lanes(draft, n: int, target_lanes) -> list:

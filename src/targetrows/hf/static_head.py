@@ -64,14 +64,21 @@ class StaticHeadSteps:
             shape.check_room(self.name, s + n)
         positions = np.zeros((rows, width), dtype=np.int64)
         slots = PaddedSlots(rows, width, cap)
+        on_gpu = []  # masks made on the device (a pool grown there): written after the copy
         for (lane, _, _, pos, allowed), s, n in zip(items, past, q, strict=True):
             r = lane._row
             positions[r, :n] = pos
-            slots.place(r, n, s)[:, : s + n] = allowed  # new entries at s..s+n-1, as at batch 1
+            sees = slots.place(r, n, s)  # new entries at s..s+n-1, as at batch 1
+            if isinstance(allowed, np.ndarray):
+                sees[:, : s + n] = allowed
+            else:
+                on_gpu.append((r, n, s, allowed))
         inputs = self.graphs.inputs(width)
         for buffer, host in ((inputs.positions, positions), (inputs.at, slots.at),
                              (inputs.allowed, slots.allowed)):
             self.graphs.fill(buffer, host)
+        for r, n, s, allowed in on_gpu:
+            inputs.allowed[r, :n, : s + n] = allowed
         for (lane, h, embeds, _, _), n in zip(items, q, strict=True):
             inputs.h[lane._row, :n] = h  # padding rows keep earlier, finite values
             inputs.embeds[lane._row, :n] = embeds

@@ -41,6 +41,14 @@ def host_to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
     return tensor.pin_memory().to(device, non_blocking=True)
 
 
+def on_device(values, device: torch.device) -> torch.Tensor:
+    """`values` on `device`: a NumPy array copied there (`host_to_device`), a tensor moved if
+    it is elsewhere (a step's inputs come from the host, or from a pool grown on the device)."""
+    if isinstance(values, torch.Tensor):
+        return values.to(device)
+    return host_to_device(values, device)
+
+
 class TorchRows:
     """Reading rows that are torch logits: shared by every torch backend. Needs `name`,
     `device` and a seeded `_generator` on the rows' device; `reset` calls `_new_sequence`."""
