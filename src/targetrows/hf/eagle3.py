@@ -35,13 +35,12 @@ from transformers.activations import ACT2FN
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from targetrows.core.passes import Pass, Passes
-from targetrows.core.pool import grow_on_host
 from targetrows.core.tree import Tree
 
+from .device_pool import grow_pool_passes
 from .fed_tree import adopt, common_prefix, extends
-from .head_pool import grow_on_device
 from .model import HFModel
-from .torch_rows import TorchRows, host_to_device, on_device
+from .torch_rows import TorchRows, host_to_device, on_device, topk_sorted
 
 
 @dataclass(frozen=True)
@@ -381,18 +380,48 @@ class Eagle3Draft(TorchRows):
         ids, logp = super().topk(self._draft_logits(g)[:, self._draft_cols], k)
         return self._target_ids[ids], logp
 
-    @torch.inference_mode()
-    def grow_passes(self, context: Sequence[int], tokens: list[int], parents: list[int],
-                    logq: list[float], roots: Sequence[int], top_k: int, depth: int,
-                    budget: int | None = None) -> Passes[None]:
-        """`targetrows.core.pool.grow` with this head's proposals, its levels chosen on the
-        device and read once (`targetrows.hf.head_pool`); level by level on the host where
-        top_k exceeds the draft vocabulary (rows widened to the target's then rank it)."""
-        if top_k > len(self._target_ids):
-            return (yield from grow_on_host(self, context, tokens, parents, logq, roots, top_k,
-                                            depth, budget))
-        return (yield from grow_on_device(self, context, tokens, parents, logq, roots, top_k,
-                                          depth, budget))
+    # -- pools grown on the device (`targetrows.hf.device_pool`) --------------------------------
+    grow_passes = grow_pool_passes
+
+    def _pool_width(self) -> int:
+        return len(self._target_ids)
+
+    def _root_position(self, n_ctx: int) -> int:
+        return max(n_ctx - 2, 0)
+
+    def _pool_first(self, context, tree: Tree, roots: np.ndarray) -> Passes[torch.Tensor]:
+        return self._node_g(context, tree, roots)
+
+    def _pool_topk(self, g: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`topk_at`'s (target ids, float64 log-probs), left on the device."""
+        small = self._draft_logits(g)[:, self._draft_cols]
+        ids, vals = topk_sorted(torch.log_softmax(self._work(small), dim=-1), k)
+        return self._target_cols[ids], vals.double()
+
+    def _pool_seen(self, nodes: np.ndarray) -> torch.Tensor:
+        """[len(nodes), cache entries]: the entries each fed node sees, itself included."""
+        seen = np.zeros((len(nodes), self._k.shape[1]), dtype=bool)
+        seen[:, : self._n] = True  # every committed entry (a committed root's among them)
+        in_tree = self._slot >= self._n
+        seen[:, self._slot[in_tree]] = self._anc[nodes][:, in_tree]
+        return host_to_device(seen, self.device)
+
+    def _pool_entries(self) -> int:
+        return self._k.shape[1]
+
+    def _pool_feed(self, g: torch.Tensor, parent: torch.Tensor, ids: torch.Tensor,
+                   positions: np.ndarray, seen: torch.Tensor) -> Passes[torch.Tensor]:
+        return self._feed(self.head.fed_back(g[parent]), ids, positions, seen)
+
+    def _pool_adopt(self, pool: Tree, n_ctx: int, fed) -> None:
+        """The pool becomes the head's tree, its live fed nodes at their entries with their g
+        (rows asked for at them later are not fed again)."""
+        self._adopt_tree(pool, n_ctx)
+        for first_slot, g, nodes in fed:
+            live = np.flatnonzero(nodes >= 0)
+            self._slot[nodes[live]] = first_slot + live
+            self._g[host_to_device(nodes[live], self.device)] = g[
+                host_to_device(live, self.device)]
 
     def _node_g(self, context: Sequence[int], tree: Tree,
                 nodes: Sequence[int]) -> Passes[torch.Tensor]:

@@ -220,11 +220,15 @@ class BatchedPasses:
         positions = np.zeros((n, width_q), dtype=np.int64)
         allowed = np.zeros((n, width_q, width), dtype=bool)
         allowed[:, :, 0] = True  # a padding query sees one entry (its row is never read)
+        on_gpu = []  # feeds made on the device (a pool grown there): written after the copy
         for i, (_, feed, region) in enumerate(items):
-            ids[i, : q[i]] = feed.ids
             positions[i, : q[i]] = feed.positions
             allowed[i, : q[i], : feed.start] = True  # the committed prefix
-            allowed[i, : q[i], feed.start : base[i] + q[i]] = region
+            if isinstance(region, np.ndarray):
+                ids[i, : q[i]] = feed.ids
+                allowed[i, : q[i], feed.start : base[i] + q[i]] = region
+            else:
+                on_gpu.append(i)
         at = base[:, None] + np.arange(width_q)[None]
         keep = np.unique(np.concatenate([feed.keep for _, feed, _ in items]))
         rows = np.array([lane._row for lane, _, _ in items], dtype=np.int64)
@@ -237,6 +241,10 @@ class BatchedPasses:
         cache = Cache(layers=[_PassLayer(self.kv, i, rows, at, first, width, width - width_q,
                                          placed) for i in range(len(self.kv.keys))])
         ids_t = host_to_device(ids, m.input_device)
+        for i in on_gpu:
+            _, feed, region = items[i]
+            ids_t[i, : q[i]] = feed.ids
+            mask[i, 0, : q[i], feed.start : base[i] + q[i]].masked_fill_(region, 0.0)
         pos_t = host_to_device(positions, m.input_device)
         engine = m.engine
         keep_t = host_to_device(keep, engine.keep_device)

@@ -26,12 +26,13 @@ import torch
 from targetrows.core.passes import Pass, Passes, run_now
 from targetrows.core.tree import Tree
 from targetrows.hf.cache import cache_kwargs, growing_cache
+from targetrows.hf.device_pool import grow_pool_passes
 from targetrows.hf.fed_tree import adopt, common_prefix, extends
 from targetrows.hf.gqa_attention import NAME as GQA_ATTENTION
 from targetrows.hf.gqa_attention import use_gqa_kernel
 from targetrows.hf.lean_forward import lean_forward
 from targetrows.hf.streams import SideStream, ready_event, record_use, wait_for
-from targetrows.hf.torch_rows import TorchRows, host_to_device
+from targetrows.hf.torch_rows import TorchRows, host_to_device, on_device, topk_sorted
 
 
 @dataclass(eq=False)
@@ -74,6 +75,9 @@ class _Feed:
     ids: np.ndarray  # tokens fed: the tail, then the query nodes'
     positions: np.ndarray  # their sequence positions
     keep: np.ndarray  # the pass's row of each requested node
+    # a level of a pool grown on the device (`targetrows.hf.device_pool`): `ids` is a tensor
+    # there, and this is what `_region` says, made there too
+    seen: torch.Tensor | None = None
 
 
 class HFModel(TorchRows):
@@ -283,7 +287,10 @@ class HFModel(TorchRows):
             return torch.empty((0, self.vocab_size), dtype=self.dtype, device=self.device)
         self._keep_prefix(ctx)
         self._adopt_tree(tree, len(ctx))
-        feed = self._plan_feed(ctx, tree, nodes)
+        return (yield from self._pass_rows(self._plan_feed(ctx, tree, nodes), ctx))
+
+    def _pass_rows(self, feed: _Feed, ctx: np.ndarray) -> Passes[torch.Tensor]:
+        """Ask for `feed`'s pass; keep its features and committed tail; its requested rows."""
         try:
             logits, captured = yield Pass(self._passes, (self, feed))
         except Exception:
@@ -324,6 +331,8 @@ class HFModel(TorchRows):
         (everything before is committed prefix, which every query sees). Tail rows: causal.
         Tree rows: the tail and the entries of the node and its ancestors (the root's is in
         the prefix when it was committed)."""
+        if feed.seen is not None:
+            return feed.seen
         start, base, m, query, slot = feed.start, feed.base, len(feed.tail), feed.query, self._slot
         q = m + len(query)
         region = np.zeros((q, base + q - start), dtype=bool)
@@ -341,17 +350,17 @@ class HFModel(TorchRows):
         start, base = feed.start, feed.base
         region = self._region(feed)
         q = len(region)
-        if base == start and np.array_equal(region, np.tri(q, dtype=bool)):
+        if feed.seen is None and base == start and np.array_equal(region, np.tri(q, dtype=bool)):
             return None
         mask = torch.zeros((1, 1, q, base + q), dtype=self.dtype, device=self.input_device)
-        blocked = host_to_device(~region, self.input_device)
+        blocked = ~on_device(region, self.input_device)
         mask[0, 0, :, start:].masked_fill_(blocked, torch.finfo(self.dtype).min)
         return mask
 
     def _forward(self, feed: _Feed, mask: torch.Tensor | None):
         """(logits of the kept rows, the feature layers' inputs captured) of one pass, through
         the lean forward where there is one."""
-        ids = host_to_device(feed.ids, self.input_device)[None]
+        ids = on_device(feed.ids, self.input_device)[None]
         positions = host_to_device(feed.positions, self.input_device)[None]
         engine = self.engine
         keep = host_to_device(feed.keep, engine.keep_device)  # the rows the last layer computes
@@ -439,6 +448,53 @@ class HFModel(TorchRows):
                     f"inf; the model overflows in {self.dtype}: try --dtype float32")
 
         self._check_later(sums_finite, verdict)
+
+    # -- pools grown on the device (`targetrows.hf.device_pool`) --------------------------------
+    grow_passes = grow_pool_passes
+
+    def _pool_width(self) -> int:
+        return self.vocab_size
+
+    def _root_position(self, n_ctx: int) -> int:
+        return n_ctx - 1
+
+    def _pool_first(self, context, tree: Tree, roots: np.ndarray) -> Passes[torch.Tensor]:
+        return self.logits_passes(context, tree, roots)
+
+    def _pool_topk(self, rows: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`topk`'s (ids, float64 log-probs), left on the device."""
+        ids, vals = topk_sorted(torch.log_softmax(self._work(rows), dim=-1), k)
+        return ids, vals.double()
+
+    def _pool_seen(self, nodes: np.ndarray) -> torch.Tensor:
+        """[len(nodes), cache entries]: the entries each fed node sees, itself included."""
+        start = len(self._prefix)
+        seen = np.zeros((len(nodes), self._cache_len()), dtype=bool)
+        seen[:, :start] = True  # the committed prefix (a committed root's entry among them)
+        in_region = self._slot >= start
+        seen[:, self._slot[in_region]] = self._anc[nodes][:, in_region]
+        return host_to_device(seen, self.input_device)
+
+    def _pool_entries(self) -> int:
+        return self._cache_len()
+
+    def _pool_feed(self, rows, parent, ids: torch.Tensor, positions: np.ndarray,
+                   seen: torch.Tensor) -> Passes[torch.Tensor]:
+        """One level of new tree nodes, their tokens and what they see given on the device."""
+        start, n = len(self._prefix), len(ids)
+        none = np.zeros(0, dtype=np.int64)
+        feed = _Feed(start, self._cache_len(), tail=none, query=none, ids=ids,
+                     positions=positions, keep=np.arange(n), seen=seen[:, start:])
+        return (yield from self._pass_rows(feed, self._prefix))
+
+    def _pool_adopt(self, pool: Tree, n_ctx: int, fed) -> None:
+        """The pool becomes the model's tree, its live fed nodes at the entries they were fed
+        at (rows asked for at them later are not fed again; `commit` keeps the accepted
+        ones)."""
+        self._adopt_tree(pool, n_ctx)
+        for first_slot, _, nodes in fed:
+            live = np.flatnonzero(nodes >= 0)
+            self._slot[nodes[live]] = first_slot + live
 
     # -- commit --------------------------------------------------------------------------------
     @torch.inference_mode()

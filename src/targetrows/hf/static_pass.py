@@ -149,16 +149,24 @@ class StaticPasses(BatchedPasses):
         ids = np.zeros((rows, width), dtype=np.int64)
         positions = np.zeros((rows, width), dtype=np.int64)
         slots = PaddedSlots(rows, width, kv.capacity)
+        on_gpu = []  # feeds made on the device (a pool grown there): written after the copy
         for (lane, feed, region), n in zip(items, q, strict=True):
             r = lane._row
-            ids[r, :n], positions[r, :n] = feed.ids, feed.positions
+            positions[r, :n] = feed.positions
             sees = slots.place(r, n, feed.base)
             sees[:, : feed.start] = True  # the committed prefix
-            sees[:, feed.start : feed.base + n] = region
+            if isinstance(region, np.ndarray):
+                ids[r, :n] = feed.ids
+                sees[:, feed.start : feed.base + n] = region
+            else:
+                on_gpu.append((r, n, feed, region))
         inputs = self.graphs.inputs(width)
         for buffer, host in ((inputs.ids, ids), (inputs.positions, positions),
                              (inputs.at, slots.at), (inputs.allowed, slots.allowed)):
             self.graphs.fill(buffer, host)
+        for r, n, feed, region in on_gpu:
+            inputs.ids[r, :n] = feed.ids
+            inputs.allowed[r, :n, feed.start : feed.base + n] = region
         logits, capture = self.graphs.run(inputs, width, width in shape.buckets)
         out = []
         for (lane, feed, _), n in zip(items, q, strict=True):

@@ -1,4 +1,4 @@
-"""An EAGLE-3 head's candidate pool grown on the device: the host reads it once, at the end.
+"""A draft's candidate pool grown on the device: the host reads it once, at the end.
 
 `targetrows.core.pool.grow` chooses each level's frontier on the host, so it reads the draft's
 top-k back after every pass: one wait for the GPU per level, during which the card idles while
@@ -11,13 +11,19 @@ device operations, as EAGLE's and SGLang's drafting loops do, and read back in o
   dead rather than dropped (their rank among the pool's nodes, counted on the device): the
   shapes stay fixed, so nothing waits. Dead nodes are still fed (their entries are seen by
   nobody), their children are dead, and the host leaves them out when it reads the pool;
-- each fed node's mask row is its parent's row plus its own entry, its h its parent's g, its
-  token's embedding gathered on the device.
+- each fed node's mask row is its parent's row plus its own entry, gathered on the device with
+  its token (and, for an EAGLE-3 head, its h: the parent's g).
 
-The pool the host builds from the read is `grow`'s, node for node (a test checks it at every
-batch size, with static steps too). The difference is in the passes: a budget-pruned pool that
-`grow` would end early is drafted to its full depth here (`grows_on_device` lets the round
-count those passes).
+The pool the host builds from the read is `grow`'s, node for node (tests check it at every
+batch size, with static passes too). What differs is the passes: a budget-pruned pool that
+`grow` would end early is drafted to its full depth here (`core.pool.grows_on_device` lets
+the round count those passes).
+
+Both torch backends grow pools this way (`grow_pool_passes` is their `grow_passes`), through
+a few hooks of theirs, ``_pool_*``: the roots' outputs (rows for a model, g for a head, fed
+through the backend's own bookkeeping), the top-k of an output, the cache entries a fed node
+sees, the cache's length, one level's feed with everything on the device, and taking over the
+fed nodes as the backend's tree afterwards.
 """
 
 from __future__ import annotations
@@ -26,32 +32,42 @@ import numpy as np
 import torch
 
 from targetrows.core.passes import Passes
+from targetrows.core.pool import grow_on_host
 from targetrows.core.tree import Tree
 
-from .torch_rows import host_to_device, topk_sorted
+
+@torch.inference_mode()
+def grow_pool_passes(model, context, tokens: list[int], parents: list[int], logq: list[float],
+                     roots, top_k: int, depth: int, budget: int | None = None) -> Passes[None]:
+    """`targetrows.core.pool.grow` for a torch backend: on the device (`grow_on_device`),
+    or level by level where top_k exceeds the vocabulary it ranks (all of it is taken)."""
+    if top_k > model._pool_width():
+        return (yield from grow_on_host(model, context, tokens, parents, logq, roots, top_k,
+                                        depth, budget))
+    return (yield from grow_on_device(model, context, tokens, parents, logq, roots, top_k,
+                                      depth, budget))
 
 
-def grow_on_device(draft, context, tokens: list[int], parents: list[int], logq: list[float],
+def grow_on_device(model, context, tokens: list[int], parents: list[int], logq: list[float],
                    roots, top_k: int, depth: int, budget: int | None) -> Passes[None]:
-    """`targetrows.core.pool.grow` for an `Eagle3Draft`, the levels chosen on the device: the
-    same lists extended in place with the same nodes, after one read."""
+    """`targetrows.core.pool.grow` with the levels chosen on the device: the same lists
+    extended in place with the same nodes, after one read."""
     if budget is not None and len(roots) != 1:
         raise ValueError("a budget-pruned pool grows under one root")
     roots = np.asarray(roots, dtype=np.int64)
     tree = Tree(tokens, parents)
-    device = draft.device
-    # level 0: the roots, fed as any rows are (the head feeds the committed tokens first)
-    g = yield from draft._node_g(context, tree, roots)
+    device = model.device
+    # level 0: the roots, fed through the backend's own bookkeeping (a tail, committed tokens)
+    out = yield from model._pool_first(context, tree, roots)
     n_roots, k = len(roots), top_k
-    rows = _rows_seen(draft, roots)  # [roots, entries]: what each root's children will see too
-    positions = max(len(context) - 2, 0) + tree.depth[roots]  # each root's children's, less 1
+    rows = model._pool_seen(roots)  # [roots, entries]: what their children will see too
+    positions = model._root_position(len(context)) + tree.depth[roots]  # children's, less 1
     node_logq = torch.tensor([logq[r] for r in roots], dtype=torch.float64, device=device)
-    tok, lp = _topk(draft, g, k)
+    tok, lp = model._pool_topk(out, k)
     levels = [_Level(select=torch.zeros((n_roots, 1), dtype=torch.int64, device=device),
                      kept=torch.ones((n_roots, 1), dtype=torch.bool, device=device),
                      tokens=tok.view(n_roots, 1, k),
                      logq=(node_logq[:, None] + lp).view(n_roots, 1, k))]
-    front_g = g
     for level in range(1, depth):
         last = levels[-1]
         width = last.tokens.shape[1] * k  # each root's last level
@@ -68,52 +84,35 @@ def grow_on_device(draft, context, tokens: list[int], parents: list[int], logq: 
         parent = (select // k + torch.arange(n_roots, device=device)[:, None]
                   * last.tokens.shape[1]).reshape(-1)  # rows of the last fed level
         ids = last.tokens.reshape(n_roots, width).gather(1, select).reshape(-1)
-        cache_len = draft._k.shape[1]
-        seen = torch.zeros((n, cache_len + n), dtype=torch.bool, device=device)
+        cache_len = model._pool_entries()
+        seen = torch.zeros((n, cache_len + n), dtype=torch.bool, device=rows.device)
         seen[:, : rows.shape[1]] = rows[parent]
-        seen[torch.arange(n, device=device), cache_len + torch.arange(n, device=device)] = True
+        diagonal = torch.arange(n, device=rows.device)
+        seen[diagonal, cache_len + diagonal] = True
         step_positions = np.repeat(positions + level, select.shape[1])
-        front_g = yield from draft._feed(draft.head.fed_back(front_g[parent]), ids,
-                                         step_positions, seen)
+        out = yield from model._pool_feed(out, parent, ids, step_positions, seen)
         rows = seen
-        tok, lp = _topk(draft, front_g, k)
+        tok, lp = model._pool_topk(out, k)
         chosen_logq = flat_logq.gather(1, select).reshape(-1)
         levels.append(_Level(select=select, kept=kept,
                              tokens=tok.view(n_roots, -1, k),
                              logq=(chosen_logq[:, None] + lp).view(n_roots, -1, k),
-                             first_slot=cache_len, g=front_g))
-    fed = _read_into(draft, levels, roots, tokens, parents, logq)
-    _adopt_pool(draft, Tree(tokens, parents), len(context), levels, fed)
+                             first_slot=cache_len, out=out))
+    fed = _read_into(model, levels, roots, tokens, parents, logq)
+    model._pool_adopt(Tree(tokens, parents), len(context),
+                      [(lv.first_slot, lv.out, nodes) for lv, nodes in zip(levels[1:], fed[1:],
+                                                                          strict=True)])
 
 
 class _Level:
     """One level of children on the device: `tokens` and cumulative `logq` [roots, F, k] of
     the F frontier nodes each root fed (`select`: their places in the root's previous level,
     flattened; `kept`: alive, so their children enter the pool), fed at cache entries
-    `first_slot`... with outputs `g` (none for the roots, which the head's own bookkeeping fed)."""
+    `first_slot`... with outputs `out` (none kept for the roots: the backend fed them)."""
 
-    def __init__(self, select, kept, tokens, logq, first_slot=None, g=None):
+    def __init__(self, select, kept, tokens, logq, first_slot=None, out=None):
         self.select, self.kept, self.tokens, self.logq = select, kept, tokens, logq
-        self.first_slot, self.g = first_slot, g
-
-
-def _topk(draft, g: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(target ids, float64 log-probs) [rows, k] of the head's k best tokens after g, ranked
-    over its draft vocabulary, ties to the lower id: `Eagle3Draft.topk_at`'s, left on the
-    device."""
-    small = draft._draft_logits(g)[:, draft._draft_cols]
-    ids, vals = topk_sorted(torch.log_softmax(draft._work(small), dim=-1), k)
-    return draft._target_cols[ids], vals.double()
-
-
-def _rows_seen(draft, nodes: np.ndarray) -> torch.Tensor:
-    """[len(nodes), cache entries]: the head's entries each fed node sees, itself included
-    (what a child of it sees besides its own entry)."""
-    seen = np.zeros((len(nodes), draft._k.shape[1]), dtype=bool)
-    seen[:, : draft._n] = True  # every committed entry (a committed root's among them)
-    in_tree = draft._slot >= draft._n
-    seen[:, draft._slot[in_tree]] = draft._anc[nodes][:, in_tree]
-    return host_to_device(seen, draft.device)
+        self.first_slot, self.out = first_slot, out
 
 
 def _rank(levels: list[_Level], select: torch.Tensor) -> torch.Tensor:
@@ -129,14 +128,14 @@ def _rank(levels: list[_Level], select: torch.Tensor) -> torch.Tensor:
     return (above & alive[None]).sum(dim=1)[None]
 
 
-def _read_into(draft, levels: list[_Level], roots: np.ndarray, tokens: list[int],
+def _read_into(model, levels: list[_Level], roots: np.ndarray, tokens: list[int],
                parents: list[int], logq: list[float]) -> list[np.ndarray]:
     """Read every level in one copy and append the live nodes to the pool's lists, numbered
     as `grow` numbers them: level by level, each root's kept frontier nodes in order, each
     one's children best first. Returns, per level, the pool index of each fed frontier node
     (-1: dead)."""
     parts = [t for lv in levels for t in (lv.select, lv.kept, lv.tokens, lv.logq)]
-    host = draft._fetch(*parts)
+    host = model._fetch(*parts)
     last_ids = None  # each root's previous level: pool index of each node, -1 if not in it
     fed = []
     for i in range(len(levels)):
@@ -157,17 +156,3 @@ def _read_into(draft, levels: list[_Level], roots: np.ndarray, tokens: list[int]
         fed.append(front.reshape(-1))
         last_ids = ids.reshape(n_roots, -1)
     return fed
-
-
-def _adopt_pool(draft, pool: Tree, n_ctx: int, levels: list[_Level],
-                fed: list[np.ndarray]) -> None:
-    """The head's tree is now the pool, its live frontier nodes fed at the entries they were
-    fed at (with their g), as if `grow` had asked for them level by level: rows asked for
-    later at those nodes are not fed again."""
-    draft._adopt_tree(pool, n_ctx)
-    for level, nodes in zip(levels[1:], fed[1:], strict=True):
-        live = np.flatnonzero(nodes >= 0)
-        if len(live):
-            draft._slot[nodes[live]] = level.first_slot + live
-            draft._g[host_to_device(nodes[live], draft.device)] = level.g[
-                host_to_device(live, draft.device)]

@@ -1,0 +1,139 @@
+"""A pool grown on the device (`targetrows.hf.device_pool`), by a standalone draft and by an
+EAGLE-3 head, is the pool `grow` chooses level by level on the host: the same nodes, numbered
+the same, at batch 1, over batched lanes and with static passes; budget-pruned, under several
+roots; read once; and the draft keeps what it fed."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from test_decoders_hf import noisy_copy  # noqa: E402
+from tiny_heads import save_tiny_head  # noqa: E402
+from tiny_models import tiny_model  # noqa: E402
+
+from targetrows.core.passes import run_now  # noqa: E402
+from targetrows.core.pool import (  # noqa: E402
+    grow_on_host,
+    grows_on_device,
+    guessed_pools_passes,
+    pool_passes,
+)
+from targetrows.core.tree import Tree  # noqa: E402
+from targetrows.decoding.schedule import run_batched  # noqa: E402
+from targetrows.hf.eagle3_checkpoint import load_eagle3  # noqa: E402
+from targetrows.hf.model import HFModel  # noqa: E402
+from targetrows.hf.static_pass import StaticShape, use_static  # noqa: E402
+from targetrows.hf.torch_rows import TorchRows  # noqa: E402
+
+CONTEXTS = [[2, 8, 1, 5], [1, 2, 3, 4, 5, 6, 7, 8, 9, 3], [11], [40, 41]]
+# (top_k, depth, budget): unpruned, pruned where `grow` stops early, pruned to one deep level
+SHAPES = [(4, 3, None), (3, 4, 3), (4, 4, 6), (2, 5, 9)]
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory):
+    target_hf = tiny_model("llama", seed=0, n_layers=6, dtype=torch.float64)
+    folder = save_tiny_head(tmp_path_factory.mktemp("h") / "head", target_hf.config,
+                            draft_vocab_size=150)
+    return target_hf, noisy_copy(target_hf, 0.05, seed=2), str(folder)
+
+
+def _pair(weights, kind: str, static: bool = False):
+    """(target, draft): a standalone draft or an EAGLE-3 head, static or eager."""
+    from targetrows.hf.static_head import use_static_head
+
+    target_hf, draft_hf, folder = weights
+    target = HFModel(target_hf, name="t")
+    draft = load_eagle3(folder, target) if kind == "eagle3" else HFModel(draft_hf, name="d")
+    if static:
+        use_static(target, StaticShape(capacity=128))
+        (use_static_head if kind == "eagle3" else use_static)(draft, StaticShape(capacity=128))
+    return target, draft
+
+
+def _on_host(head, context, top_k, depth, budget):
+    tokens, parents, logq = [context[-1]], [-1], [0.0]
+    run_now(grow_on_host(head, context, tokens, parents, logq, [0], top_k, depth, budget))
+    return Tree(tokens, parents), np.array(logq)
+
+
+def _same_pool(got, want) -> None:
+    (tree, logq), (ref, ref_logq) = got, want
+    np.testing.assert_array_equal(tree.tokens, ref.tokens)
+    np.testing.assert_array_equal(tree.parents, ref.parents)
+    np.testing.assert_allclose(logq, ref_logq, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("steps", ["alone", "lanes", "static lanes"])
+@pytest.mark.parametrize("kind", ["standalone", "eagle3"])
+def test_a_pool_grown_on_the_device_is_the_hosts_node_for_node(weights, kind, steps):
+    target, draft = _pair(weights, kind, static=steps == "static lanes")
+    _, reference = _pair(weights, kind)
+    assert grows_on_device(draft)
+    for shape in SHAPES:
+        jobs = [lambda t, d, c=c, s=shape: pool_passes(d, c, *s) for c in CONTEXTS]
+        got = run_batched(target, draft, jobs, 1 if steps == "alone" else 3)
+        for context, pool in zip(CONTEXTS, got, strict=True):
+            _same_pool(pool, _on_host(reference, context, *shape))
+
+
+@pytest.mark.parametrize("kind", ["standalone", "eagle3"])
+def test_pools_under_guesses_grown_on_the_device_are_the_hosts(weights, kind):
+    """Several roots (first-token redrafting's guesses), at batch 1 and 3."""
+    target, draft = _pair(weights, kind)
+    _, reference = _pair(weights, kind)
+    reference.grow_passes = None  # the host's level-by-level growth (`grows_on_device` False)
+    for batch in (1, 3):
+        jobs = [lambda t, d, c=c: guessed_pools_passes(d, c, 3, 3, 3) for c in CONTEXTS]
+        for context, pool in zip(CONTEXTS, run_batched(target, draft, jobs, batch), strict=True):
+            _same_pool(pool, run_now(guessed_pools_passes(reference, context, 3, 3, 3)))
+
+
+@pytest.mark.parametrize("kind", ["standalone", "eagle3"])
+@torch.inference_mode()
+def test_the_draft_keeps_what_a_pool_grown_on_the_device_fed(weights, kind):
+    """After a pool grown on the device, the draft's rows at the pool's unfed nodes (the last
+    level) equal a fresh draft's, with only those nodes fed (their ancestors' entries, and a
+    head's g, were adopted where they were fed); rows at every node too; and a commit along
+    the pool keeps the fed entries of its path."""
+    target, draft = _pair(weights, kind)
+    context = CONTEXTS[1]
+    tree, _ = run_now(pool_passes(draft, context, 3, 4, None))
+    entries = draft._pool_entries()
+    fed, unfed = np.flatnonzero(draft._slot >= 0), np.flatnonzero(draft._slot < 0)
+    rows = draft.logits(context, tree, unfed)
+    assert draft._pool_entries() == entries + len(unfed)  # no ancestor fed again
+    _, fresh = _pair(weights, kind)
+    torch.testing.assert_close(rows, fresh.logits(context, tree, unfed), rtol=1e-10,
+                               atol=1e-10)
+    torch.testing.assert_close(draft.logits(context, tree, range(len(tree))),
+                               fresh.logits(context, tree, range(len(tree))),
+                               rtol=1e-10, atol=1e-10)
+    path = tree.path_tokens(int(fed[-1]))  # down to the deepest fed node
+    draft.commit(context + path)
+    fresh.reset()
+    after = context + path
+    torch.testing.assert_close(draft.logits(after, Tree.root_only(after[-1]), [0]),
+                               fresh.logits(after, Tree.root_only(after[-1]), [0]),
+                               rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("kind", ["standalone", "eagle3"])
+def test_a_pool_grown_on_the_device_is_read_once(weights, kind, monkeypatch):
+    """One read for the whole pool, however deep: a GPU waits once, not once per level."""
+    target, draft = _pair(weights, kind)
+    context = CONTEXTS[1]
+    run_now(pool_passes(draft, context, 3, 1, None))  # the committed entries, fed and read
+    reads = []
+    fetch = TorchRows._fetch
+
+    def counted(self, *tensors):
+        reads.append(len(tensors))
+        return fetch(self, *tensors)
+
+    monkeypatch.setattr(TorchRows, "_defer_checks", True)
+    monkeypatch.setattr(TorchRows, "_fetch", counted)
+    run_now(pool_passes(draft, context, 3, 5, None))
+    assert reads == [4 * 5]  # select, kept, tokens, log-probs of each of 5 levels
