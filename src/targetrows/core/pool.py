@@ -192,10 +192,15 @@ def grow_on_host(model: Any, context: Sequence[int], tokens: list[int], parents:
 
 
 def grows_on_device(model: Any) -> bool:
-    """Whether `model` grows its pools on the device. Such a pool is drafted to its full depth:
-    a budget-pruned pool that `grow` ends early (no frontier node can enter the tree) still
-    runs its remaining passes there, as nothing is read to tell it to stop."""
+    """Whether `model` grows its pools on the device (`targetrows.hf.device_pool`)."""
     return getattr(model, "grow_passes", None) is not None
+
+
+def drafts_full_depth(model: Any) -> bool:
+    """Whether `model` drafts every pool to its full depth: one grown on a GPU, where nothing
+    is read to tell it to stop, runs the passes a budget-pruned pool that `grow` ends early (no
+    frontier node can enter the tree) would skip. On the CPU it stops as `grow` does."""
+    return grows_on_device(model) and getattr(model.device, "type", "cpu") != "cpu"
 
 
 def expand_under_guesses(

@@ -19,7 +19,7 @@ import numpy as np
 
 from targetrows.core.passes import Passes, no_passes, run_now
 from targetrows.core.pool import (
-    grows_on_device,
+    drafts_full_depth,
     guessed_pools_passes,
     pool_passes,
     pool_under,
@@ -44,8 +44,8 @@ def _root_pool(r: Round) -> Passes:
     cfg = r.config
     cand, logq = yield from pool_passes(r.draft, r.context, cfg.pool.top_k, cfg.pool_depth,
                                         cfg.pool_budget)
-    # a pruned pool grown level by level may stop early; one grown on the device never does
-    r.stats.draft_passes += cfg.pool_depth if grows_on_device(r.draft) else int(cand.depth.max())
+    # a pruned pool may stop early, except one grown on a GPU
+    r.stats.draft_passes += cfg.pool_depth if drafts_full_depth(r.draft) else int(cand.depth.max())
     return cand, logq
 
 

@@ -15,9 +15,11 @@ device operations, as EAGLE's and SGLang's drafting loops do, and read back in o
   its token (and, for an EAGLE-3 head, its h: the parent's g).
 
 The pool the host builds from the read is `grow`'s, node for node (tests check it at every
-batch size, with static passes too). What differs is the passes: a budget-pruned pool that
-`grow` would end early is drafted to its full depth here (`core.pool.grows_on_device` lets
-the round count those passes).
+batch size, with static passes too). What differs on a GPU is the passes: a budget-pruned pool
+that `grow` would end early is drafted to its full depth (`core.pool.drafts_full_depth` lets
+the round count those passes), and its dead nodes are fed; both cost little where a pass is
+bound by its launches, not its width. On the CPU, where a read costs nothing and a pass costs
+its width, it stops where `grow` does (still feeding the dead nodes of a level it drafts).
 
 Both torch backends grow pools this way (`grow_pool_passes` is their `grow_passes`), through
 a few hooks of theirs, ``_pool_*``: the roots' outputs (rows for a model, g for a head, fed
@@ -80,6 +82,9 @@ def grow_on_device(model, context, tokens: list[int], parents: list[int], logq: 
         kept = alive.gather(1, select)
         if budget is not None:
             kept &= _rank(levels, select) < budget - 1
+            # on the CPU a read waits for nothing: stop where `grow` does, not a pass later
+            if device.type == "cpu" and not bool(kept.any()):
+                break
         n = select.numel()
         parent = (select // k + torch.arange(n_roots, device=device)[:, None]
                   * last.tokens.shape[1]).reshape(-1)  # rows of the last fed level

@@ -40,7 +40,7 @@ from targetrows.core.tree import Tree
 from .device_pool import grow_pool_passes
 from .fed_tree import adopt, common_prefix, extends
 from .model import HFModel
-from .torch_rows import TorchRows, host_to_device, on_device, topk_sorted
+from .torch_rows import TorchRows, host_to_device, on_device, ranked
 
 
 @dataclass(frozen=True)
@@ -395,7 +395,7 @@ class Eagle3Draft(TorchRows):
     def _pool_topk(self, g: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """`topk_at`'s (target ids, float64 log-probs), left on the device."""
         small = self._draft_logits(g)[:, self._draft_cols]
-        ids, vals = topk_sorted(torch.log_softmax(self._work(small), dim=-1), k)
+        ids, vals = ranked(self._work(small), k)
         return self._target_cols[ids], vals.double()
 
     def _pool_seen(self, nodes: np.ndarray) -> torch.Tensor:

@@ -32,7 +32,7 @@ from targetrows.hf.gqa_attention import NAME as GQA_ATTENTION
 from targetrows.hf.gqa_attention import use_gqa_kernel
 from targetrows.hf.lean_forward import lean_forward
 from targetrows.hf.streams import SideStream, ready_event, record_use, wait_for
-from targetrows.hf.torch_rows import TorchRows, host_to_device, on_device, topk_sorted
+from targetrows.hf.torch_rows import TorchRows, host_to_device, on_device, ranked
 
 
 @dataclass(eq=False)
@@ -463,7 +463,7 @@ class HFModel(TorchRows):
 
     def _pool_topk(self, rows: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """`topk`'s (ids, float64 log-probs), left on the device."""
-        ids, vals = topk_sorted(torch.log_softmax(self._work(rows), dim=-1), k)
+        ids, vals = ranked(self._work(rows), k)
         return ids, vals.double()
 
     def _pool_seen(self, nodes: np.ndarray) -> torch.Tensor:
