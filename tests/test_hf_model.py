@@ -313,6 +313,22 @@ def test_row_blocks_drawn_as_one_give_the_tokens_drawn_block_by_block():
         np.testing.assert_array_equal(toy.draw((a.numpy(), b.numpy()), temperature), apart)
 
 
+def test_row_blocks_read_as_one_give_the_log_probs_of_each_block():
+    """`logprobs((root, stale), tokens)` is one read for a rule's two rows
+    (`decoding.planners._rows_read`): each row's log-probs of the tokens, as read one by one,
+    for the torch and toy backends, at T=0 (read as 1) and T>0."""
+    from targetrows.core.toy import ToyPair
+
+    hf = wrap(tiny_model("llama", dtype=torch.float32))
+    toy = ToyPair(50, seed=0).target
+    a, b = (torch.randn(1, 50, generator=torch.Generator().manual_seed(i)) for i in (0, 1))
+    tokens = np.array([[3, 7, 41]])
+    for temperature in (0.0, 0.7):
+        for model, rows in ((hf, (a, b)), (toy, (a.numpy(), b.numpy()))):
+            apart = [model.logprobs(row, tokens, temperature)[0] for row in rows]
+            np.testing.assert_array_equal(model.logprobs(rows, tokens, temperature), apart)
+
+
 def test_non_finite_logits_name_the_position():
     model = tiny_model("llama", seed=4, dtype=torch.float32)
     with torch.no_grad():

@@ -104,6 +104,8 @@ class ToyModel:
         return self.topk((yield from self.logits_passes(context, tree, nodes)), k)
 
     def logprobs(self, logits: np.ndarray, tokens: np.ndarray, temperature: float) -> np.ndarray:
+        if isinstance(logits, tuple):  # row blocks, read as one
+            logits = np.concatenate(logits)
         lp = log_softmax(logits, ranking_temperature(temperature))
         return np.take_along_axis(lp, np.atleast_2d(np.asarray(tokens, dtype=np.int64)), -1)
 

@@ -71,7 +71,9 @@ class Model(Protocol):
 
     def logprobs(self, logits: Any, tokens: np.ndarray, temperature: float) -> np.ndarray:
         """Log-probabilities [rows, m] of ``tokens[r, :]`` under row r at `temperature`
-        (temperature 0 is read as 1: a greedy row is one-hot, which ranks nothing)."""
+        (temperature 0 is read as 1: a greedy row is one-hot, which ranks nothing); `tokens`
+        [1, m] is asked of every row. `logits` may be a tuple of row blocks, read as their rows
+        in order, in one read."""
 
     def probs(self, logits: Any, temperature: float) -> np.ndarray:
         """Full rows as float64 NumPy distributions (for row logs and tests; not the hot path).

@@ -49,24 +49,23 @@ def _root_pool(r: Round) -> Passes:
     return cand, logq
 
 
-def _first_logp(r: Round, logits, cand: Tree) -> np.ndarray:
-    """A row's log-probs of the pool's first-level tokens (temperature 0 read as 1)."""
-    tokens = cand.tokens[cand.children(0)][None]
-    return r.target.logprobs(logits, tokens, r.config.temperature)[0]
-
-
 def _rows_read(r: Round, cand: Tree, root_logits) -> dict:
-    """The rows the rule re-scores with, at the first-level tokens: the root pass's exact row,
-    and the stale row, the target's row at the previous context that the last verify pass
-    left in the store (none at a decoding's first round)."""
+    """The rows the rule re-scores with, their log-probs (temperature 0 read as 1) at the
+    pool's first-level tokens: the root pass's exact row, and the stale row, the target's row
+    at the previous context that the last verify pass left in the store (none at a decoding's
+    first round). Both in one read."""
     rows = {}
     if "root_row" in r.rule.reads:
-        rows["root_logp"] = _first_logp(r, root_logits, cand)
+        rows["root_logp"] = root_logits
     if "stale_row" in r.rule.reads and len(r.context) >= 2:
         stale = r.store.get(r.context[:-1])
         if stale is not None:
-            rows["stale_logp"] = _first_logp(r, stale, cand)
-    return rows
+            rows["stale_logp"] = stale
+    if not rows:
+        return {}
+    tokens = cand.tokens[cand.children(0)][None]
+    logp = r.target.logprobs(tuple(rows.values()), tokens, r.config.temperature)
+    return dict(zip(rows, logp, strict=True))
 
 
 def plan_pool(r: Round) -> Passes[Plan]:

@@ -167,7 +167,10 @@ class TorchRows:
         return self.topk((yield from self.logits_passes(context, tree, nodes)), k)
 
     @torch.inference_mode()
-    def logprobs(self, logits: torch.Tensor, tokens: np.ndarray, temperature: float) -> np.ndarray:
+    def logprobs(self, logits: torch.Tensor | tuple[torch.Tensor, ...], tokens: np.ndarray,
+                 temperature: float) -> np.ndarray:
+        if isinstance(logits, tuple):  # blocks read in one read (rows in order)
+            logits = torch.cat(logits)
         tokens = np.atleast_2d(np.asarray(tokens, dtype=np.int64))
         lp = torch.log_softmax(self._work(logits) / ranking_temperature(temperature), dim=-1)
         index = host_to_device(tokens, lp.device)
