@@ -221,14 +221,26 @@ def guessed_pools_passes(
     Use `pool_under(tree, logq, token)` to take the pool under the t0 actually sampled.
     """
     _check_shape(top_k, depth)
-    propose = _model_propose(model, context, max(top_k, guesses))
-    g_tok, g_lp = yield from propose(np.array([int(context[-1])]), np.array([-1]), np.array([0]))
-    tokens = [int(context[-1])] + g_tok[0, :guesses].tolist()
-    parents = [-1] + [0] * guesses
-    logq = [0.0] + g_lp[0, :guesses].tolist()
-    yield from grow_model(model, context, tokens, parents, logq, list(range(1, guesses + 1)),
-                          top_k, depth)
+    tokens, parents, logq = [int(context[-1])], [-1], [0.0]
+    if grows_on_device(model):
+        yield from model.grow_passes(context, tokens, parents, logq, [0], top_k, depth,
+                                     guesses=guesses)
+    else:
+        yield from grow_guesses(model, context, tokens, parents, logq, guesses, top_k, depth)
     return Tree(tokens, parents), np.array(logq)
+
+
+def grow_guesses(model: Any, context: Sequence[int], tokens: list[int], parents: list[int],
+                 logq: list[float], guesses: int, top_k: int, depth: int) -> Passes[None]:
+    """Under the root (node 0, the only one), its `guesses` likeliest children, then a pool of
+    `depth` levels under each of them, level by level on the host (`grow_on_host`)."""
+    propose = _model_propose(model, context, max(top_k, guesses))
+    g_tok, g_lp = yield from propose(np.array(tokens), np.array(parents), np.array([0]))
+    tokens += g_tok[0, :guesses].tolist()
+    parents += [0] * guesses
+    logq += (logq[0] + g_lp[0, :guesses]).tolist()
+    yield from grow_on_host(model, context, tokens, parents, logq, list(range(1, guesses + 1)),
+                            top_k, depth)
 
 
 def pool_under(tree: Tree, logq: np.ndarray, token: int) -> tuple[Tree, np.ndarray] | None:

@@ -34,28 +34,36 @@ import numpy as np
 import torch
 
 from targetrows.core.passes import Passes
-from targetrows.core.pool import grow_on_host
+from targetrows.core.pool import grow_guesses, grow_on_host
 from targetrows.core.tree import Tree
 
 
 @torch.inference_mode()
 def grow_pool_passes(model, context, tokens: list[int], parents: list[int], logq: list[float],
-                     roots, top_k: int, depth: int, budget: int | None = None) -> Passes[None]:
-    """`targetrows.core.pool.grow` for a torch backend: on the device (`grow_on_device`),
-    or level by level where top_k exceeds the vocabulary it ranks (all of it is taken)."""
-    if top_k > model._pool_width():
+                     roots, top_k: int, depth: int, budget: int | None = None,
+                     guesses: int = 0) -> Passes[None]:
+    """`targetrows.core.pool.grow` for a torch backend (with `guesses`: `grow_guesses`), on
+    the device (`grow_on_device`), or level by level where a level is wider than the
+    vocabulary it ranks (all of it is taken)."""
+    if max(top_k, guesses) > model._pool_width():
+        if guesses:
+            return (yield from grow_guesses(model, context, tokens, parents, logq, guesses,
+                                            top_k, depth))
         return (yield from grow_on_host(model, context, tokens, parents, logq, roots, top_k,
                                         depth, budget))
     return (yield from grow_on_device(model, context, tokens, parents, logq, roots, top_k,
-                                      depth, budget))
+                                      depth, budget, guesses))
 
 
 def grow_on_device(model, context, tokens: list[int], parents: list[int], logq: list[float],
-                   roots, top_k: int, depth: int, budget: int | None) -> Passes[None]:
+                   roots, top_k: int, depth: int, budget: int | None,
+                   guesses: int = 0) -> Passes[None]:
     """`targetrows.core.pool.grow` with the levels chosen on the device: the same lists
-    extended in place with the same nodes, after one read."""
-    if budget is not None and len(roots) != 1:
-        raise ValueError("a budget-pruned pool grows under one root")
+    extended in place with the same nodes, after one read. With `guesses` (one root), what
+    `targetrows.core.pool.grow_guesses` grows: the root's `guesses` likeliest children, then
+    a pool of `depth` levels under each."""
+    if (budget is not None or guesses) and len(roots) != 1:
+        raise ValueError("a budget-pruned pool, or pools under guesses, grow under one root")
     roots = np.asarray(roots, dtype=np.int64)
     tree = Tree(tokens, parents)
     device = model.device
@@ -65,16 +73,24 @@ def grow_on_device(model, context, tokens: list[int], parents: list[int], logq: 
     rows = model._pool_seen(roots)  # [roots, entries]: what their children will see too
     positions = model._root_position(len(context)) + tree.depth[roots]  # children's, less 1
     node_logq = torch.tensor([logq[r] for r in roots], dtype=torch.float64, device=device)
-    tok, lp = model._pool_topk(out, k)
+    first_k = max(k, guesses)
+    tok, lp = model._pool_topk(out, first_k)
+    children = (node_logq[:, None] + lp)
+    if guesses:  # each guess the root of its own pool: fed as the next level's frontier
+        n_roots, first_k = guesses, 1
+        tok, children = tok[0, :guesses, None], children[0, :guesses, None]
+        rows, out = rows.expand(guesses, -1), out.expand(guesses, -1)
+        positions, roots = np.repeat(positions, guesses), np.repeat(roots, guesses)
     levels = [_Level(select=torch.zeros((n_roots, 1), dtype=torch.int64, device=device),
                      kept=torch.ones((n_roots, 1), dtype=torch.bool, device=device),
-                     tokens=tok.view(n_roots, 1, k),
-                     logq=(node_logq[:, None] + lp).view(n_roots, 1, k))]
-    for level in range(1, depth):
+                     tokens=tok.reshape(n_roots, 1, first_k),
+                     logq=children.reshape(n_roots, 1, first_k))]
+    for level in range(1, depth + (1 if guesses else 0)):
         last = levels[-1]
-        width = last.tokens.shape[1] * k  # each root's last level
+        last_k = last.tokens.shape[2]
+        width = last.tokens.shape[1] * last_k  # each root's last level
         flat_logq = last.logq.reshape(n_roots, width)
-        alive = last.kept.repeat_interleave(k, dim=1)
+        alive = last.kept.repeat_interleave(last_k, dim=1)
         order = torch.sort(-flat_logq, dim=1, stable=True).indices  # ties: lower index
         order = order.gather(1, torch.sort((~alive).gather(1, order).to(torch.int8), dim=1,
                                            stable=True).indices)  # dead ones last
@@ -86,7 +102,7 @@ def grow_on_device(model, context, tokens: list[int], parents: list[int], logq: 
             if device.type == "cpu" and not bool(kept.any()):
                 break
         n = select.numel()
-        parent = (select // k + torch.arange(n_roots, device=device)[:, None]
+        parent = (select // last_k + torch.arange(n_roots, device=device)[:, None]
                   * last.tokens.shape[1]).reshape(-1)  # rows of the last fed level
         ids = last.tokens.reshape(n_roots, width).gather(1, select).reshape(-1)
         cache_len = model._pool_entries()
