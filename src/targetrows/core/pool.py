@@ -10,6 +10,10 @@ can still have a descendant in it: a child ranks below its parent (its cumulativ
 higher and its index is larger), so a node with B - 1 or more nodes ranked above it cannot. The
 draft_rank tree of such a pool is the full pool's (a test checks it against brute force); on
 the embedded pair at B=2 the second level's pass feeds one node instead of top_k.
+
+`grow` picks each level's frontier on the host, so it reads the draft's top-k back once per
+level. A torch draft grows the same pool on the device instead and reads it once
+(`grows_on_device`; `targetrows.hf.device_pool`), where the pruned nodes are fed anyway.
 """
 
 from __future__ import annotations

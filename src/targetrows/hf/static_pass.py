@@ -33,9 +33,11 @@ tests pin it.
 
 An EAGLE-3 head's steps are static the same way (`targetrows.hf.static_head`), and the
 target's feature buffer (what the head drafts from) is allocated once at the capacity. The
-mask is built by the host and copied in once per pass (the tree's ancestor matrix comes from
-the host's planner anyway): boolean fills of [lanes, width, capacity + 1], well under a
-millisecond per pass on a CPU core.
+mask is built by the host and copied in once per pass (a verify pass's tree comes from the
+host's planner anyway): boolean fills of [lanes, width, capacity + 1], well under a
+millisecond per pass on a CPU core. A level of a pool grown on the device
+(`targetrows.hf.device_pool`) brings its tokens and mask rows made there; they are written
+into the input buffers by device copies after the host's.
 """
 
 from __future__ import annotations
