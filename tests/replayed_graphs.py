@@ -36,6 +36,12 @@ WAITING = {aten._local_scalar_dense.default, aten.nonzero.default, aten.masked_s
 BOOLEAN_INDEXED = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default}
 
 
+def boolean_indexed(func, args) -> bool:
+    """Whether an indexing operation takes a boolean mask as an index (a nonzero inside)."""
+    return func in BOOLEAN_INDEXED and any(
+        isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1] if i is not None)
+
+
 class CaptureError(AssertionError):
     """A pass that a CUDA graph could not capture, or would replay wrongly."""
 
@@ -66,8 +72,7 @@ class _Record(TorchDispatchMode):
         if func in WAITING:
             raise CaptureError(f"{where} waits for the device or copies host data in: a CUDA "
                                "graph cannot capture it")
-        if func in BOOLEAN_INDEXED and any(
-                isinstance(x, torch.Tensor) and x.dtype == torch.bool for x in flat):
+        if boolean_indexed(func, args):
             raise CaptureError(f"{where} indexes with a boolean mask (a nonzero: the host "
                                "waits): a CUDA graph cannot capture it")
         self.ops.append((func, tuple(self._describe(x) for x in flat)))

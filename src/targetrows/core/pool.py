@@ -177,7 +177,7 @@ def grow_model(model: Any, context: Sequence[int], tokens: list[int], parents: l
                logq: list[float], roots: Sequence[int], top_k: int, depth: int,
                budget: int | None = None) -> Passes[None]:
     """`grow` with `model`'s proposals: on the device, read once, where the model grows pools
-    there (``model.grow_passes``, an EAGLE-3 head's: `grows_on_device`), else level by level
+    there (``model.grow_passes``, a torch backend's: `grows_on_device`), else level by level
     (`grow_on_host`). The same pool either way."""
     if grows_on_device(model):
         return (yield from model.grow_passes(context, tokens, parents, logq, roots, top_k, depth,

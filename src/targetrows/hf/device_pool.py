@@ -37,6 +37,8 @@ from targetrows.core.passes import Passes
 from targetrows.core.pool import grow_guesses, grow_on_host
 from targetrows.core.tree import Tree
 
+from .torch_rows import host_to_device
+
 
 @torch.inference_mode()
 def grow_pool_passes(model, context, tokens: list[int], parents: list[int], logq: list[float],
@@ -72,7 +74,7 @@ def grow_on_device(model, context, tokens: list[int], parents: list[int], logq: 
     n_roots, k = len(roots), top_k
     rows = model._pool_seen(roots)  # [roots, entries]: what their children will see too
     positions = model._root_position(len(context)) + tree.depth[roots]  # children's, less 1
-    node_logq = torch.tensor([logq[r] for r in roots], dtype=torch.float64, device=device)
+    node_logq = host_to_device(np.asarray(logq, dtype=np.float64)[roots], device)
     first_k = max(k, guesses)
     tok, lp = model._pool_topk(out, first_k)
     children = (node_logq[:, None] + lp)
@@ -98,18 +100,16 @@ def grow_on_device(model, context, tokens: list[int], parents: list[int], logq: 
         kept = alive.gather(1, select)
         if budget is not None:
             kept &= _rank(levels, select) < budget - 1
-            # on the CPU a read waits for nothing: stop where `grow` does, not a pass later
-            if device.type == "cpu" and not bool(kept.any()):
-                break
+            if reads_are_free(device) and not bool(kept.any()):
+                break  # where `grow` stops, not a pass later
         n = select.numel()
         parent = (select // last_k + torch.arange(n_roots, device=device)[:, None]
                   * last.tokens.shape[1]).reshape(-1)  # rows of the last fed level
         ids = last.tokens.reshape(n_roots, width).gather(1, select).reshape(-1)
         cache_len = model._pool_entries()
         seen = torch.zeros((n, cache_len + n), dtype=torch.bool, device=rows.device)
-        seen[:, : rows.shape[1]] = rows[parent]
-        diagonal = torch.arange(n, device=rows.device)
-        seen[diagonal, cache_len + diagonal] = True
+        seen[:, : rows.shape[1]] = rows[parent]  # the parent's entries, the parent's own too
+        seen[:, cache_len:] = torch.eye(n, dtype=torch.bool, device=rows.device)  # its own
         step_positions = np.repeat(positions + level, select.shape[1])
         out = yield from model._pool_feed(out, parent, ids, step_positions, seen)
         rows = seen
@@ -123,6 +123,11 @@ def grow_on_device(model, context, tokens: list[int], parents: list[int], logq: 
     model._pool_adopt(Tree(tokens, parents), len(context),
                       [(lv.first_slot, lv.out, nodes) for lv, nodes in zip(levels[1:], fed[1:],
                                                                           strict=True)])
+
+
+def reads_are_free(device: torch.device) -> bool:
+    """Whether reading a value back waits for nothing (the CPU): then a pool may stop early."""
+    return device.type == "cpu"
 
 
 class _Level:
