@@ -3,10 +3,12 @@
 On a GPU the host waits for the device wherever it reads a value back. Our torch backends read
 through one function (`TorchRows._fetch`: the draw, a top-k, log-probs, with the checks queued
 since the last read), so each call is one wait. This script counts those calls per round, with
-the checks queued as on a GPU (`_defer_checks`), on tiny float32 models: a standalone draft and
-a random EAGLE-3 head. It cannot see the waits a GPU adds elsewhere (a blocking copy, a
-`nonzero`); `benchmarks/gpu_check.py` counts those with torch's sync debug mode. The issue's
-goal is at most 3 a round.
+the code's GPU branches taken (checks queued for the next read, top-k from one sort, pools
+drafted to full depth), on tiny float32 models: a standalone draft and a random EAGLE-3 head.
+It also counts, under a dispatch mode, the other operations that would make a GPU's host wait
+(an `.item()`, a `nonzero`, a boolean index, a tensor made from host data other than through
+`host_to_device`'s pinned copy); `benchmarks/gpu_check.py` counts a GPU's own syncs with
+torch's sync debug mode. The goal is at most 3 a round.
 
     python benchmarks/host_reads.py --out benchmarks/results/host_reads.md
 """
@@ -17,6 +19,7 @@ import argparse
 import os
 import sys
 import tempfile
+import traceback
 from collections import Counter
 from contextlib import contextmanager
 
@@ -24,42 +27,75 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))  # tiny_models, tiny_heads, rerankers
 
 import torch  # noqa: E402
+from replayed_graphs import WAITING, boolean_indexed  # noqa: E402
 from report_out import emit  # noqa: E402
 from rerankers import decode_config  # noqa: E402
 from tiny_heads import save_tiny_head  # noqa: E402
 from tiny_models import tiny_model  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from targetrows.core.pool import PoolShape  # noqa: E402
 from targetrows.decoding.loop import generate  # noqa: E402
 from targetrows.decoding.registry import decoder_names  # noqa: E402
+from targetrows.hf import device_pool, eagle3, torch_rows  # noqa: E402
+from targetrows.hf import model as hf_model  # noqa: E402
 from targetrows.hf.eagle3_checkpoint import load_eagle3  # noqa: E402
 from targetrows.hf.model import HFModel  # noqa: E402
-from targetrows.hf.torch_rows import TorchRows  # noqa: E402
+from targetrows.hf.torch_rows import TorchRows, topk_sorted  # noqa: E402
 
 PACKAGE = os.path.join("src", "targetrows")
 
 
+def _ours(skip: str) -> str:
+    """The innermost line of our package outside file `skip` on the stack, as file:line name."""
+    frame = [f for f in traceback.extract_stack()[:-1]
+             if PACKAGE in f.filename and not f.filename.endswith(skip)][-1]
+    where = os.path.relpath(frame.filename, os.path.join(HERE, "..", PACKAGE))
+    return f"{where}:{frame.lineno} {frame.name}"
+
+
+class _Waits(TorchDispatchMode):
+    """Counts the operations that would make a GPU's host wait, by our line that ran them."""
+
+    def __init__(self, counts: Counter):
+        super().__init__()
+        self.counts = counts
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in WAITING or boolean_indexed(func, args):
+            site = _ours("replayed_graphs.py")
+            if not site.endswith(" host_to_device"):  # pinned and non-blocking on a GPU
+                self.counts[site] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _gpu_ranked(logits, k):
+    return topk_sorted(torch.log_softmax(logits, dim=-1), k)
+
+
 @contextmanager
 def counting_reads():
-    """Count `TorchRows._fetch` calls inside the block, by the innermost line of ours outside
-    torch_rows.py that made them; checks are queued for the next read, as on a GPU."""
-    import traceback
-
-    counts: Counter = Counter()
-    fetch, defer = TorchRows._fetch, TorchRows._defer_checks
+    """Count `TorchRows._fetch` calls inside the block, and the other waits a GPU would have,
+    each by the innermost line of ours that made it, with the GPU's branches taken."""
+    reads, waits = Counter(), Counter()
+    fetch = TorchRows._fetch
 
     def counted(self, *tensors):
-        ours = [f for f in traceback.extract_stack()[:-1]
-                if PACKAGE in f.filename and not f.filename.endswith("torch_rows.py")]
-        where = os.path.relpath(ours[-1].filename, os.path.join(HERE, "..", PACKAGE))
-        counts[f"{where}:{ours[-1].lineno} {ours[-1].name}"] += 1
+        reads[_ours("torch_rows.py")] += 1
         return fetch(self, *tensors)
 
-    TorchRows._fetch, TorchRows._defer_checks = counted, True
+    patches = [(TorchRows, "_fetch", counted), (TorchRows, "_defer_checks", True),
+               (device_pool, "reads_are_free", lambda device: False)]
+    patches += [(module, "ranked", _gpu_ranked) for module in (torch_rows, hf_model, eagle3)]
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
+    for owner, name, value in patches:
+        setattr(owner, name, value)
     try:
-        yield counts
+        with _Waits(waits):
+            yield reads, waits
     finally:
-        TorchRows._fetch, TorchRows._defer_checks = fetch, defer
+        for owner, name, value in saved:
+            setattr(owner, name, value)
 
 
 def main(argv=None) -> int:
@@ -82,8 +118,9 @@ def main(argv=None) -> int:
              f"- command: `python benchmarks/host_reads.py {' '.join(sys.argv[1:])}`",
              f"- tiny float32 Llama target (6 layers), budget {args.budget}, pool {pool.top_k} x "
              f"{pool.depth}, {args.max_new_tokens} new tokens, T=0; torch {torch.__version__}",
-             "", "| draft | decoder | rounds | reads per round |", "|---|---|---|---|"]
-    sites: Counter = Counter()
+             "", "| draft | decoder | rounds | reads per round | other waits per round |",
+             "|---|---|---|---|---|"]
+    sites, other = Counter(), Counter()
     for kind, draft in drafts.items():
         for name in decoder_names():
             config = decode_config(name, budget=args.budget, max_new_tokens=args.max_new_tokens,
@@ -91,15 +128,20 @@ def main(argv=None) -> int:
             drafted = config.decoder.needs_draft
             if kind == "eagle3" and not drafted:
                 continue  # draft-free: counted once, under standalone
-            with counting_reads() as counts:
+            with counting_reads() as (reads, waits):
                 result = generate(target, draft if drafted else None, [5, 17, 42], config)
             rounds = len(result.rounds)
             lines.append(f"| {kind if drafted else '-'} | {name} | {rounds} | "
-                         f"{sum(counts.values()) / rounds:.1f} |")
-            sites.update(counts)
+                         f"{sum(reads.values()) / rounds:.1f} | "
+                         f"{sum(waits.values()) / rounds:.1f} |")
+            sites.update(reads)
+            other.update(waits)
     lines += ["", "Where the reads come from (all runs above):", "", "| reads | line |",
               "|---|---|"]
     lines += [f"| {n} | `{site}` |" for site, n in sites.most_common(12)]
+    if other:
+        lines += ["", "Other waits (all runs above):", "", "| waits | line |", "|---|---|"]
+        lines += [f"| {n} | `{site}` |" for site, n in other.most_common(12)]
     emit("\n".join(lines) + "\n", args.out)
     return 0
 
