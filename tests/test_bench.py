@@ -497,6 +497,21 @@ def test_gpu_check_graphs_stage_on_graphs_stood_in_on_the_cpu(monkeypatch):
     assert "| tokens with graphs = eager, every decoder | True | yes |" in stage.markdown(rep)
 
 
+def test_host_reads_a_round_stay_within_the_gpu_goal(tmp_path, monkeypatch):
+    """With the code's GPU branches taken (benchmarks/host_reads.py), every decoder's round
+    reads from the device at most 3 times (first-token redrafting 4, when t0 misses its
+    guesses: its pool under t0 is a second read), and makes no other host wait."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    out = tmp_path / "reads.md"
+    assert _benchmark("host_reads").main(["--max-new-tokens", "8", "--out", str(out)]) == 0
+    rows = [line.split("|")[1:-1] for line in out.read_text().splitlines()
+            if line.startswith("| ") and line.count("|") == 6 and "decoder" not in line]
+    assert len(rows) == 19
+    for draft, decoder, _, reads, waits in rows:
+        assert float(reads) <= (4 if "fts_redraft" in decoder else 3), (draft, decoder, reads)
+        assert float(waits) == 0, (draft, decoder, waits)
+
+
 def test_draft_guesses_classify_and_score_positions_as_brute_force():
     """Copies are reply tokens whose bigram with the token before occurs in the prompt; tokens
     outside a draft vocabulary are neither; a hit is the draft's argmax at the exact context."""
