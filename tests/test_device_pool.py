@@ -28,7 +28,7 @@ from targetrows.hf.static_pass import StaticShape, use_static  # noqa: E402
 from targetrows.hf.torch_rows import TorchRows  # noqa: E402
 
 CONTEXTS = [[2, 8, 1, 5], [1, 2, 3, 4, 5, 6, 7, 8, 9, 3], [11], [40, 41]]
-# (top_k, depth, budget): unpruned, pruned where `grow` stops early, pruned to one deep level
+# (top_k, depth, budget): unpruned, then pruned ones that `grow` ends one or two levels early
 SHAPES = [(4, 3, None), (3, 4, 3), (4, 4, 6), (2, 5, 9)]
 
 
