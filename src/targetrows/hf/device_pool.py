@@ -108,7 +108,8 @@ def grow_on_device(model, context, tokens: list[int], parents: list[int], logq: 
         ids = last.tokens.reshape(n_roots, width).gather(1, select).reshape(-1)
         cache_len = model._pool_entries()
         seen = torch.zeros((n, cache_len + n), dtype=torch.bool, device=rows.device)
-        seen[:, : rows.shape[1]] = rows[parent]  # the parent's entries, the parent's own too
+        # the parent's entries, the parent's own too (rows live where the model's inputs do)
+        seen[:, : rows.shape[1]] = rows[parent.to(rows.device)]
         seen[:, cache_len:] = torch.eye(n, dtype=torch.bool, device=rows.device)  # its own
         step_positions = np.repeat(positions + level, select.shape[1])
         out = yield from model._pool_feed(out, parent, ids, step_positions, seen)
