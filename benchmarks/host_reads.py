@@ -27,21 +27,18 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))  # tiny_models, tiny_heads, rerankers
 
 import torch  # noqa: E402
-from replayed_graphs import WAITING, boolean_indexed  # noqa: E402
+from replayed_graphs import gpu_branches  # noqa: E402
 from report_out import emit  # noqa: E402
 from rerankers import decode_config  # noqa: E402
 from tiny_heads import save_tiny_head  # noqa: E402
 from tiny_models import tiny_model  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from targetrows.core.pool import PoolShape  # noqa: E402
 from targetrows.decoding.loop import generate  # noqa: E402
 from targetrows.decoding.registry import decoder_names  # noqa: E402
-from targetrows.hf import device_pool, eagle3, torch_rows  # noqa: E402
-from targetrows.hf import model as hf_model  # noqa: E402
 from targetrows.hf.eagle3_checkpoint import load_eagle3  # noqa: E402
 from targetrows.hf.model import HFModel  # noqa: E402
-from targetrows.hf.torch_rows import TorchRows, topk_sorted  # noqa: E402
+from targetrows.hf.torch_rows import TorchRows  # noqa: E402
 
 PACKAGE = os.path.join("src", "targetrows")
 
@@ -54,48 +51,23 @@ def _ours(skip: str) -> str:
     return f"{where}:{frame.lineno} {frame.name}"
 
 
-class _Waits(TorchDispatchMode):
-    """Counts the operations that would make a GPU's host wait, by our line that ran them."""
-
-    def __init__(self, counts: Counter):
-        super().__init__()
-        self.counts = counts
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func in WAITING or boolean_indexed(func, args):
-            site = _ours("replayed_graphs.py")
-            if not site.endswith(" host_to_device"):  # pinned and non-blocking on a GPU
-                self.counts[site] += 1
-        return func(*args, **(kwargs or {}))
-
-
-def _gpu_ranked(logits, k):
-    return topk_sorted(torch.log_softmax(logits, dim=-1), k)
-
-
 @contextmanager
 def counting_reads():
     """Count `TorchRows._fetch` calls inside the block, and the other waits a GPU would have,
     each by the innermost line of ours that made it, with the GPU's branches taken."""
-    reads, waits = Counter(), Counter()
+    reads: Counter = Counter()
     fetch = TorchRows._fetch
 
     def counted(self, *tensors):
         reads[_ours("torch_rows.py")] += 1
         return fetch(self, *tensors)
 
-    patches = [(TorchRows, "_fetch", counted), (TorchRows, "_defer_checks", True),
-               (device_pool, "reads_are_free", lambda device: False)]
-    patches += [(module, "ranked", _gpu_ranked) for module in (torch_rows, hf_model, eagle3)]
-    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
-    for owner, name, value in patches:
-        setattr(owner, name, value)
+    TorchRows._fetch = counted
     try:
-        with _Waits(waits):
+        with gpu_branches() as waits:
             yield reads, waits
     finally:
-        for owner, name, value in saved:
-            setattr(owner, name, value)
+        TorchRows._fetch = fetch
 
 
 def main(argv=None) -> int:

@@ -17,9 +17,15 @@ replay runs the pass again, records again, and raises where the record differs f
 capture's. Outputs are written where the capture put them, as a graph writes them.
 
 `replay_in_place(monkeypatch)` makes `BucketGraphs` capture this way (graphs=True on the CPU).
+`gpu_branches()` runs the code's GPU branches on the CPU and counts, the same way, the
+operations outside captured passes that would make a GPU's host wait.
 """
 
 from __future__ import annotations
+
+import traceback
+from collections import Counter
+from contextlib import contextmanager
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -143,3 +149,49 @@ def replay_in_place(monkeypatch) -> None:
         self.stats.captured += 1
 
     monkeypatch.setattr(BucketGraphs, "_capture", capture)
+
+
+class _Waits(TorchDispatchMode):
+    """Counts the operations that would make a GPU's host wait, by the innermost line of our
+    package that ran them (a NumPy array made a tensor by `host_to_device` is left out: on a
+    GPU that is a pinned, non-blocking copy)."""
+
+    def __init__(self, counts: Counter):
+        super().__init__()
+        self.counts = counts
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in WAITING or boolean_indexed(func, args):
+            ours = [f for f in traceback.extract_stack() if "/targetrows/" in f.filename][-1]
+            if ours.name != "host_to_device":
+                where = ours.filename.split("/targetrows/")[-1]
+                self.counts[f"{where}:{ours.lineno} {ours.name}"] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _sorted_topk(logits, k):
+    from targetrows.hf.torch_rows import topk_sorted
+
+    return topk_sorted(torch.log_softmax(logits, dim=-1), k)
+
+
+@contextmanager
+def gpu_branches():
+    """Inside the block the torch backends take their GPU branches on the CPU (checks queued
+    for the next read, each top-k from one sort, pools drafted to full depth); yields a
+    Counter of the other host waits a GPU would have, by our line that made them."""
+    from targetrows.hf import device_pool, eagle3, model, torch_rows
+
+    patches = [(torch_rows.TorchRows, "_defer_checks", True),
+               (device_pool, "reads_are_free", lambda device: False)]
+    patches += [(module, "ranked", _sorted_topk) for module in (torch_rows, model, eagle3)]
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
+    for owner, name, value in patches:
+        setattr(owner, name, value)
+    waits: Counter = Counter()
+    try:
+        with _Waits(waits):
+            yield waits
+    finally:
+        for owner, name, value in saved:
+            setattr(owner, name, value)

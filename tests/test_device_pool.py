@@ -140,37 +140,12 @@ def test_a_pool_grown_on_the_device_is_read_once(weights, kind, monkeypatch):
 
 
 @pytest.mark.parametrize("kind", ["standalone", "eagle3"])
-def test_a_pool_grown_on_a_gpu_waits_for_nothing_before_its_one_read(weights, kind,
-                                                                     monkeypatch):
+def test_a_pool_grown_on_a_gpu_waits_for_nothing_before_its_one_read(weights, kind):
     """The GPU's branches (one sort for each top-k, no early stop), run on the CPU under a
     dispatch mode that flags each operation that makes a GPU's host wait
     (tests/replayed_graphs.py): none from the roots' pass to the pool's one read, pruned or
     not, alone and under guesses."""
-    import traceback
-
-    from replayed_graphs import WAITING, boolean_indexed
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    from targetrows.hf import device_pool, eagle3, model
-    from targetrows.hf.torch_rows import topk_sorted
-
-    def gpu_ranked(logits, k):
-        return topk_sorted(torch.log_softmax(logits, dim=-1), k)
-
-    monkeypatch.setattr(device_pool, "reads_are_free", lambda device: False)
-    for module in (model, eagle3):
-        monkeypatch.setattr(module, "ranked", gpu_ranked)
-    monkeypatch.setattr(TorchRows, "_defer_checks", True)
-    waits = []
-
-    class Waits(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func in WAITING or boolean_indexed(func, args):
-                ours = [f for f in traceback.extract_stack() if "/targetrows/" in f.filename][-1]
-                # a NumPy array made a tensor to copy in: pinned and non-blocking on a GPU
-                if ours.name != "host_to_device":
-                    waits.append(f"{func} at {ours.filename}:{ours.lineno} {ours.name}")
-            return func(*args, **(kwargs or {}))
+    from replayed_graphs import gpu_branches
 
     target, draft = _pair(weights, kind)
     context = CONTEXTS[1]
@@ -178,6 +153,6 @@ def test_a_pool_grown_on_a_gpu_waits_for_nothing_before_its_one_read(weights, ki
     for grow in (lambda: pool_passes(draft, context, 3, 4, None),
                  lambda: pool_passes(draft, context, 3, 4, 5),
                  lambda: guessed_pools_passes(draft, context, 2, 3, 3)):
-        with Waits():
+        with gpu_branches() as waits:
             run_now(grow())
-        assert waits == []
+        assert not waits, waits
