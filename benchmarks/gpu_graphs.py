@@ -28,9 +28,9 @@ from targetrows.bench.syncs import counting_syncs
 from targetrows.core.pool import PoolShape
 from targetrows.cost.parttimes import time_passes
 from targetrows.decoding.loop import generate
-from targetrows.decoding.registry import decoder_names
+from targetrows.decoding.registry import decoder_names, pass_widths
 from targetrows.hf.model import HFModel
-from targetrows.hf.static_pass import StaticShape, use_static
+from targetrows.hf.static_pass import BUCKETS, StaticShape, use_static
 
 SPEED_DECODERS = ("ar", "draft_rank", "fts")
 
@@ -66,10 +66,10 @@ def weight_bytes(model: HFModel) -> int:
     return sum(p.numel() * p.element_size() for p in model.model.parameters())
 
 
-def on_graphs(model: HFModel, name: str, graphs: bool, capacity: int) -> HFModel:
+def on_graphs(model: HFModel, name: str, shape: StaticShape) -> HFModel:
     """A second `HFModel` over `model`'s weights, running static-shape passes (graphs on a GPU)."""
     twin = HFModel(model.model, vocab_size=model.vocab_size, name=name)
-    use_static(twin, StaticShape(capacity=capacity, graphs=graphs))
+    use_static(twin, shape)
     return twin
 
 
@@ -93,9 +93,13 @@ def graphs(args, device: str, keep: dict) -> dict:
     target, draft = pair_models(keep, device, smoke)
     out["bound_s"] = weight_bytes(target) / bandwidth
     out["bandwidth_gbs"] = bandwidth / 1e9
+    pool, budget = (PoolShape(4, 3), 8) if smoke else (PoolShape(), int(args.budget))
+    widths = pass_widths(SPEED_DECODERS, pool, [budget])  # as `--graphs` buckets them
+    shape = StaticShape(capacity, tuple(sorted({*BUCKETS, *widths})), graphs=use_graphs)
+    out["buckets"] = shape.buckets
     t = time.perf_counter()
-    static_target = on_graphs(target, "qwen3-8b (graphs)", use_graphs, capacity)
-    static_draft = on_graphs(draft, "qwen3-0.6b (graphs)", use_graphs, capacity)
+    static_target = on_graphs(target, "qwen3-8b (graphs)", shape)
+    static_draft = on_graphs(draft, "qwen3-0.6b (graphs)", shape)
     rng = np.random.default_rng(0)
     ctx = rng.integers(target.vocab_size, size=64 if smoke else args.prompt_len).tolist()
     sizes = (1, 2, 4, 8) if smoke else (1, 2, 4, 8, 16, 32, 64, 128)
@@ -108,9 +112,8 @@ def graphs(args, device: str, keep: dict) -> dict:
                                        16 if smoke else args.prompt_len)]
     speed = {}
     for name in SPEED_DECODERS:
-        config = decode_config(name, budget=8 if smoke else int(args.budget),
-                               max_new_tokens=8 if smoke else args.max_new_tokens,
-                               pool=PoolShape(4, 3) if smoke else PoolShape())
+        config = decode_config(name, budget=budget,
+                               max_new_tokens=8 if smoke else args.max_new_tokens, pool=pool)
         drafts = config.decoder.needs_draft
         eager_tps, eager_tokens = _tokens_per_s(target, draft if drafts else None, prompts,
                                                 config)
@@ -120,7 +123,7 @@ def graphs(args, device: str, keep: dict) -> dict:
                        "same": graph_tokens == eager_tokens}
     out["speed"] = speed
     out["hf_tps"] = _hf_tokens_per_s(target, prompts, 8 if smoke else args.max_new_tokens)
-    out["head_step"] = head_steps(target, smoke, ctx, repeats, capacity, use_graphs)
+    out["head_step"] = head_steps(target, smoke, ctx, repeats, shape)
     passes = static_target._passes.stats, static_draft._passes.stats
     out["capture"] = {"captured": sum(s.captured for s in passes),
                       "capture_s": sum(s.capture_s for s in passes),
@@ -176,8 +179,8 @@ def goals(rep: dict) -> list[tuple[str, str, bool | None]]:
     ]
 
 
-def head_steps(target: HFModel, smoke: bool, ctx: list[int], repeats: int, capacity: int,
-               use_graphs: bool) -> dict:
+def head_steps(target: HFModel, smoke: bool, ctx: list[int], repeats: int,
+               shape: StaticShape) -> dict:
     """One step of a random EAGLE-3 head of a Qwen3-8B head's shape, feeding 1 and 10 nodes
     (a level of the default pool) on the cached `ctx`, eager and static (graphs on a GPU). Each
     head reads a twin of `target` over the same weights, so that no other stage's target keeps
@@ -198,9 +201,8 @@ def head_steps(target: HFModel, smoke: bool, ctx: list[int], repeats: int, capac
                                 target.model.config, scale=0.02, **sizes)
     eager = load_eagle3(folder, HFModel(target.model, vocab_size=target.vocab_size,
                                         name="qwen3-8b (head, eager)"))
-    static = load_eagle3(folder, on_graphs(target, "qwen3-8b (head, graphs)", use_graphs,
-                                           capacity))
-    use_static_head(static, StaticShape(capacity=capacity, graphs=use_graphs))
+    static = load_eagle3(folder, on_graphs(target, "qwen3-8b (head, graphs)", shape))
+    use_static_head(static, shape)
     widths = (1, 4) if smoke else (1, 10)
     return {"eager": time_passes(eager, ctx, widths, repeats),
             "graphs": time_passes(static, ctx, widths, repeats)}
@@ -289,7 +291,9 @@ def markdown(rep: dict) -> str:
               for goal, got, met in goals(rep)]
     c = rep["capture"]
     lines += ["", f"Graphs captured: {c['captured']} in {c['capture_s']:.1f} s, "
-              f"{c['graph_gb']:.2f} GiB; stage {c['stage_s']:.0f} s.", "",
+              f"{c['graph_gb']:.2f} GiB; stage {c['stage_s']:.0f} s. Buckets "
+              f"{', '.join(map(str, rep['buckets']))} (the powers of two and the speed "
+              "decoders' pass widths, as `--graphs` sets them).", "",
               "Every decoder on tiny float32 models, static passes against eager:", "",
               "| draft | decoder | same tokens | rounds | syncs per round |",
               "|---|---|---|---|---|"]

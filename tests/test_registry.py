@@ -199,6 +199,27 @@ def test_draft_passes_are_as_wide_as_the_registry_prices_them(decoder):
         assert all(w <= p for w, p in zip(taken, planned, strict=False))
 
 
+def test_a_jobs_pass_widths_come_from_its_decoders_and_fixed_budgets():
+    """What `--graphs` adds to its buckets (`cli.common.pass_widths_from`): at the paper's pool,
+    draft_rank at B=59 feeds its 60-node tree (the root besides), 10-wide levels and a root;
+    fts adds its root pass's 1 and commits t0; fts_redraft's guesses pools are 20 wide; an auto
+    budget adds nothing of its own, and a command without decoders prices every one."""
+    import argparse
+
+    from targetrows.cli.common import pass_widths_from
+    from targetrows.decoding.budget import Auto, Fixed
+
+    def widths(**options):
+        return pass_widths_from(argparse.Namespace(top_k=10, depth=6, **options))
+
+    assert widths(decoder="draft_rank", budgets=[Fixed(59)]) == (1, 10, 60)
+    assert widths(decoder="fts", budgets=[Fixed(16), Auto()]) == (1, 10, 17)
+    assert widths(decoders=["fts_redraft"], budget=Fixed(8)) == (1, 2, 9, 10, 20)
+    assert widths(decoders=["ar"], budgets=[Fixed(8)]) == (1,)
+    every = widths(decoders=None, budgets=[8, 16])
+    assert {7, 9, 16, 17, 20} <= set(every) and max(every) == 20  # 7: draft_rank B=8 prunes
+
+
 def deep_scores(batch):
     """A toy rule for the test: the draft's log-probs plus a small bonus per level, so that
     deeper nodes win ties of the draft (a bonus of 0.01 per level keeps a child at or below its

@@ -16,9 +16,11 @@ from tiny_models import ARCHS, tiny_model  # noqa: E402
 from targetrows.core.pool import PoolShape  # noqa: E402
 from targetrows.core.tree import Tree  # noqa: E402
 from targetrows.decoding.batch import generate_batch  # noqa: E402
-from targetrows.decoding.registry import decoder_names  # noqa: E402
+from targetrows.decoding.loop import generate  # noqa: E402
+from targetrows.decoding.registry import decoder_names, pass_widths  # noqa: E402
 from targetrows.hf.model import HFModel  # noqa: E402
 from targetrows.hf.static_pass import (  # noqa: E402
+    BUCKETS,
     CapacityError,
     StaticShape,
     apply_graphs,
@@ -333,3 +335,36 @@ def test_buckets():
     with pytest.raises(ValueError, match="increasing"):
         StaticShape(buckets=(4, 2))
     assert np.all(np.diff(StaticShape().buckets) > 0)
+
+
+def test_a_jobs_pass_widths_are_what_its_passes_feed_most(llama, monkeypatch):
+    """With the widths `--graphs` adds to the powers of two (the registry's `pass_widths`: a
+    pool's levels, 10 wide or 20 under two guesses; a full tree's verify pass, the budget and
+    the root or t0), the width each model's passes feed most replays unpadded for every
+    decoder; and no pass but a prefill feeds more than the widest of them."""
+    target_hf, draft_hf = llama
+    pool, budget = PoolShape(top_k=10, depth=3), 12
+    fed = {"t": [], "d": []}
+    bucket = StaticShape.bucket
+
+    def recorded(shape, width):
+        fed["t" if shape.capacity == CAPACITY else "d"].append(width)
+        return bucket(shape, width)
+
+    monkeypatch.setattr(StaticShape, "bucket", recorded)
+    for name in decoder_names():
+        widths = pass_widths([name], pool, [budget])
+        shape = StaticShape(capacity=CAPACITY, buckets=tuple(sorted({*BUCKETS, *widths})))
+        target, draft = HFModel(target_hf, name="t"), HFModel(draft_hf, name="d")
+        use_static(target, shape)
+        use_static(draft, StaticShape(capacity=CAPACITY + 1, buckets=shape.buckets))
+        config = _configs(name, 1, budgets=(budget,), pool=pool)[0]
+        fed["t"].clear(), fed["d"].clear()
+        generate(target, draft if config.decoder.needs_draft else None, HF_PROMPTS[1], config)
+        for model, passes in fed.items():
+            if not passes:
+                assert model == "d" and not config.decoder.needs_draft, name
+                continue
+            commonest = max(set(passes), key=passes.count)
+            assert commonest in shape.buckets, (name, model, passes, widths)
+            assert max(passes[1:]) <= max(widths), (name, model, passes, widths)

@@ -10,7 +10,7 @@ from targetrows.core.checks import check_count, check_temperature
 from targetrows.core.pool import PoolShape
 from targetrows.decoding.budget import Auto, Fixed, parse_budget
 from targetrows.decoding.config import DecodeConfig
-from targetrows.decoding.registry import decoder_names, get_decoder
+from targetrows.decoding.registry import decoder_names, get_decoder, pass_widths
 
 POOL, DECODE = PoolShape(), DecodeConfig()  # the library's defaults are the options' defaults
 
@@ -281,6 +281,18 @@ def thinking_arg(args: argparse.Namespace) -> bool | None:
     return None if value is None else value == "on"
 
 
+def pass_widths_from(args: argparse.Namespace) -> tuple[int, ...]:
+    """The pass widths of the decoders and fixed budgets the options name (every decoder
+    where none is named; an auto budget's trees are sized later and pad to a power of two)."""
+    names = ([args.decoder] if getattr(args, "decoder", None)
+             else getattr(args, "decoders", None) or decoder_names())
+    given = getattr(args, "budgets", None) or [getattr(args, "budget", None)]
+    budgets = [b.nodes if isinstance(b, Fixed) else b for b in given
+               if isinstance(b, Fixed | int)] or [DECODE.budget]
+    pool = pool_from(args) if hasattr(args, "top_k") else POOL
+    return pass_widths(names, pool, budgets)
+
+
 def load_from_args(args: argparse.Namespace):
     """(target, draft, tokenizer): `load_pair` with the options `add_model_arguments` added;
     under --draft-lookup the draft is a `LookupDraft` around the loaded one."""
@@ -305,7 +317,7 @@ def load_from_args(args: argparse.Namespace):
 
         capacity = args.max_context or DEFAULT_CAPACITY
         check_count(capacity, "--max-context")
-        apply_graphs([target, draft], graphs, capacity)
+        apply_graphs([target, draft], graphs, capacity, pass_widths_from(args))
     if getattr(args, "draft_lookup", False):
         if draft is None:
             raise ValueError("--draft-lookup mixes prompt lookup into a draft: give --draft too")

@@ -166,6 +166,12 @@ class Decoder:
         return RoundShape(budget + self.verify_feeds, self.root_pass, tuple(widths),
                           path + 1 + int(self.commits_t0))
 
+    def pass_widths(self, pool: PoolShape, budget: int | None) -> set[int]:
+        """The token counts its passes feed at their widest (`worst_round`): its verify
+        pass's and each draft pass's; a root pass feeds one."""
+        shape = self.worst_round(pool, budget)
+        return {shape.verify_nodes, *shape.draft_widths} | ({1} if shape.root_pass else set())
+
 
 RULES: dict[str, Rule] = {}
 DECODERS: dict[str, Decoder] = {}
@@ -211,6 +217,13 @@ def decoder_names(learned: bool = True) -> tuple[str, ...]:
 def rule_names(learned: bool = True) -> tuple[str, ...]:
     """Every registered rule; without the learned ones when `learned` is False."""
     return tuple(n for n, r in RULES.items() if learned or not r.learned)
+
+
+def pass_widths(decoders, pool: PoolShape, budgets) -> tuple[int, ...]:
+    """Every token count the passes of `decoders` at `budgets` feed at their widest, in
+    order: the widths a static pass's buckets should hold (`targetrows.hf.graphs`)."""
+    return tuple(sorted({w for name in decoders for budget in budgets
+                         for w in get_decoder(name).pass_widths(pool, budget)}))
 
 
 def draft_free_decoders() -> tuple[str, ...]:

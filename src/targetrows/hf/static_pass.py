@@ -49,6 +49,7 @@ import torch
 
 from .eagle3 import Eagle3Draft
 from .graphs import (
+    BUCKETS,
     DEFAULT_CAPACITY,
     GRAPH_MODES,
     BucketGraphs,
@@ -231,15 +232,19 @@ def use_static(model, shape: StaticShape) -> None:
     model._begin(model.engine, passes, lambda: LaneCache(passes.kv, 0))
 
 
-def apply_graphs(models, mode: str, capacity: int = DEFAULT_CAPACITY) -> list[str]:
+def apply_graphs(models, mode: str, capacity: int = DEFAULT_CAPACITY,
+                 widths: tuple[int, ...] = ()) -> list[str]:
     """`--graphs` for `models` (`HFModel`s and EAGLE-3 heads; anything else, such as prompt
     lookup, runs as it does): 'off' leaves them eager; 'auto' sets up graphs for each model
-    that supports them; 'on' does, and fails naming the reason for one that does not. Returns
-    the names of the models now on graphs."""
+    that supports them; 'on' does, and fails naming the reason for one that does not. `widths`:
+    the job's own pass widths (`targetrows.decoding.registry.pass_widths`), buckets besides
+    the powers of two, so a pool's level of 10 or a verify pass of 17 is not padded to 16 or
+    32. Returns the names of the models now on graphs."""
     if mode not in GRAPH_MODES:
         raise ValueError(f"--graphs {mode!r}: choose one of {', '.join(GRAPH_MODES)}")
     on = []
-    shape = StaticShape(capacity=capacity, graphs=True)
+    shape = StaticShape(capacity=capacity, buckets=tuple(sorted({*BUCKETS, *widths})),
+                        graphs=True)
     for model in models:
         if mode == "off" or not isinstance(model, (HFModel, Eagle3Draft)):
             continue
