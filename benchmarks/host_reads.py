@@ -7,7 +7,7 @@ the code's GPU branches taken (checks queued for the next read, top-k from one s
 drafted to full depth), on tiny float32 models: a standalone draft and a random EAGLE-3 head.
 It also counts, under a dispatch mode, the other operations that would make a GPU's host wait
 (an `.item()`, a `nonzero`, a boolean index, a tensor made from host data other than through
-`host_to_device`'s pinned copy); `benchmarks/gpu_check.py` counts a GPU's own syncs with
+`host_to_device`'s pinned copy, a model's `synchronize`: part times come from timing events); `benchmarks/gpu_check.py` counts a GPU's own syncs with
 torch's sync debug mode. The goal is at most 3 a round.
 
     python benchmarks/host_reads.py --out benchmarks/results/host_reads.md

@@ -23,6 +23,7 @@ operations outside captured passes that would make a GPU's host wait.
 
 from __future__ import annotations
 
+import time
 import traceback
 from collections import Counter
 from contextlib import contextmanager
@@ -175,20 +176,42 @@ def _sorted_topk(logits, k):
     return topk_sorted(torch.log_softmax(logits, dim=-1), k)
 
 
+class TimingEvent:
+    """A CUDA timing event's stand-in: it marks the host clock when recorded and is always
+    complete (on the CPU the work it follows has run)."""
+
+    def __init__(self):
+        self.at = time.perf_counter()
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, end: TimingEvent) -> float:
+        return (end.at - self.at) * 1e3  # milliseconds, as torch's
+
+
 @contextmanager
 def gpu_branches():
     """Inside the block the torch backends take their GPU branches on the CPU (checks queued
-    for the next read, each top-k from one sort, pools drafted to full depth); yields a
-    Counter of the other host waits a GPU would have, by our line that made them."""
+    for the next read, each top-k from one sort, pools drafted to full depth, part times from
+    timing events); yields a Counter of the other host waits a GPU would have, by our line
+    that made them (a model's `synchronize` among them)."""
     from targetrows.hf import device_pool, eagle3, model, torch_rows
 
+    waits: Counter = Counter()
+
+    def synchronize(self):
+        ours = [f for f in traceback.extract_stack() if "/targetrows/" in f.filename][-1]
+        waits[f"{ours.filename.split('/targetrows/')[-1]}:{ours.lineno} synchronize"] += 1
+
     patches = [(torch_rows.TorchRows, "_defer_checks", True),
-               (device_pool, "reads_are_free", lambda device: False)]
+               (device_pool, "reads_are_free", lambda device: False),
+               (torch_rows.TorchRows, "timing_event", lambda self: TimingEvent()),
+               (torch_rows.TorchRows, "synchronize", synchronize)]
     patches += [(module, "ranked", _sorted_topk) for module in (torch_rows, model, eagle3)]
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
     for owner, name, value in patches:
         setattr(owner, name, value)
-    waits: Counter = Counter()
     try:
         with _Waits(waits):
             yield waits

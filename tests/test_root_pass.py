@@ -32,11 +32,41 @@ class RecordingStream:
         self.events.append(("join", handed_over))
 
 
-class Recorded:
-    """A model whose row requests, and a target whose side stream, write to `events`."""
+class DeviceClock:
+    """A stand-in GPU's clock, which each pass moves on by one millisecond; its timing events
+    read it when recorded."""
 
-    def __init__(self, model, events, kind, stream=None):
+    def __init__(self):
+        self.ms = 0.0
+
+    def event(self):
+        return ClockEvent(self.ms)
+
+
+class ClockEvent:
+    def __init__(self, ms):
+        self.ms = ms
+
+    def query(self):
+        return True
+
+    def elapsed_time(self, end):
+        return end.ms - self.ms
+
+
+class Recorded:
+    """A model whose row requests, and a target whose side stream, write to `events`; with a
+    `clock`, on a stand-in GPU whose passes it times."""
+
+    def __init__(self, model, events, kind, stream=None, clock=None):
         self._model, self._events, self._kind, self._stream = model, events, kind, stream
+        self._clock = clock
+        if clock is not None:
+            self.device = "gpu:0"
+            self.timing_event = clock.event
+
+    def synchronize(self):
+        assert self._clock is None, f"{self._kind}: the host waited for the device"
 
     def __getattr__(self, name):
         return getattr(self._model, name)
@@ -50,6 +80,7 @@ class Recorded:
     def run_batch(self, items):  # its passes' group: the pass, and the stream it ran on
         out = []
         for context, tree, nodes in items:
+            self._tick()
             rows = self._model.logits(context, tree, nodes)
             on_side = self._stream is not None and self._stream.open
             self._events.append((self._kind, len(tree), on_side, rows))
@@ -57,19 +88,25 @@ class Recorded:
         return out
 
     def topk_at_passes(self, context, tree, nodes, k):
+        self._tick()
         self._events.append((self._kind, len(tree), False, None))
         return (yield from self._model.topk_at_passes(context, tree, nodes, k))
 
+    def _tick(self):
+        if self._clock is not None:
+            self._clock.ms += 1.0
 
-def _run(decoder, overlap):
+
+def _run(decoder, overlap, clock=None, result=False):
     pair = ToyPair(8, seed=1, closeness=0.8, scale=2.0)
     events = []
     stream = RecordingStream(events)
-    target = Recorded(pair.target, events, "target", stream)
-    draft = Recorded(pair.draft, events, "draft")
+    target = Recorded(pair.target, events, "target", stream, clock)
+    draft = Recorded(pair.draft, events, "draft", clock=clock)
     cfg = decode_config(decoder, budget=6, max_new_tokens=24, overlap=overlap,
                         pool=PoolShape(top_k=3, depth=3))
-    return generate(target, draft, [1, 2], cfg).tokens, events
+    out = generate(target, draft, [1, 2], cfg)
+    return (out if result else out.tokens), events
 
 
 @pytest.mark.parametrize("decoder", [n for n in decoder_names(learned=False)
@@ -121,3 +158,22 @@ def test_measure_overlap_times_both_schedules_of_every_root_pass_decoder():
         (n, a) for n in names for a in (False, True)]
     assert all(r["same_tokens"] and r["t_round"] > 0 for r in rows)
     assert overlap_markdown(rows, "T").count("\n| fts |") == 2
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("decoder", ["draft_rank", "fts", "fts_redraft", "rerank"])
+def test_part_times_come_from_device_events_without_a_wait(decoder, overlap):
+    """On a GPU a round's part times are read from timing events at the round's end, so the
+    host never waits for the device to time it: on a stand-in whose clock moves one
+    millisecond a pass, each round's t_root is its root pass, t_draft its draft passes and
+    t_drafting both, and nothing calls `synchronize`."""
+    result, events = _run(decoder, overlap, clock=DeviceClock(), result=True)
+    draft_passes = sum(e[0] == "draft" for e in events)
+    ms = 1e-3
+    assert sum(r.t_draft for r in result.rounds) == pytest.approx(draft_passes * ms)
+    if overlap and get_decoder(decoder).root_pass:  # the first round's, then the side stream's
+        root_passes = 1 + sum(e[0] == "target" and e[2] for e in events)
+        assert sum(r.t_root for r in result.rounds) == pytest.approx(root_passes * ms)
+    for r in result.rounds:
+        assert r.t_draft > 0
+        assert r.t_drafting == pytest.approx(r.t_draft + r.t_root)

@@ -89,9 +89,11 @@ def decode_passes(
     while True:
         t0 = time.perf_counter()
         stats = RoundStats()
-        plan = yield from decoder.plan(Round(target, draft, context, store, config, stats,
-                                             overlap, rule, state, opening=not result.rounds))
+        round_ = Round(target, draft, context, store, config, stats, overlap, rule, state,
+                       opening=not result.rounds)
+        plan = yield from decoder.plan(round_)
         verified = yield from _verified(target, context, plan, store, config, stats, keep_last)
+        round_.timings.settle(stats)  # the reads above waited for the device's timed work
         tokens, stop_reason = _truncate(list(plan.prefix) + verified, config, len(new))
         new.extend(tokens)
         context.extend(tokens)

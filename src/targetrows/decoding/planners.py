@@ -13,8 +13,6 @@ decoder to its rule, and so to its planner.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from targetrows.core.passes import Passes, no_passes, run_now
@@ -28,8 +26,8 @@ from targetrows.core.recycle import TOKEN_RECYCLING_TEMPLATE, Recycler
 from targetrows.core.rules.rule import tree_after_t0
 from targetrows.core.tree import Tree
 
-from .model import synchronize
 from .round import Plan, Round, root_pass_alongside, timed_draft_work
+from .timing import stamp
 
 
 def plan_ar(r: Round) -> Passes[Plan]:
@@ -193,13 +191,11 @@ def plan_recycle(r: Round) -> Passes[Plan]:
     reads the prompt's rows gets them first (a target pass, timed as the root pass: it gives
     the root row too). The verify pass's rows at every node go back into the table
     (`Plan.observe`). A tree without nodes (nothing seen yet) is still verified: one token."""
-    state, stats = r.state, r.stats
+    state = r.state
     if state.prompt_pending:
-        t = time.perf_counter()
+        start = stamp(r.target)
         yield from _prompt_rows(r)
-        synchronize(r.target)
-        stats.t_root = time.perf_counter() - t
-        stats.t_drafting += stats.t_root
+        r.timings.add(("t_root", "t_drafting"), start, stamp(r.target))
     tree = yield from timed_draft_work(r, no_passes(state.tree(r.context, r.config.budget)))
 
     def observe(verified: Tree, logits, nodes) -> None:

@@ -13,16 +13,16 @@ CPU, where a pass runs as it is asked for, the two run in turn.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from targetrows.core.passes import Passes
 from targetrows.core.rows import RowStore
 from targetrows.core.tree import Tree
 
-from .model import side_stream, synchronize
+from .model import side_stream
+from .timing import Timings, stamp
 
 
 @dataclass
@@ -59,6 +59,8 @@ class Round:
     rule: Any = None  # a targetrows.core.rules.rule.Rule; None for ar and the draft-free
     state: Any = None  # the draft-free decoders' Recycler; None for every other decoder
     opening: bool = False  # the decode's first round: the target has not seen the prompt yet
+    # part times still on the device, settled into `stats` at the round's end
+    timings: Timings = field(default_factory=Timings)
 
 
 @dataclass
@@ -80,45 +82,42 @@ def root_pass_alongside(r: Round, draft_work: Passes) -> Passes:
     (or after it: without overlap, and in a decode's first round). Returns the root row's
     logits (also put in the store, so the verify pass reuses it) and draft_work's result;
     fills t_root, t_draft and t_drafting."""
-    stats = r.stats
     # The first round's root pass prefills the prompt before anything drafts: an EAGLE-3 head
     # reads the prompt's target features, so it must not draft before they exist. Later
     # rounds, alongside: the root pass on a stream of its own, which the target's own stream
     # waits for (on the device) once the drafting is done.
-    t = time.perf_counter()
+    start = stamp(r.target, r.draft)
     if r.opening or not r.overlap:
-        root_logits = yield from _root_pass(r, wait=True)
-        drafted = yield from _timed(r, draft_work)
+        root_logits = yield from _root_pass(r)
+        drafted = yield from _timed(r, draft_work, ("t_draft",))
     else:
-        stream, root_logits = yield from on_side_stream(r.target, _root_pass(r, wait=False))
-        drafted = yield from _timed(r, draft_work)
+        stream, root_logits = yield from on_side_stream(r.target, _root_pass(r))
+        drafted = yield from _timed(r, draft_work, ("t_draft",))
         stream.join(root_logits)
-    stats.t_drafting = time.perf_counter() - t
+    r.timings.add(("t_drafting",), start, stamp(r.target, r.draft))
     r.store.put(r.context, root_logits)
     return root_logits, drafted
 
 
-def _root_pass(r: Round, wait: bool) -> Passes:
+def _root_pass(r: Round) -> Passes:
     """The root row at the round's context: the store's, or one target pass, after which the
-    root is committed cache (verify feeds only the tree). Timed into t_root: with `wait`, until
-    the device is done; without (beside drafting on a GPU), until it is queued."""
-    t = time.perf_counter()
+    root is committed cache (verify feeds only the tree). Timed into t_root on the stream it
+    runs on (its own, beside drafting)."""
+    start = stamp(r.target)
     logits = r.store.get(r.context)
     if logits is None:
         logits = yield from r.target.logits_passes(r.context, Tree.root_only(r.context[-1]), [0])
         r.target.commit(r.context)
         r.stats.target_passes += 1
-    if wait:
-        synchronize(r.target)
-    r.stats.t_root = time.perf_counter() - t
+    r.timings.add(("t_root",), start, stamp(r.target))
     return logits
 
 
-def _timed(r: Round, work: Passes) -> Passes:
-    t = time.perf_counter()
+def _timed(r: Round, work: Passes, fields: tuple[str, ...]) -> Passes:
+    """`work`'s steps, timed on the draft's device into `fields` of the round's statistics."""
+    start = stamp(r.draft)
     out = yield from work
-    synchronize(r.draft)
-    r.stats.t_draft = time.perf_counter() - t
+    r.timings.add(fields, start, stamp(r.draft))
     return out
 
 
@@ -144,10 +143,4 @@ def on_side_stream(model: Any, steps: Passes) -> Passes:
 def timed_draft_work(r: Round, work: Passes) -> Passes:
     """Draft work that runs on its own (no root pass beside it), timed into t_draft and
     t_drafting (added, so a second drafting step in a round adds to the first)."""
-    t = time.perf_counter()
-    out = yield from work
-    synchronize(r.draft)
-    elapsed = time.perf_counter() - t
-    r.stats.t_draft += elapsed
-    r.stats.t_drafting += elapsed
-    return out
+    return (yield from _timed(r, work, ("t_draft", "t_drafting")))

@@ -83,6 +83,15 @@ class TorchRows:
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
 
+    def timing_event(self):
+        """A timing event queued on this model's current stream (the host does not wait), or
+        None off a GPU, where the host clock times the work (`targetrows.decoding.timing`)."""
+        if self.device.type != "cuda":
+            return None
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(self.device))
+        return event
+
     # -- checks and transfers ------------------------------------------------------------------
     def _new_sequence(self, seed: int | None) -> None:
         """What every backend's `reset` does besides its cache: no check left pending, and the
