@@ -2,13 +2,14 @@
 
 On a GPU the host waits for the device wherever it reads a value back. Our torch backends read
 through one function (`TorchRows._fetch`: the draw, a top-k, log-probs, with the checks queued
-since the last read), so each call is one wait. This script counts those calls per round, with
-the code's GPU branches taken (checks queued for the next read, top-k from one sort, pools
-drafted to full depth), on tiny float32 models: a standalone draft and a random EAGLE-3 head.
-It also counts, under a dispatch mode, the other operations that would make a GPU's host wait
-(an `.item()`, a `nonzero`, a boolean index, a tensor made from host data other than through
-`host_to_device`'s pinned copy, a model's `synchronize`: part times come from timing events); `benchmarks/gpu_check.py` counts a GPU's own syncs with
-torch's sync debug mode. The goal is at most 3 a round.
+since the last read, and the reads queued for it), so each call is one wait. This script
+counts those calls per round, with the code's GPU branches taken (checks and pools queued for
+the next read, top-k from one sort, pools drafted to full depth, part times from timing
+events), on tiny float32 models: a standalone draft and a random EAGLE-3 head. It also counts
+the other operations that would make a GPU's host wait (under a dispatch mode: an `.item()`, a
+`nonzero`, a boolean index, a tensor made from host data other than through `host_to_device`'s
+pinned copy; and a model's `synchronize`); `benchmarks/gpu_check.py` counts a GPU's own syncs
+with torch's sync debug mode. The goal is at most 3 a round.
 
     python benchmarks/host_reads.py --out benchmarks/results/host_reads.md
 """
@@ -58,9 +59,9 @@ def counting_reads():
     reads: Counter = Counter()
     fetch = TorchRows._fetch
 
-    def counted(self, *tensors):
+    def counted(self, *tensors, **where):
         reads[_ours("torch_rows.py")] += 1
-        return fetch(self, *tensors)
+        return fetch(self, *tensors, **where)
 
     TorchRows._fetch = counted
     try:

@@ -196,7 +196,7 @@ def gpu_branches():
     for the next read, each top-k from one sort, pools drafted to full depth, part times from
     timing events); yields a Counter of the other host waits a GPU would have, by our line
     that made them (a model's `synchronize` among them)."""
-    from targetrows.hf import device_pool, eagle3, model, torch_rows
+    from targetrows.hf import eagle3, model, torch_rows
 
     waits: Counter = Counter()
 
@@ -205,7 +205,7 @@ def gpu_branches():
         waits[f"{ours.filename.split('/targetrows/')[-1]}:{ours.lineno} synchronize"] += 1
 
     patches = [(torch_rows.TorchRows, "_defer_checks", True),
-               (device_pool, "reads_are_free", lambda device: False),
+               (torch_rows, "reads_are_free", lambda device: False),
                (torch_rows.TorchRows, "timing_event", lambda self: TimingEvent()),
                (torch_rows.TorchRows, "synchronize", synchronize)]
     patches += [(module, "ranked", _sorted_topk) for module in (torch_rows, model, eagle3)]

@@ -18,7 +18,9 @@ from targetrows.core.pool import (  # noqa: E402
     grow_on_host,
     grows_on_device,
     guessed_pools_passes,
+    guessed_pools_read_later,
     pool_passes,
+    pool_passes_read_later,
 )
 from targetrows.core.tree import Tree  # noqa: E402
 from targetrows.decoding.schedule import run_batched  # noqa: E402
@@ -129,9 +131,9 @@ def test_a_pool_grown_on_the_device_is_read_once(weights, kind, monkeypatch):
     reads = []
     fetch = TorchRows._fetch
 
-    def counted(self, *tensors):
+    def counted(self, *tensors, **where):
         reads.append(len(tensors))
-        return fetch(self, *tensors)
+        return fetch(self, *tensors, **where)
 
     monkeypatch.setattr(TorchRows, "_defer_checks", True)
     monkeypatch.setattr(TorchRows, "_fetch", counted)
@@ -156,3 +158,66 @@ def test_a_pool_grown_on_a_gpu_waits_for_nothing_before_its_one_read(weights, ki
         with gpu_branches() as waits:
             run_now(grow())
         assert not waits, waits
+
+
+@pytest.mark.parametrize("kind", ["standalone", "eagle3"])
+def test_a_pool_read_later_comes_with_the_targets_next_read(weights, kind, monkeypatch):
+    """With a GPU's branches, a pool (and pools under guesses) read later is not read when
+    drafted, but with the target's next read on the device (the draw of t0: one wait for
+    both), after which giving the pool reads nothing more; the pool is the one read at once,
+    and the draft keeps what it fed (its rows at the pool's nodes equal a fresh draft's)."""
+    from replayed_graphs import gpu_branches
+
+    reads = []
+    fetch = TorchRows._fetch
+
+    def counted(self, *tensors, **where):
+        reads.append(self.name)
+        return fetch(self, *tensors, **where)
+
+    context = CONTEXTS[1]
+    for later, at_once in ((lambda d: pool_passes_read_later(d, context, 3, 4, 5),
+                            lambda d: pool_passes(d, context, 3, 4, 5)),
+                           (lambda d: guessed_pools_read_later(d, context, 2, 3, 3),
+                            lambda d: guessed_pools_passes(d, context, 2, 3, 3))):
+        target, draft = _pair(weights, kind)
+        _, reference = _pair(weights, kind)
+        root = target.logits(context, Tree.root_only(context[-1]), [0])
+        for d in (draft, reference):
+            run_now(pool_passes(d, context, 3, 1, None))  # the committed entries
+        with gpu_branches(), monkeypatch.context() as m:
+            m.setattr(TorchRows, "_fetch", counted)
+            read = run_now(later(draft))
+            assert reads == []
+            target.draw(root, 0.0)
+            assert reads == ["t"]
+            tree, logq = read()
+            assert reads == ["t"]
+            want = run_now(at_once(reference))
+        reads.clear()
+        _same_pool((tree, logq), want)
+        nodes = range(len(tree))
+        torch.testing.assert_close(draft.logits(context, tree, nodes),
+                                   reference.logits(context, tree, nodes), rtol=1e-10,
+                                   atol=1e-10)
+
+
+@pytest.mark.parametrize("kind", ["standalone", "eagle3"])
+def test_a_pool_read_later_is_read_when_asked_for_and_dropped_by_a_reset(weights, kind):
+    """Asked for before any read came, the pool is read then; a pool left unread when its
+    draft is reset (an abandoned round) never reaches the draft: the next read does not
+    adopt it."""
+    from replayed_graphs import gpu_branches
+
+    target, draft = _pair(weights, kind)
+    context = CONTEXTS[1]
+    run_now(pool_passes(draft, context, 3, 1, None))
+    with gpu_branches():
+        tree, _ = run_now(pool_passes_read_later(draft, context, 3, 3, None))()
+        assert len(tree) == 1 + 3 + 9 + 9
+        abandoned = run_now(pool_passes_read_later(draft, context, 3, 3, None))
+        draft.reset()
+        root = target.logits(context, Tree.root_only(context[-1]), [0])
+        target.draw(root, 0.0)
+    tree, _ = abandoned()  # never read: the lists hold the root alone
+    assert len(tree) == 1

@@ -167,23 +167,47 @@ def expand_model(model: Any, context: Sequence[int], top_k: int, depth: int,
 def pool_passes(model: Any, context: Sequence[int], top_k: int, depth: int,
                 budget: int | None = None) -> Passes[tuple[Tree, np.ndarray]]:
     """`expand_model` as steps that ask for the draft's passes (`targetrows.core.passes`)."""
+    read = yield from pool_passes_read_later(model, context, top_k, depth, budget)
+    return read()
+
+
+def pool_passes_read_later(model: Any, context: Sequence[int], top_k: int, depth: int,
+                           budget: int | None = None
+                           ) -> Passes[Callable[[], tuple[Tree, np.ndarray]]]:
+    """`pool_passes`, returning a function that gives the pool: a pool grown on a GPU is read
+    with the device's next read, whichever model makes it (the draw of t0 from the root pass:
+    one wait for both), or when the function is called, whichever comes first."""
     _check_shape(top_k, depth)
     tokens, parents, logq = [int(context[-1])], [-1], [0.0]
-    yield from grow_model(model, context, tokens, parents, logq, [0], top_k, depth, budget)
-    return Tree(tokens, parents), np.array(logq)
+    wait = yield from grow_model(model, context, tokens, parents, logq, [0], top_k, depth,
+                                 budget, later=True)
+    return _reader(wait, tokens, parents, logq)
+
+
+def _reader(wait: Callable[[], None], tokens: list[int], parents: list[int],
+            logq: list[float]) -> Callable[[], tuple[Tree, np.ndarray]]:
+    def read() -> tuple[Tree, np.ndarray]:
+        wait()  # the lists are filled once the read that carries them is done
+        return Tree(tokens, parents), np.array(logq)
+    return read
 
 
 def grow_model(model: Any, context: Sequence[int], tokens: list[int], parents: list[int],
                logq: list[float], roots: Sequence[int], top_k: int, depth: int,
-               budget: int | None = None) -> Passes[None]:
+               budget: int | None = None, later: bool = False) -> Passes[Callable[[], None]]:
     """`grow` with `model`'s proposals: on the device, read once, where the model grows pools
     there (``model.grow_passes``, a torch backend's: `grows_on_device`), else level by level
-    (`grow_on_host`). The same pool either way."""
+    (`grow_on_host`). The same pool either way. Returns a function to call before reading
+    the lists: with `later` a device's read may wait for the device's next read."""
     if grows_on_device(model):
         return (yield from model.grow_passes(context, tokens, parents, logq, roots, top_k, depth,
-                                             budget))
-    return (yield from grow_on_host(model, context, tokens, parents, logq, roots, top_k, depth,
-                                    budget))
+                                             budget, later=later))
+    yield from grow_on_host(model, context, tokens, parents, logq, roots, top_k, depth, budget)
+    return _filled
+
+
+def _filled() -> None:
+    """Lists filled already: nothing to wait for."""
 
 
 def grow_on_host(model: Any, context: Sequence[int], tokens: list[int], parents: list[int],
@@ -224,14 +248,24 @@ def guessed_pools_passes(
     costs no extra draft time. The result is one tree: root, the guesses, each guess's pool.
     Use `pool_under(tree, logq, token)` to take the pool under the t0 actually sampled.
     """
+    read = yield from guessed_pools_read_later(model, context, guesses, top_k, depth)
+    return read()
+
+
+def guessed_pools_read_later(
+    model: Any, context: Sequence[int], guesses: int, top_k: int, depth: int
+) -> Passes[Callable[[], tuple[Tree, np.ndarray]]]:
+    """`guessed_pools_passes`, returning a function that gives the pools, read as
+    `pool_passes_read_later` reads them."""
     _check_shape(top_k, depth)
     tokens, parents, logq = [int(context[-1])], [-1], [0.0]
+    wait = _filled
     if grows_on_device(model):
-        yield from model.grow_passes(context, tokens, parents, logq, [0], top_k, depth,
-                                     guesses=guesses)
+        wait = yield from model.grow_passes(context, tokens, parents, logq, [0], top_k, depth,
+                                            guesses=guesses, later=True)
     else:
         yield from grow_guesses(model, context, tokens, parents, logq, guesses, top_k, depth)
-    return Tree(tokens, parents), np.array(logq)
+    return _reader(wait, tokens, parents, logq)
 
 
 def grow_guesses(model: Any, context: Sequence[int], tokens: list[int], parents: list[int],

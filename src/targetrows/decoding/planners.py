@@ -18,8 +18,9 @@ import numpy as np
 from targetrows.core.passes import Passes, no_passes, run_now
 from targetrows.core.pool import (
     drafts_full_depth,
-    guessed_pools_passes,
+    guessed_pools_read_later,
     pool_passes,
+    pool_passes_read_later,
     pool_under,
 )
 from targetrows.core.recycle import TOKEN_RECYCLING_TEMPLATE, Recycler
@@ -38,11 +39,18 @@ def plan_ar(r: Round) -> Passes[Plan]:
 def _root_pool(r: Round) -> Passes:
     """The draft's candidate pool at the round's context (one draft pass per level); for a
     decoder whose tree is the pool's draft_rank tree, only what that tree can use
-    (`DecodeConfig.pool_budget`)."""
+    (`DecodeConfig.pool_budget`). Returns a function that gives it (`_read_pool`): on a GPU
+    it comes with the device's next read."""
     cfg = r.config
-    cand, logq = yield from pool_passes(r.draft, r.context, cfg.pool.top_k, cfg.pool_depth,
-                                        cfg.pool_budget)
+    return (yield from pool_passes_read_later(r.draft, r.context, cfg.pool.top_k,
+                                              cfg.pool_depth, cfg.pool_budget))
+
+
+def _read_pool(r: Round, read) -> tuple[Tree, np.ndarray]:
+    """The root pool `_root_pool` drafted, its draft passes counted."""
+    cand, logq = read()
     # a pruned pool may stop early, except one grown on a GPU
+    cfg = r.config
     r.stats.draft_passes += cfg.pool_depth if drafts_full_depth(r.draft) else int(cand.depth.max())
     return cand, logq
 
@@ -71,9 +79,10 @@ def plan_pool(r: Round) -> Passes[Plan]:
     when the rule reads the exact root row (rerank), not otherwise (EAGLE-2's draft_rank)."""
     root_logits = None
     if r.rule.needs_root_pass:
-        root_logits, (cand, logq) = yield from root_pass_alongside(r, _root_pool(r))
+        root_logits, read = yield from root_pass_alongside(r, _root_pool(r))
     else:
-        cand, logq = yield from timed_draft_work(r, _root_pool(r))
+        read = yield from timed_draft_work(r, _root_pool(r))
+    cand, logq = _read_pool(r, read)
     chosen = r.rule.select(cand, logq, r.config.budget, reranker=r.config.reranker,
                            **_rows_read(r, cand, root_logits))
     return Plan([], cand.subtree(chosen))
@@ -88,10 +97,11 @@ def plan_after_t0(r: Round) -> Passes[Plan]:
     drawn from the exact root row and committed, and the rule keeps the nodes it verifies
     after t0 (first_token: the top-B below t0; pearl: the top-B tree pruned to t0's subtree).
     A tree without draft nodes is verified only for its bonus token, unless the config leaves
-    that row to the next round's root pass."""
+    that row to the next round's root pass. On a GPU the pool is read with t0: one wait."""
     cfg = r.config
-    root_logits, (cand, logq) = yield from root_pass_alongside(r, _root_pool(r))
+    root_logits, read = yield from root_pass_alongside(r, _root_pool(r))
     t0 = _draw_t0(r, root_logits)
+    cand, logq = _read_pool(r, read)  # read before anything else: the draft adopts its nodes
     if t0 in cfg.stop_ids:  # nothing to draft after a stop token
         return Plan([t0], None)
     kept = r.rule.select(cand, logq, cfg.budget, t0=t0, **_rows_read(r, cand, root_logits))
@@ -104,16 +114,17 @@ def plan_after_t0(r: Round) -> Passes[Plan]:
 def plan_redraft(r: Round) -> Passes[Plan]:
     """First-token sampling with a pool drafted anew under t0 (an extension, not the paper's):
     while the root pass runs, the draft pre-expands pools under its likeliest first tokens; on
-    a miss it drafts under t0 after."""
+    a miss it drafts under t0 after. On a GPU the guesses' pools are read with t0: one wait."""
     cfg = r.config
 
     def draft_work():
         r.stats.draft_passes += cfg.pool_depth + 1
-        return (yield from guessed_pools_passes(r.draft, r.context, cfg.pool.guesses,
-                                                cfg.pool.top_k, cfg.pool_depth))
+        return (yield from guessed_pools_read_later(r.draft, r.context, cfg.pool.guesses,
+                                                    cfg.pool.top_k, cfg.pool_depth))
 
-    root_logits, (guessed, logq) = yield from root_pass_alongside(r, draft_work())
+    root_logits, read = yield from root_pass_alongside(r, draft_work())
     t0 = _draw_t0(r, root_logits)
+    guessed, logq = read()
     if t0 in cfg.stop_ids:  # nothing to draft after a stop token
         return Plan([t0], None)
     hit = pool_under(guessed, logq, t0)

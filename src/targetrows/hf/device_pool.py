@@ -21,6 +21,10 @@ the round count those passes), and its dead nodes are fed; both cost little wher
 bound by its launches, not its width. On the CPU, where a read costs nothing and a pass costs
 its width, it stops where `grow` does (still feeding the dead nodes of a level it drafts).
 
+On a GPU the read may also wait (`later`): it is queued and comes with the device's next read,
+so a pool drafted beside the root pass arrives with the draw of t0 from the root row, in one
+wait (`targetrows.hf.torch_rows.TorchRows._read_later`).
+
 Both torch backends grow pools this way (`grow_pool_passes` is their `grow_passes`), through
 a few hooks of theirs, ``_pool_*``: the roots' outputs (rows for a model, g for a head, fed
 through the backend's own bookkeeping), the top-k of an output, the cache entries a fed node
@@ -30,6 +34,8 @@ fed nodes as the backend's tree afterwards.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
@@ -37,33 +43,37 @@ from targetrows.core.passes import Passes
 from targetrows.core.pool import grow_guesses, grow_on_host
 from targetrows.core.tree import Tree
 
+from . import torch_rows
 from .torch_rows import host_to_device
 
 
 @torch.inference_mode()
 def grow_pool_passes(model, context, tokens: list[int], parents: list[int], logq: list[float],
                      roots, top_k: int, depth: int, budget: int | None = None,
-                     guesses: int = 0) -> Passes[None]:
+                     guesses: int = 0, later: bool = False) -> Passes[Callable[[], None]]:
     """`targetrows.core.pool.grow` for a torch backend (with `guesses`: `grow_guesses`), on
     the device (`grow_on_device`), or level by level where a level is wider than the
-    vocabulary it ranks (all of it is taken)."""
+    vocabulary it ranks (all of it is taken). Returns a function to call before reading the
+    lists (with `later`, on a GPU, they are filled by the device's next read)."""
     if max(top_k, guesses) > model._pool_width():
         if guesses:
-            return (yield from grow_guesses(model, context, tokens, parents, logq, guesses,
-                                            top_k, depth))
-        return (yield from grow_on_host(model, context, tokens, parents, logq, roots, top_k,
-                                        depth, budget))
+            yield from grow_guesses(model, context, tokens, parents, logq, guesses, top_k, depth)
+        else:
+            yield from grow_on_host(model, context, tokens, parents, logq, roots, top_k, depth,
+                                    budget)
+        return _filled
     return (yield from grow_on_device(model, context, tokens, parents, logq, roots, top_k,
-                                      depth, budget, guesses))
+                                      depth, budget, guesses, later))
 
 
 def grow_on_device(model, context, tokens: list[int], parents: list[int], logq: list[float],
-                   roots, top_k: int, depth: int, budget: int | None,
-                   guesses: int = 0) -> Passes[None]:
+                   roots, top_k: int, depth: int, budget: int | None, guesses: int = 0,
+                   later: bool = False) -> Passes[Callable[[], None]]:
     """`targetrows.core.pool.grow` with the levels chosen on the device: the same lists
     extended in place with the same nodes, after one read. With `guesses` (one root), what
     `targetrows.core.pool.grow_guesses` grows: the root's `guesses` likeliest children, then
-    a pool of `depth` levels under each."""
+    a pool of `depth` levels under each. With `later`, the read is queued for the device's
+    next read; returns a function that waits for it (fetching then if none has come)."""
     if (budget is not None or guesses) and len(roots) != 1:
         raise ValueError("a budget-pruned pool, or pools under guesses, grow under one root")
     roots = np.asarray(roots, dtype=np.int64)
@@ -100,7 +110,7 @@ def grow_on_device(model, context, tokens: list[int], parents: list[int], logq: 
         kept = alive.gather(1, select)
         if budget is not None:
             kept &= _rank(levels, select) < budget - 1
-            if reads_are_free(device) and not bool(kept.any()):
+            if torch_rows.reads_are_free(device) and not bool(kept.any()):
                 break  # where `grow` stops, not a pass later
         n = select.numel()
         parent = (select // last_k + torch.arange(n_roots, device=device)[:, None]
@@ -120,15 +130,23 @@ def grow_on_device(model, context, tokens: list[int], parents: list[int], logq: 
                              tokens=tok.view(n_roots, -1, k),
                              logq=(chosen_logq[:, None] + lp).view(n_roots, -1, k),
                              first_slot=cache_len, out=out))
-    fed = _read_into(model, levels, roots, tokens, parents, logq)
-    model._pool_adopt(Tree(tokens, parents), len(context),
-                      [(lv.first_slot, lv.out, nodes) for lv, nodes in zip(levels[1:], fed[1:],
-                                                                          strict=True)])
+    n_context = len(context)
+
+    def take(host: list[np.ndarray]) -> None:  # the pool's lists; the draft keeps what it fed
+        fed = _read_into(levels, host, roots, tokens, parents, logq)
+        model._pool_adopt(Tree(tokens, parents), n_context,
+                          [(lv.first_slot, lv.out, nodes)
+                           for lv, nodes in zip(levels[1:], fed[1:], strict=True)])
+
+    parts = [t for lv in levels for t in (lv.select, lv.kept, lv.tokens, lv.logq)]
+    if later:
+        return model._read_later(parts, take)
+    take(model._fetch(*parts))
+    return _filled
 
 
-def reads_are_free(device: torch.device) -> bool:
-    """Whether reading a value back waits for nothing (the CPU): then a pool may stop early."""
-    return device.type == "cpu"
+def _filled() -> None:
+    """The pool's lists are filled: nothing to wait for."""
 
 
 class _Level:
@@ -155,14 +173,12 @@ def _rank(levels: list[_Level], select: torch.Tensor) -> torch.Tensor:
     return (above & alive[None]).sum(dim=1)[None]
 
 
-def _read_into(model, levels: list[_Level], roots: np.ndarray, tokens: list[int],
-               parents: list[int], logq: list[float]) -> list[np.ndarray]:
-    """Read every level in one copy and append the live nodes to the pool's lists, numbered
-    as `grow` numbers them: level by level, each root's kept frontier nodes in order, each
-    one's children best first. Returns, per level, the pool index of each fed frontier node
-    (-1: dead)."""
-    parts = [t for lv in levels for t in (lv.select, lv.kept, lv.tokens, lv.logq)]
-    host = model._fetch(*parts)
+def _read_into(levels: list[_Level], host: list[np.ndarray], roots: np.ndarray,
+               tokens: list[int], parents: list[int], logq: list[float]) -> list[np.ndarray]:
+    """Append the live nodes of every level, read (`host`: each level's select, kept, tokens
+    and logq), to the pool's lists, numbered as `grow` numbers them: level by level, each
+    root's kept frontier nodes in order, each one's children best first. Returns, per level,
+    the pool index of each fed frontier node (-1: dead)."""
     last_ids = None  # each root's previous level: pool index of each node, -1 if not in it
     fed = []
     for i in range(len(levels)):

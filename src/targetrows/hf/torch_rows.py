@@ -12,7 +12,9 @@ the first GPU check found 30-100 per round). So here:
 - on a GPU the check that a pass's rows are finite (a model that overflows in its dtype gives
   NaN) is queued with the pass and read back with the next fetch, not waited for in the pass;
 - top-k on a GPU ranks by one stable sort (ties to the lower id with no data-dependent branch);
-  on a CPU, where nothing waits, by `torch.topk` and a tie check.
+  on a CPU, where nothing waits, by `torch.topk` and a tie check;
+- a read that can wait is queued (`TorchRows._read_later`) and comes with the next fetch on
+  its device, whichever model makes it: a draft's pool with the target's draw of t0.
 """
 
 from __future__ import annotations
@@ -29,6 +31,30 @@ from targetrows.core.tree import Tree
 
 _NUMPY = {torch.int64: np.int64, torch.int32: np.int32, torch.bool: np.bool_,
           torch.float64: np.float64, torch.float32: np.float32}
+
+
+def reads_are_free(device: torch.device) -> bool:
+    """Whether reading a value back waits for nothing (the CPU): then a pool may stop early,
+    and a read is not queued for later."""
+    return torch.device(device).type == "cpu"
+
+
+class _Queued:
+    """A read queued for the next fetch on its device (`TorchRows._read_later`)."""
+
+    def __init__(self, owner, tensors, use):
+        self.owner, self.tensors, self.use, self.done = owner, tensors, use, False
+
+
+# reads queued per device, for whichever model fetches there next
+_QUEUED: dict[torch.device, list[_Queued]] = {}
+
+
+def _key(device: torch.device) -> torch.device:
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def host_to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -97,6 +123,8 @@ class TorchRows:
         """What every backend's `reset` does besides its cache: no check left pending, and the
         sampling generator reseeded (from `seed`, or afresh)."""
         self._pending = []
+        for queued in _QUEUED.values():  # a read left from an abandoned round is not taken
+            queued[:] = [q for q in queued if q.owner is not self]
         if seed is None:
             self._generator.seed()
         else:
@@ -117,16 +145,38 @@ class TorchRows:
         if not defer:
             self._fetch()
 
-    def _fetch(self, *tensors: torch.Tensor) -> list[np.ndarray]:
+    def _read_later(self, tensors: list[torch.Tensor],
+                    use: Callable[[list[np.ndarray]], None]) -> Callable[[], None]:
+        """Read `tensors` with the next fetch on their device, this model's or another's (a
+        target's draw of t0 brings a draft's pool with it: one wait for both), and hand the
+        arrays to `use`. Returns a function that makes sure that has happened, fetching then
+        if no read came. Where reads are free (the CPU) they are read at once."""
+        device = _key(tensors[0].device)
+        if reads_are_free(device):
+            use(self._fetch(*tensors))
+            return _read
+        entry = _Queued(self, tensors, use)
+        _QUEUED.setdefault(device, []).append(entry)
+
+        def wait() -> None:
+            if not entry.done:
+                self._fetch(device=device)
+        return wait
+
+    def _fetch(self, *tensors: torch.Tensor, device: torch.device | None = None
+               ) -> list[np.ndarray]:
         """`tensors` as NumPy arrays in one device-to-host copy (one wait, not one per tensor),
-        with the checks queued since the last fetch; raises ValueError if one fails."""
+        with the reads queued on their device (`device` without tensors; this model's by
+        default) and the checks queued since the last fetch; raises ValueError if one fails."""
         pending, self._pending = self._pending, []
-        parts = [t.reshape(-1).to(torch.float64) for t in tensors]  # ids < 2**53: exact
-        parts += [flags.reshape(-1).to(device=parts[0].device if parts else flags.device,
-                                       dtype=torch.float64) for flags, _ in pending]
+        where = _key(tensors[0].device if tensors else device or self.device)
+        queued = _QUEUED.pop(where, [])
+        reads = [*tensors, *(t for q in queued for t in q.tensors)]
+        parts = [t.reshape(-1).to(torch.float64) for t in reads]  # ids < 2**53: exact
+        parts += [flags.reshape(-1).to(device=where, dtype=torch.float64) for flags, _ in pending]
         host = torch.cat(parts).cpu().numpy() if parts else np.zeros(0)
         out, at = [], 0
-        for t in tensors:
+        for t in reads:
             n = t.numel()
             out.append(host[at:at + n].reshape(tuple(t.shape)).astype(_NUMPY[t.dtype]))
             at += n
@@ -136,7 +186,12 @@ class TorchRows:
             at += n
             if problem:
                 raise ValueError(problem)
-        return out
+        at = len(tensors)
+        for q in queued:
+            q.done = True
+            q.use(out[at:at + len(q.tensors)])
+            at += len(q.tensors)
+        return out[:len(tensors)]
 
     # -- reading rows --------------------------------------------------------------------------
     @staticmethod
@@ -194,6 +249,10 @@ class TorchRows:
             out[np.arange(out.shape[0]), self._fetch(logits.argmax(dim=-1))[0]] = 1.0
             return out
         return self._fetch(torch.softmax(logits.double() / temperature, dim=-1))[0]
+
+
+def _read() -> None:
+    """A read already done: nothing to wait for."""
 
 
 # rows ranked together on a CPU: 16 rows of a 50k vocabulary in float32 are 3 MB
