@@ -236,7 +236,7 @@ def test_a_batched_pass_equals_each_lanes_own_pass(llama):
         for lane_layer, ref in zip(lane._cache.layers, one.kv_cache.layers, strict=True):
             torch.testing.assert_close(lane_layer.keys, ref.keys, rtol=1e-10, atol=1e-10)
             torch.testing.assert_close(lane_layer.values, ref.values, rtol=1e-10, atol=1e-10)
-        torch.testing.assert_close(lane._features, one._features, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(lane._kept.rows, one._kept.rows, rtol=1e-10, atol=1e-10)
 
 
 def test_eagle3_head_lanes_equal_batch_1_and_greedy(tmp_path):

@@ -40,7 +40,7 @@ def _step(model, ctx, tree):
     """One tree pass's rows, then the KV entries and features it leaves."""
     rows = model.logits(ctx, tree, range(len(tree)))
     kv = [(layer.keys.clone(), layer.values.clone()) for layer in model.kv_cache.layers]
-    return rows, kv, model._features.clone()
+    return rows, kv, model._kept.rows.clone()
 
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-10), (torch.float32, 2e-5)],
@@ -80,7 +80,7 @@ def test_a_padded_static_pass_equals_the_unpadded_pass(arch, dtype, tol):
             for layer, (keys, values) in zip(lane.kv_cache.layers, want_kv, strict=True):
                 torch.testing.assert_close(layer.keys, keys, rtol=tol, atol=tol)
                 torch.testing.assert_close(layer.values, values, rtol=tol, atol=tol)
-            torch.testing.assert_close(lane._features, want_features, rtol=tol, atol=tol)
+            torch.testing.assert_close(lane._kept.rows, want_features, rtol=tol, atol=tol)
         for lane, ctx in zip(lanes, contexts, strict=True):
             lane.reset(None)
             if len(ctx) > 2:
@@ -289,7 +289,7 @@ def test_compaction_after_acceptance_equals_a_fresh_prefill(llama):
     for layer, ref in zip(lane.kv_cache.layers, fresh.kv_cache.layers, strict=True):
         torch.testing.assert_close(layer.keys, ref.keys, rtol=1e-10, atol=1e-10)
         torch.testing.assert_close(layer.values, ref.values, rtol=1e-10, atol=1e-10)
-    torch.testing.assert_close(lane._features, fresh._features, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(lane._kept.rows, fresh._kept.rows, rtol=1e-10, atol=1e-10)
 
 
 @torch.inference_mode()
@@ -306,8 +306,8 @@ def test_the_feature_buffer_of_static_passes_is_allocated_once(llama):
         lane.logits(ctx, Tree.root_only(ctx[-1]), [0])
         lane.commit(ctx)
         lane.logits(ctx, Tree([ctx[-1], 3, 4], [-1, 0, 1]), [1, 2])
-        buffers.add(lane._feature_buffer.data_ptr())
-        assert lane._feature_buffer.shape[0] == 400
+        buffers.add(lane._kept.buffer.data_ptr())
+        assert lane._kept.buffer.shape[0] == 400
     assert len(buffers) == 1
 
 

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 import torch
 
 from . import eagle3_conventions as conventions
-from .eagle3 import Eagle3Draft, Eagle3Head, Eagle3Shape
+from .eagle3 import Eagle3Draft
+from .eagle3_head import Eagle3Head, Eagle3Shape
 from .model import HFModel
 
 # canonical parameter name <- checkpoint name (after a leading "model." is dropped)

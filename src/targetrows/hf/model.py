@@ -28,10 +28,12 @@ from targetrows.core.tree import Tree
 from targetrows.hf.cache import cache_kwargs, growing_cache
 from targetrows.hf.device_pool import grow_pool_passes
 from targetrows.hf.fed_tree import adopt, common_prefix, extends
+from targetrows.hf.feed import Feed, plan_feed, region, seen_by, tree_mask
 from targetrows.hf.gqa_attention import NAME as GQA_ATTENTION
 from targetrows.hf.gqa_attention import use_gqa_kernel
+from targetrows.hf.kept_features import KeptFeatures
 from targetrows.hf.lean_forward import lean_forward
-from targetrows.hf.streams import SideStream, ready_event, record_use, wait_for
+from targetrows.hf.streams import SideStream
 from targetrows.hf.torch_rows import TorchRows, host_to_device, on_device, ranked
 
 
@@ -62,22 +64,6 @@ class Engine:
     # static-shape passes: each sequence's feature buffer holds this many entries, allocated at
     # its first pass and never grown (None: it grows as the cache does)
     static_entries: int | None = None
-
-
-@dataclass(frozen=True)
-class _Feed:
-    """One pass's input: the committed tail and the tree nodes it feeds, where they go."""
-
-    start: int  # the first cache entry that is not committed prefix
-    base: int  # the cache's length before the pass
-    tail: np.ndarray  # uncached committed tokens before the root, fed as a chain
-    query: np.ndarray  # tree nodes fed, in order (new ones, then rows asked for again)
-    ids: np.ndarray  # tokens fed: the tail, then the query nodes'
-    positions: np.ndarray  # their sequence positions
-    keep: np.ndarray  # the pass's row of each requested node
-    # a level of a pool grown on the device (`targetrows.hf.device_pool`): `ids` is a tensor
-    # there, and this is what `_region` says, made there too
-    seen: torch.Tensor | None = None
 
 
 class HFModel(TorchRows):
@@ -204,13 +190,11 @@ class HFModel(TorchRows):
         self._tree_ctx_len = 0  # length of the context that tree was fed under
         self._slot = np.zeros(0, dtype=np.int64)  # cache index of each tree node, -1 if unfed
         self._anc = np.zeros((0, 0), dtype=bool)
-        # per cache entry: the feature layers' inputs, concatenated (only with feature_layers);
-        # a view of the first rows of a buffer that grows like the KV cache (no copy per pass),
-        # or under static passes is made once at their capacity and kept for the next sequence
-        self._features: torch.Tensor | None = None
-        static = self.engine.static_entries is not None
-        self._feature_buffer = getattr(self, "_feature_buffer", None) if static else None
-        self._features_copied = None  # the last growth's copy, queued: readers wait for it
+        # per cache entry: the feature layers' inputs, concatenated (with feature_layers)
+        # (static passes keep their buffer, made once at their capacity, for the next sequence)
+        kept = getattr(self, "_kept", None)
+        static = kept is not None and self.engine.static_entries is not None
+        self._kept = KeptFeatures(self.device, kept.buffer if static else None)
 
     def lanes(self, n: int, target_lanes=None) -> list[HFModel]:
         """`n` lanes of this model for batched decoding (`targetrows.decoding.batch`): each with
@@ -246,8 +230,7 @@ class HFModel(TorchRows):
         extra = self._cache_len() - length
         if extra > 0:
             self._cache.crop(-extra)
-        if self._features is not None:
-            self._features = self._features[:length]
+        self._kept.crop(length)
 
     def _drop_tree(self) -> None:
         self._crop(len(self._prefix))
@@ -289,7 +272,7 @@ class HFModel(TorchRows):
         self._adopt_tree(tree, len(ctx))
         return (yield from self._pass_rows(self._plan_feed(ctx, tree, nodes), ctx))
 
-    def _pass_rows(self, feed: _Feed, ctx: np.ndarray) -> Passes[torch.Tensor]:
+    def _pass_rows(self, feed: Feed, ctx: np.ndarray) -> Passes[torch.Tensor]:
         """Ask for `feed`'s pass; keep its features and committed tail; its requested rows."""
         try:
             logits, captured = yield Pass(self._passes, (self, feed))
@@ -304,60 +287,20 @@ class HFModel(TorchRows):
         self._check_finite(rows, feed.positions[feed.keep])
         return rows
 
-    def _plan_feed(self, ctx: np.ndarray, tree: Tree, nodes: np.ndarray) -> _Feed:
-        """What one pass feeds: the uncached tail of the context as a chain, then the requested
-        nodes and their unfed ancestors (each node fed once; a row asked for again is fed once
-        more and left dead), their slots recorded; and which of its rows are the answer."""
-        n_ctx, slot = len(ctx), self._slot
-        start = len(self._prefix)  # first cache index that is not committed prefix
-        tail = ctx[start: n_ctx - 1]  # uncached committed tokens before the root
-        base = self._cache_len()  # == start when there is a tail (the tree was just dropped)
-        fed = slot >= 0
-        new = np.flatnonzero(self._anc[nodes].any(axis=0) & ~fed)  # requested + unfed ancestors
-        again = np.unique(nodes[fed[nodes]])
-        m = len(tail)
-        slot[new] = base + m + np.arange(len(new))
-        query = np.concatenate([new, again])
-        row_of = np.full(len(tree), -1, dtype=np.int64)
-        row_of[query] = m + np.arange(len(query))
-        return _Feed(start, base, tail, query,
-                     ids=np.concatenate([tail, tree.tokens[query]]),
-                     positions=np.concatenate([start + np.arange(m),
-                                               n_ctx - 1 + tree.depth[query]]),
-                     keep=row_of[nodes])
+    def _plan_feed(self, ctx: np.ndarray, tree: Tree, nodes: np.ndarray) -> Feed:
+        """What one pass feeds (`targetrows.hf.feed.plan_feed`); the cache's length is the
+        prefix's when there is a tail (the tree was just dropped)."""
+        return plan_feed(len(self._prefix), self._cache_len(), self._slot, self._anc, ctx, tree,
+                         nodes)
 
-    def _region(self, feed: _Feed) -> np.ndarray:
-        """Which cache entries from `feed.start` on each fed token sees [q, base + q - start]
-        (everything before is committed prefix, which every query sees). Tail rows: causal.
-        Tree rows: the tail and the entries of the node and its ancestors (the root's is in
-        the prefix when it was committed)."""
-        if feed.seen is not None:
-            return feed.seen
-        start, base, m, query, slot = feed.start, feed.base, len(feed.tail), feed.query, self._slot
-        q = m + len(query)
-        region = np.zeros((q, base + q - start), dtype=bool)
-        region[:m, :m] = np.tril(np.ones((m, m), dtype=bool))
-        region[m:, :m] = True
-        in_region = slot >= start
-        region[m:, slot[in_region] - start] = self._anc[query][:, in_region]
-        return region
+    def _region(self, feed: Feed) -> np.ndarray:
+        """What each token `feed` feeds sees past the prefix (`targetrows.hf.feed.region`)."""
+        return region(feed, self._slot, self._anc)
 
-    def _tree_mask(self, feed: _Feed) -> torch.Tensor | None:
-        """The pass's 4D additive mask (`_region`) over the cache entries. None for a plain
-        causal chain after the prefix (a prompt's first pass, ar's step): Hugging Face's own
-        causal pass, the one its generate() runs (the same kernels and numbers; a one-token
-        step without a mask is also a little faster)."""
-        start, base = feed.start, feed.base
-        region = self._region(feed)
-        q = len(region)
-        if feed.seen is None and base == start and np.array_equal(region, np.tri(q, dtype=bool)):
-            return None
-        mask = torch.zeros((1, 1, q, base + q), dtype=self.dtype, device=self.input_device)
-        blocked = ~on_device(region, self.input_device)
-        mask[0, 0, :, start:].masked_fill_(blocked, torch.finfo(self.dtype).min)
-        return mask
+    def _tree_mask(self, feed: Feed) -> torch.Tensor | None:
+        return tree_mask(feed, self._region(feed), self.dtype, self.input_device)
 
-    def _forward(self, feed: _Feed, mask: torch.Tensor | None):
+    def _forward(self, feed: Feed, mask: torch.Tensor | None):
         """(logits of the kept rows, the feature layers' inputs captured) of one pass, through
         the lean forward where there is one."""
         ids = on_device(feed.ids, self.input_device)[None]
@@ -381,26 +324,11 @@ class HFModel(TorchRows):
         """The pass's layer inputs [1, q, H] each -> [q, len(layers) * H] after entry `base`,
         low | mid | high in the order of `feature_layers`."""
         fresh = torch.cat([captured[i][0].to(self.device) for i in self.feature_layers], dim=-1)
-        held = 0 if self._features is None else len(self._features)
-        if held != base:  # never out of step with KV
-            if base:
-                self._clear_cache()
-                raise RuntimeError(f"{self.name}: features out of step with the KV cache")
-            held = 0
-        end = held + len(fresh)
-        buf = self._feature_buffer
-        if buf is None or len(buf) < end:  # room for twice as many: O(1) copies per entry
-            static = self.engine.static_entries  # static passes check `end` against it first
-            grown = fresh.new_empty((static or max(256, 2 * end), fresh.shape[1]))
-            if held:
-                grown[:held] = buf[:held]
-                record_use(buf)  # copied on this stream, maybe not the one it was made on
-                # a head reading committed rows on its own stream waits for that copy; set
-                # before the buffer switches, so a reader who sees the new one sees this too
-                self._features_copied = ready_event(self.device)
-            self._feature_buffer = buf = grown
-        buf[held:end] = fresh
-        self._features = buf[:end]
+        try:
+            self._kept.append(fresh, base, self.engine.static_entries)
+        except RuntimeError as err:
+            self._clear_cache()
+            raise RuntimeError(f"{self.name}: {err}") from None
 
     def features(self, context: Sequence[int], start: int, end: int) -> torch.Tensor:
         """The feature layers' inputs [end - start, len(layers) * H] at positions start..end-1 of
@@ -424,30 +352,8 @@ class HFModel(TorchRows):
         if end and not _starts_with(self._prefix, ctx):
             yield from self.logits_passes(ctx, Tree.root_only(int(ctx[-1])), [0])
             self.commit(ctx)
-        if self._features is None:  # nothing fed yet, nothing asked for
-            return torch.zeros((0, len(self.feature_layers) * self.hidden_size),
-                               dtype=self.dtype, device=self.device)
-        wait_for(self._features_copied, self.device)  # rows a growth beside this copied over
-        return _read_rows(self._features, start, end)
-
-    def _check_finite(self, rows: torch.Tensor, positions: np.ndarray) -> None:
-        """Queue the check that `rows` are finite: read back with the next draw, top-k or
-        log-probs (no wait here); a NaN/inf row then names its sequence position."""
-        # a row's sum is finite only if every entry is, and over vocabulary-wide rows a sum
-        # costs a small fraction of an elementwise isfinite, which only a failed sum needs
-        sums_finite = torch.isfinite(rows.sum(dim=-1))
-
-        def verdict(finite_sums: np.ndarray) -> str | None:
-            if finite_sums.all():
-                return None
-            finite = torch.isfinite(rows).all(dim=-1).cpu().numpy()
-            if finite.all():  # finite entries whose sum overflowed
-                return None
-            return (f"{self.name}: the logits after sequence position(s) "
-                    f"{positions[~finite].tolist()} (0-based, prompt included) contain NaN or "
-                    f"inf; the model overflows in {self.dtype}: try --dtype float32")
-
-        self._check_later(sums_finite, verdict)
+        return self._kept.read(start, end, len(self.feature_layers) * self.hidden_size,
+                               self.dtype)
 
     # -- pools grown on the device (`targetrows.hf.device_pool`) --------------------------------
     grow_passes = grow_pool_passes
@@ -467,12 +373,7 @@ class HFModel(TorchRows):
         return ids, vals.double()
 
     def _pool_seen(self, nodes: np.ndarray) -> torch.Tensor:
-        """[len(nodes), cache entries]: the entries each fed node sees, itself included."""
-        start = len(self._prefix)
-        seen = np.zeros((len(nodes), self._cache_len()), dtype=bool)
-        seen[:, :start] = True  # the committed prefix (a committed root's entry among them)
-        in_region = self._slot >= start
-        seen[:, self._slot[in_region]] = self._anc[nodes][:, in_region]
+        seen = seen_by(nodes, len(self._prefix), self._cache_len(), self._slot, self._anc)
         return host_to_device(seen, self.input_device)
 
     def _pool_entries(self) -> int:
@@ -483,7 +384,7 @@ class HFModel(TorchRows):
         """One level of new tree nodes, their tokens and what they see given on the device."""
         start, n = len(self._prefix), len(ids)
         none = np.zeros(0, dtype=np.int64)
-        feed = _Feed(start, self._cache_len(), tail=none, query=none, ids=ids,
+        feed = Feed(start, self._cache_len(), tail=none, query=none, ids=ids,
                      positions=positions, keep=np.arange(n), seen=seen[:, start:])
         return (yield from self._pass_rows(feed, self._prefix))
 
@@ -528,10 +429,7 @@ class HFModel(TorchRows):
 
                 for layer in self._cache.layers:
                     layer.keep_entries(index(layer.keys.device), start)
-                if self._features is not None:
-                    feats = self._features
-                    feats[start:end] = feats.index_select(0, index(feats.device))
-                    self._features = feats[:end]
+                self._kept.keep(index, start)
             self._prefix = ctx[:end].copy()
         self._drop_tree()
 
@@ -554,10 +452,3 @@ class OwnPasses:
 def _starts_with(prefix: np.ndarray, ctx: np.ndarray) -> bool:
     return len(prefix) >= len(ctx) and np.array_equal(prefix[: len(ctx)], ctx)
 
-
-def _read_rows(features: torch.Tensor, start: int, end: int) -> torch.Tensor:
-    """A copy of rows start..end-1, made on the caller's stream: the buffer is recorded as
-    read there, so its block outlives the copy even when another stream frees it."""
-    rows = features[start:end].clone()
-    record_use(features)
-    return rows

@@ -163,6 +163,25 @@ class TorchRows:
                 self._fetch(device=device)
         return wait
 
+    def _check_finite(self, rows: torch.Tensor, positions: np.ndarray) -> None:
+        """Queue the check that `rows` are finite: read back with the next draw, top-k or
+        log-probs (no wait here); a NaN/inf row then names its sequence position."""
+        # a row's sum is finite only if every entry is, and over vocabulary-wide rows a sum
+        # costs a small fraction of an elementwise isfinite, which only a failed sum needs
+        sums_finite = torch.isfinite(rows.sum(dim=-1))
+
+        def verdict(finite_sums: np.ndarray) -> str | None:
+            if finite_sums.all():
+                return None
+            finite = torch.isfinite(rows).all(dim=-1).cpu().numpy()
+            if finite.all():  # finite entries whose sum overflowed
+                return None
+            return (f"{self.name}: the logits after sequence position(s) "
+                    f"{positions[~finite].tolist()} (0-based, prompt included) contain NaN or "
+                    f"inf; the model overflows in {self.dtype}: try --dtype float32")
+
+        self._check_later(sums_finite, verdict)
+
     def _fetch(self, *tensors: torch.Tensor, device: torch.device | None = None
                ) -> list[np.ndarray]:
         """`tensors` as NumPy arrays in one device-to-host copy (one wait, not one per tensor),

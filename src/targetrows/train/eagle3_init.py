@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from targetrows.hf.eagle3 import Eagle3Head, Eagle3Shape
+from targetrows.hf.eagle3_head import Eagle3Head, Eagle3Shape
 
 from .replies import TeacherData
 

@@ -1,7 +1,7 @@
 """`targetrows train-eagle3`: an EAGLE-3 head for any Hugging Face target, trained on the target's
 own replies (`targetrows.train.replies`) and written in the EAGLE checkpoint layout.
 
-The head (`targetrows.hf.eagle3.Eagle3Head`) reads the inputs of three target layers (2, L//2,
+The head (`targetrows.hf.eagle3_head.Eagle3Head`) reads the inputs of three target layers (2, L//2,
 L-3) at position t with the embedding of token t+1 and predicts token t+2. Training follows
 EAGLE-3 (and SpecForge):
 - **Training-time test.** The head is unrolled `ttt_steps` times on its own outputs: step k feeds
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from targetrows.hf.eagle3 import Eagle3Head
+from targetrows.hf.eagle3_head import Eagle3Head
 from targetrows.hf.loading import resolve_dtype
 from targetrows.hf.packed import packed_product
 
