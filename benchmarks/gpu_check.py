@@ -9,18 +9,19 @@ Stages, in order (each one's failure is recorded and the next one still runs; th
 rewritten after every stage, so a run cut short keeps what it measured; a stage that the time
 left cannot hold is skipped and says so):
 
-1. identity: every decoder against HF greedy generate, float64, standalone drafts
-   (`gpu_exactness.identity`), root pass on a thread.
-2. syncs: host syncs per round and the lines that cause them (`gpu_speed.syncs`).
-3. pass costs: a verify pass over 1-128 nodes at the Llama-3.1-8B, Qwen3-8B and Qwen2.5-32B
+1. graphs: static-shape passes replayed as CUDA graphs against eager on the Qwen3-8B shape
+   with a Qwen3-0.6B-shaped draft (pass costs 1-128 nodes, the draft's pass, an EAGLE-3
+   head's step, ar / draft_rank / fts tokens/s against the weight-streaming bound, capture
+   time and memory), and every decoder's tokens with graphs against eager in float32 with the
+   syncs per round (`gpu_graphs`).
+2. identity: every decoder against HF greedy generate, float64, standalone drafts
+   (`gpu_exactness.identity`), root pass alongside.
+3. syncs: host syncs per round and the lines that cause them (`gpu_speed.syncs`).
+4. pass costs: a verify pass over 1-128 nodes at the Llama-3.1-8B, Qwen3-8B and Qwen2.5-32B
    shapes in bfloat16, and the row spread between pass shapes (`gpu_speed.pass_costs`).
-4. bench: `targetrows bench` on the Qwen3-8B shape with a Qwen3-0.6B-shaped draft.
-5. graphs: static-shape passes replayed as CUDA graphs against eager on that pair (pass
-   costs 1-128 nodes, the draft's pass, an EAGLE-3 head's step, ar / draft_rank / fts
-   tokens/s against the weight-streaming bound, capture time and memory), and every decoder's
-   tokens with graphs against eager in float32 with the syncs per round (`gpu_graphs`).
-   Then overlap: root pass alongside drafting on one GPU (a thread, and a stream of its own),
-   against one after the other.
+5. bench: `targetrows bench` on the Qwen3-8B shape with a Qwen3-0.6B-shaped draft.
+   Then overlap: root pass alongside drafting on one GPU (on a stream of its own), against
+   one after the other.
    Then batched: ar, draft_rank and fts decoding 1, 4 and 16 prompts at once on that pair,
    against Hugging Face's batched generate (`gpu_speed.batched`).
 6. EAGLE-3: identity with random heads of both layouts, then the Qwen3-8B shape's bench with a
@@ -175,6 +176,9 @@ def main(argv=None) -> int:
         found["failed"] |= not all(s["same"] for s in rep["speed"].values())
         return graphs.markdown(rep)
 
+    # graphs first: what the next GPU run most needs to show (issue: passes at the hardware's
+    # speed); the stages after it were measured once already (gpu_20261204.md)
+    stage("graphs", 90, lambda: graphs.graphs(args, device, keep), graphs_render)
     stage("identity", 60, lambda: exact.identity(device, args.smoke),
           identity_render("Greedy identity (tiny random models, float64, root pass alongside)"))
     stage("syncs", 20, lambda: speed.syncs(device, args.smoke), speed.syncs_markdown)
@@ -183,7 +187,6 @@ def main(argv=None) -> int:
     stage("bench", 60, lambda: speed.bench_pair(args, device, keep),
           lambda out: bench_section("Bench: Qwen3-8B shape, Qwen3-0.6B-shaped draft, T=0", out,
                                     report) or "")
-    stage("graphs", 90, lambda: graphs.graphs(args, device, keep), graphs_render)
     stage("overlap", 60, lambda: speed.overlap(args, device, keep), overlap_render)
     stage("batched", 45, lambda: speed.batched(args, device, keep), speed.batched_markdown)
     keep.pop("draft", None)

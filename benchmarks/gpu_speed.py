@@ -7,7 +7,7 @@ model shapes (no download): acceptance means nothing with random weights, part t
 - `syncs`: host syncs per round of every decoder, and the lines that cause them
   (`targetrows.bench.syncs`), with a standalone draft and with an EAGLE-3 head.
 - `bench`: `targetrows bench`'s table for the Qwen3-8B shape with a Qwen3-0.6B-shaped draft.
-- `overlap`: the root pass on a thread alongside drafting on one GPU, against one after the
+- `overlap`: the root pass alongside drafting (on a stream of its own) on one GPU, against one after the
   other: the round's drafting time against root pass + draft work.
 - `eagle3_bench`: the Qwen3-8B shape with a random head of a real Qwen3-8B head's shape.
 """
