@@ -500,17 +500,17 @@ def test_gpu_check_graphs_stage_on_graphs_stood_in_on_the_cpu(monkeypatch):
 def test_host_reads_a_round_stay_within_the_gpu_goal(tmp_path, monkeypatch):
     """With the code's GPU branches taken (benchmarks/host_reads.py), every decoder's round
     reads from the device at most 3 times, and makes no other host wait: 2 (the pool, with t0
-    where there is one; the verify pass's draws) for every decoder but the ones that also read
-    the target's rows at the pool's first level (rerank, lrerank, lrerank_stale),
-    first-token redrafting (its pool under t0 when t0 misses its guesses) and the draft-free
-    ones (the top-k of the verify pass's rows; the prompt's rows in the first round)."""
+    and the target's rows at the pool's first level where a rule reads them; the verify
+    pass's draws) for every decoder but first-token redrafting (its pool under t0 when t0
+    misses its guesses) and the draft-free ones (the top-k of the verify pass's rows; the
+    prompt's rows in the first round)."""
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
     out = tmp_path / "reads.md"
     assert _benchmark("host_reads").main(["--max-new-tokens", "8", "--out", str(out)]) == 0
     rows = [line.split("|")[1:-1] for line in out.read_text().splitlines()
             if line.startswith("| ") and line.count("|") == 6 and "decoder" not in line]
     assert len(rows) == 19
-    three = ("rerank", "lrerank", "lrerank_stale", "fts_redraft", "racer", "recycle")
+    three = ("fts_redraft", "racer", "recycle")
     for draft, decoder, _, reads, waits in rows:
         assert float(reads) <= (3 if decoder.strip() in three else 2), (draft, decoder, reads)
         assert float(waits) == 0, (draft, decoder, waits)

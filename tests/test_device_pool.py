@@ -3,6 +3,8 @@ EAGLE-3 head, is the pool `grow` chooses level by level on the host: the same no
 the same, at batch 1, over batched lanes and with static passes; budget-pruned, under several
 roots; read once; and the draft keeps what it fed."""
 
+from contextlib import nullcontext
+
 import numpy as np
 import pytest
 
@@ -15,6 +17,7 @@ from tiny_models import tiny_model  # noqa: E402
 
 from targetrows.core.passes import run_now  # noqa: E402
 from targetrows.core.pool import (  # noqa: E402
+    PoolShape,
     grow_on_host,
     grows_on_device,
     guessed_pools_passes,
@@ -221,3 +224,67 @@ def test_a_pool_read_later_is_read_when_asked_for_and_dropped_by_a_reset(weights
         target.draw(root, 0.0)
     tree, _ = abandoned()  # never read: the lists hold the root alone
     assert len(tree) == 1
+
+
+@pytest.mark.parametrize("kind", ["standalone", "eagle3"])
+def test_the_targets_rows_at_the_pools_first_level_come_with_the_pool(weights, kind,
+                                                                       monkeypatch):
+    """With a GPU's branches, a pool read later gives the tokens of its first level on the
+    device (`first_level`), in the pool's order; the target's log-probs there, queued before
+    the pool is read (what a rule that re-scores with the root row reads), come in the pool's
+    one read and equal the log-probs read at the read pool's first-level tokens."""
+    from replayed_graphs import gpu_branches
+
+    reads = []
+    fetch = TorchRows._fetch
+
+    def counted(self, *tensors, **where):
+        reads.append(self.name)
+        return fetch(self, *tensors, **where)
+
+    target, draft = _pair(weights, kind)
+    context = CONTEXTS[1]
+    root = target.logits(context, Tree.root_only(context[-1]), [0])
+    run_now(pool_passes(draft, context, 3, 1, None))
+    for temperature in (0.0, 0.7):
+        with gpu_branches(), monkeypatch.context() as m:
+            m.setattr(TorchRows, "_fetch", counted)
+            read = run_now(pool_passes_read_later(draft, context, 3, 3, 5))
+            value = target.logprobs_read_later((root, root), read.first_level, temperature)
+            tree, _ = read()
+            logp = value()
+        assert len(reads) == 1
+        reads.clear()
+        first = tree.tokens[tree.children(0)]
+        np.testing.assert_array_equal(read.first_level.cpu().numpy()[0], first)
+        np.testing.assert_allclose(logp, target.logprobs((root, root), first[None],
+                                                         temperature), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("decoder", ["rerank", "lrerank_stale", "fts", "fts_redraft"])
+def test_rounds_read_together_on_a_gpu_verify_the_trees_read_apart(weights, decoder,
+                                                                  monkeypatch):
+    """A decode with the GPU's branches (pools, rows and t0 queued into one read) verifies,
+    round by round, the trees of a decode that reads each apart: the same tokens and parents,
+    the same tokens committed."""
+    from replayed_graphs import gpu_branches
+    from rerankers import decode_config
+
+    from targetrows.decoding import loop
+
+    config = decode_config(decoder, budget=8, max_new_tokens=20, pool=PoolShape(10, 3))
+    verify = loop._verify
+    runs = []
+
+    def recorded(target, ctx, tree, *args, **kw):
+        runs[-1][1].append((tree.tokens.tolist(), tree.parents.tolist()))
+        return (yield from verify(target, ctx, tree, *args, **kw))
+
+    monkeypatch.setattr(loop, "_verify", recorded)
+    for gpu in (False, True):
+        target, draft = _pair(weights, "standalone")
+        runs.append(([], []))
+        with gpu_branches() if gpu else nullcontext():
+            runs[-1][0].extend(loop.generate(target, draft, CONTEXTS[1], config).tokens)
+    assert runs[0] == runs[1]
+    assert sum(len(tokens) > 1 for tokens, _ in runs[0][1]) >= 3  # trees with draft nodes

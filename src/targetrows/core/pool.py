@@ -173,23 +173,32 @@ def pool_passes(model: Any, context: Sequence[int], top_k: int, depth: int,
 
 def pool_passes_read_later(model: Any, context: Sequence[int], top_k: int, depth: int,
                            budget: int | None = None
-                           ) -> Passes[Callable[[], tuple[Tree, np.ndarray]]]:
-    """`pool_passes`, returning a function that gives the pool: a pool grown on a GPU is read
+                           ) -> Passes[PoolRead]:
+    """`pool_passes`, returning a function that gives the pool (`PoolRead`): a pool grown on a GPU is read
     with the device's next read, whichever model makes it (the draw of t0 from the root pass:
     one wait for both), or when the function is called, whichever comes first."""
     _check_shape(top_k, depth)
     tokens, parents, logq = [int(context[-1])], [-1], [0.0]
     wait = yield from grow_model(model, context, tokens, parents, logq, [0], top_k, depth,
                                  budget, later=True)
-    return _reader(wait, tokens, parents, logq)
+    return PoolRead(wait, tokens, parents, logq)
 
 
-def _reader(wait: Callable[[], None], tokens: list[int], parents: list[int],
-            logq: list[float]) -> Callable[[], tuple[Tree, np.ndarray]]:
-    def read() -> tuple[Tree, np.ndarray]:
-        wait()  # the lists are filled once the read that carries them is done
+class PoolRead:
+    """A drafted pool that calling gives, as (tree, logq): read then, if no read on its device
+    has brought it yet. `first_level`: for a pool still on a device, the tokens of the root's
+    children there [1, k], in pool order (what a read that should come with the pool's needs:
+    `targetrows.hf.torch_rows.TorchRows.logprobs_read_later`); None otherwise."""
+
+    def __init__(self, wait: Callable[[], None], tokens: list[int], parents: list[int],
+                 logq: list[float]):
+        self._wait, self._lists = wait, (tokens, parents, logq)
+        self.first_level = getattr(wait, "first_level", None)
+
+    def __call__(self) -> tuple[Tree, np.ndarray]:
+        self._wait()  # the lists are filled once the read that carries them is done
+        tokens, parents, logq = self._lists
         return Tree(tokens, parents), np.array(logq)
-    return read
 
 
 def grow_model(model: Any, context: Sequence[int], tokens: list[int], parents: list[int],
@@ -254,7 +263,7 @@ def guessed_pools_passes(
 
 def guessed_pools_read_later(
     model: Any, context: Sequence[int], guesses: int, top_k: int, depth: int
-) -> Passes[Callable[[], tuple[Tree, np.ndarray]]]:
+) -> Passes[PoolRead]:
     """`guessed_pools_passes`, returning a function that gives the pools, read as
     `pool_passes_read_later` reads them."""
     _check_shape(top_k, depth)
@@ -265,7 +274,7 @@ def guessed_pools_read_later(
                                             guesses=guesses, later=True)
     else:
         yield from grow_guesses(model, context, tokens, parents, logq, guesses, top_k, depth)
-    return _reader(wait, tokens, parents, logq)
+    return PoolRead(wait, tokens, parents, logq)
 
 
 def grow_guesses(model: Any, context: Sequence[int], tokens: list[int], parents: list[int],

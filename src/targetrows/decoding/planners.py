@@ -13,10 +13,13 @@ decoder to its rule, and so to its planner.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from targetrows.core.passes import Passes, no_passes, run_now
 from targetrows.core.pool import (
+    PoolRead,
     drafts_full_depth,
     guessed_pools_read_later,
     pool_passes,
@@ -55,11 +58,13 @@ def _read_pool(r: Round, read) -> tuple[Tree, np.ndarray]:
     return cand, logq
 
 
-def _rows_read(r: Round, cand: Tree, root_logits) -> dict:
+def _rows_read(r: Round, read: PoolRead, root_logits) -> Callable[[Tree], dict]:
     """The rows the rule re-scores with, their log-probs (temperature 0 read as 1) at the
     pool's first-level tokens: the root pass's exact row, and the stale row, the target's row
     at the previous context that the last verify pass left in the store (none at a decoding's
-    first round). Both in one read."""
+    first round). Returns a function of the read pool that gives them ({} for a rule that
+    reads none). Both rows in one read; where the pool is still on the device, that read is
+    queued now, to come with the pool's."""
     rows = {}
     if "root_row" in r.rule.reads:
         rows["root_logp"] = root_logits
@@ -68,10 +73,18 @@ def _rows_read(r: Round, cand: Tree, root_logits) -> dict:
         if stale is not None:
             rows["stale_logp"] = stale
     if not rows:
-        return {}
-    tokens = cand.tokens[cand.children(0)][None]
-    logp = r.target.logprobs(tuple(rows.values()), tokens, r.config.temperature)
-    return dict(zip(rows, logp, strict=True))
+        return lambda cand: {}
+    temperature = r.config.temperature
+    later = getattr(r.target, "logprobs_read_later", None)
+    if read.first_level is not None and later is not None:
+        value = later(tuple(rows.values()), read.first_level, temperature)
+        return lambda cand: dict(zip(rows, value(), strict=True))
+
+    def at(cand: Tree) -> dict:
+        tokens = cand.tokens[cand.children(0)][None]
+        logp = r.target.logprobs(tuple(rows.values()), tokens, temperature)
+        return dict(zip(rows, logp, strict=True))
+    return at
 
 
 def plan_pool(r: Round) -> Passes[Plan]:
@@ -82,9 +95,10 @@ def plan_pool(r: Round) -> Passes[Plan]:
         root_logits, read = yield from root_pass_alongside(r, _root_pool(r))
     else:
         read = yield from timed_draft_work(r, _root_pool(r))
-    cand, logq = _read_pool(r, read)
+    rows = _rows_read(r, read, root_logits)
+    cand, logq = _read_pool(r, read)  # on a GPU the rows come with it: one wait
     chosen = r.rule.select(cand, logq, r.config.budget, reranker=r.config.reranker,
-                           **_rows_read(r, cand, root_logits))
+                           **rows(cand))
     return Plan([], cand.subtree(chosen))
 
 
@@ -100,11 +114,12 @@ def plan_after_t0(r: Round) -> Passes[Plan]:
     that row to the next round's root pass. On a GPU the pool is read with t0: one wait."""
     cfg = r.config
     root_logits, read = yield from root_pass_alongside(r, _root_pool(r))
+    rows = _rows_read(r, read, root_logits)
     t0 = _draw_t0(r, root_logits)
     cand, logq = _read_pool(r, read)  # read before anything else: the draft adopts its nodes
     if t0 in cfg.stop_ids:  # nothing to draft after a stop token
         return Plan([t0], None)
-    kept = r.rule.select(cand, logq, cfg.budget, t0=t0, **_rows_read(r, cand, root_logits))
+    kept = r.rule.select(cand, logq, cfg.budget, t0=t0, **rows(cand))
     tree = tree_after_t0(cand, kept, t0)
     if tree.budget == 0 and not cfg.verify_empty:
         return Plan([t0], None)

@@ -140,13 +140,28 @@ def grow_on_device(model, context, tokens: list[int], parents: list[int], logq: 
 
     parts = [t for lv in levels for t in (lv.select, lv.kept, lv.tokens, lv.logq)]
     if later:
-        return model._read_later(parts, take)
+        queued = not (guesses or n_roots > 1 or torch_rows.reads_are_free(device))
+        first = levels[0].tokens.reshape(1, -1) if queued else None
+        return _PoolWait(model._read_later(parts, take), first)
     take(model._fetch(*parts))
     return _filled
 
 
 def _filled() -> None:
     """The pool's lists are filled: nothing to wait for."""
+
+
+class _PoolWait:
+    """Waits for a pool's queued read. `first_level` [1, k]: the tokens of the root's
+    children on the device, in pool order, for a read of the target's rows at them that comes
+    with the pool's (`TorchRows.logprobs_read_later`); None under guesses or several roots,
+    and where the pool was read at once (the CPU)."""
+
+    def __init__(self, wait: Callable[[], None], first_level: torch.Tensor | None):
+        self.wait, self.first_level = wait, first_level
+
+    def __call__(self) -> None:
+        self.wait()
 
 
 class _Level:

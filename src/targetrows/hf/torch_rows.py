@@ -39,15 +39,22 @@ def reads_are_free(device: torch.device) -> bool:
     return torch.device(device).type == "cpu"
 
 
-class _Queued:
-    """A read queued for the next fetch on its device (`TorchRows._read_later`)."""
+class QueuedRead:
+    """A read queued for the next fetch on its device (`TorchRows._read_later`): `tensors`,
+    and `use(arrays)` taking them. Calling it makes sure the read is done, fetching then if
+    none has come."""
 
-    def __init__(self, owner, tensors, use):
-        self.owner, self.tensors, self.use, self.done = owner, tensors, use, False
+    def __init__(self, owner, device: torch.device, tensors, use):
+        self.owner, self.device, self.tensors, self.use = owner, device, tensors, use
+        self.done = False
+
+    def __call__(self) -> None:
+        if not self.done:
+            self.owner._fetch(device=self.device)
 
 
 # reads queued per device, for whichever model fetches there next
-_QUEUED: dict[torch.device, list[_Queued]] = {}
+_QUEUED: dict[torch.device, list[QueuedRead]] = {}
 
 
 def _key(device: torch.device) -> torch.device:
@@ -155,13 +162,9 @@ class TorchRows:
         if reads_are_free(device):
             use(self._fetch(*tensors))
             return _read
-        entry = _Queued(self, tensors, use)
+        entry = QueuedRead(self, device, tensors, use)
         _QUEUED.setdefault(device, []).append(entry)
-
-        def wait() -> None:
-            if not entry.done:
-                self._fetch(device=device)
-        return wait
+        return entry
 
     def _check_finite(self, rows: torch.Tensor, positions: np.ndarray) -> None:
         """Queue the check that `rows` are finite: read back with the next draw, top-k or
@@ -252,14 +255,35 @@ class TorchRows:
     @torch.inference_mode()
     def logprobs(self, logits: torch.Tensor | tuple[torch.Tensor, ...], tokens: np.ndarray,
                  temperature: float) -> np.ndarray:
-        if isinstance(logits, tuple):  # blocks read in one read (rows in order)
-            logits = torch.cat(logits)
         tokens = np.atleast_2d(np.asarray(tokens, dtype=np.int64))
+        return self._fetch(self._gathered(logits, tokens, temperature))[0]
+
+    @torch.inference_mode()
+    def logprobs_read_later(self, logits: torch.Tensor | tuple[torch.Tensor, ...],
+                            tokens: torch.Tensor,
+                            temperature: float) -> Callable[[], np.ndarray]:
+        """`logprobs` at `tokens` [1 or rows, m] that are still on the device (a draft's pool,
+        not read yet), read with the next read on the rows' device (the pool's, when it is
+        there: one wait for both). Returns a function that gives them."""
+        got = []
+        wait = self._read_later([self._gathered(logits, tokens, temperature)], got.extend)
+
+        def value() -> np.ndarray:
+            wait()
+            return got[0]
+        return value
+
+    def _gathered(self, logits, tokens: np.ndarray | torch.Tensor,
+                  temperature: float) -> torch.Tensor:
+        """The log-probs (float64, on the device) of rows `logits` (a tuple of blocks: their
+        rows in order) at `tokens` [1 or rows, m]."""
+        if isinstance(logits, tuple):
+            logits = torch.cat(logits)
         lp = torch.log_softmax(self._work(logits) / ranking_temperature(temperature), dim=-1)
-        index = host_to_device(tokens, lp.device)
+        index = on_device(tokens, lp.device)
         if index.shape[0] != lp.shape[0]:
             index = index.expand(lp.shape[0], -1)
-        return self._fetch(lp.gather(-1, index).double())[0]
+        return lp.gather(-1, index).double()
 
     @torch.inference_mode()
     def probs(self, logits: torch.Tensor, temperature: float) -> np.ndarray:
