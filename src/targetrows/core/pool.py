@@ -172,11 +172,11 @@ def pool_passes(model: Any, context: Sequence[int], top_k: int, depth: int,
 
 
 def pool_passes_read_later(model: Any, context: Sequence[int], top_k: int, depth: int,
-                           budget: int | None = None
-                           ) -> Passes[PoolRead]:
-    """`pool_passes`, returning a function that gives the pool (`PoolRead`): a pool grown on a GPU is read
-    with the device's next read, whichever model makes it (the draw of t0 from the root pass:
-    one wait for both), or when the function is called, whichever comes first."""
+                           budget: int | None = None) -> Passes[PoolRead]:
+    """`pool_passes`, returning a function that gives the pool (`PoolRead`): a pool grown on
+    a GPU is read with the device's next read, whichever model makes it (the draw of t0 from
+    the root pass: one wait for both), or when the function is called, whichever comes
+    first."""
     _check_shape(top_k, depth)
     tokens, parents, logq = [int(context[-1])], [-1], [0.0]
     wait = yield from grow_model(model, context, tokens, parents, logq, [0], top_k, depth,

@@ -49,7 +49,7 @@ def _root_pool(r: Round) -> Passes:
                                               cfg.pool_depth, cfg.pool_budget))
 
 
-def _read_pool(r: Round, read) -> tuple[Tree, np.ndarray]:
+def _read_pool(r: Round, read: PoolRead) -> tuple[Tree, np.ndarray]:
     """The root pool `_root_pool` drafted, its draft passes counted."""
     cand, logq = read()
     # a pruned pool may stop early, except one grown on a GPU
