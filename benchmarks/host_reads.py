@@ -7,7 +7,7 @@ counts those calls per round, with the code's GPU branches taken (checks and poo
 the next read, top-k from one sort, pools drafted to full depth, part times from timing
 events), on tiny float32 models: a standalone draft and a random EAGLE-3 head. It also counts
 the other operations that would make a GPU's host wait (under a dispatch mode: an `.item()`, a
-`nonzero`, a boolean index, a tensor made from host data other than through `host_to_device`'s
+`nonzero`, a boolean index, a tensor made from host data other than by `torch_rows.pinned`'s
 pinned copy; and a model's `synchronize`); `benchmarks/gpu_check.py` counts a GPU's own syncs
 with torch's sync debug mode. The goal is at most 3 a round.
 

@@ -6,6 +6,7 @@ import csv
 import json
 import re
 import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -480,17 +481,31 @@ def test_gpu_check_smoke(tmp_path):
 
 def test_gpu_check_graphs_stage_on_graphs_stood_in_on_the_cpu(monkeypatch):
     """The graphs stage with graphs on, replayed by the CPU stand-in that fails where a CUDA
-    graph would (tests/replayed_graphs.py): every pass it captures replays as captured, and
-    tokens on graphs equal eager ones for every decoder."""
+    graph would (tests/replayed_graphs.py), and with the code's other GPU branches taken
+    (pools drafted to full depth and read with t0 or the root row, checks queued, part times
+    from timing events): every pass it captures replays as captured, tokens on graphs equal
+    eager ones for every decoder, and nothing else makes the host wait."""
     from argparse import Namespace
 
-    from replayed_graphs import replay_in_place
+    from replayed_graphs import gpu_branches, replay_in_place
 
     stage = _benchmark("gpu_check").graphs
     replay_in_place(monkeypatch)
     monkeypatch.setattr(stage, "graphs_on", lambda device: True)
     args = Namespace(smoke=True, prompt_len=16, max_new_tokens=8, prompts=1, budget=8)
-    rep = stage.graphs(args, "cpu", {})
+    generate, during = stage.generate, Counter()
+
+    def decode(*args, **kwargs):  # the waits of decoding (not of loading, nor HF's generate)
+        before = Counter(waits)
+        try:
+            return generate(*args, **kwargs)
+        finally:
+            during.update(Counter(waits) - before)
+
+    monkeypatch.setattr(stage, "generate", decode)
+    with gpu_branches() as waits:
+        rep = stage.graphs(args, "cpu", {})
+    assert not during, during
     assert rep["graphs"] and rep["capture"]["captured"] > 0
     assert all(r["same"] for r in rep["identity"]) and len(rep["identity"]) > 10
     assert all(s["same"] for s in rep["speed"].values())

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from .streams import device_module
+from .torch_rows import pinned
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 DEFAULT_CAPACITY = 4096  # entries per sequence: prompt, answer and one round's tree
@@ -134,12 +135,8 @@ class BucketGraphs:
         return self._inputs[key]
 
     def fill(self, buffer: torch.Tensor, host: np.ndarray) -> None:
-        """Copy a host array into an input buffer without waiting: one copy from pinned memory
-        (torch's pinned-memory cache keeps the block until the copy has run)."""
-        tensor = torch.from_numpy(np.ascontiguousarray(host))
-        if self.device.type == "cuda":
-            tensor = tensor.pin_memory()
-        buffer.copy_(tensor, non_blocking=True)
+        """Copy a host array into an input buffer without waiting (from pinned memory)."""
+        buffer.copy_(pinned(host, self.device), non_blocking=True)
 
     def run(self, inputs, width: int, bucketed: bool):
         """The pass the buffers hold: replayed where graphs are on and `width` is a bucket,

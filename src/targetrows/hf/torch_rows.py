@@ -65,13 +65,16 @@ def _key(device: torch.device) -> torch.device:
 
 
 def host_to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
-    """A NumPy array as a tensor on `device`. To a GPU through pinned memory, without waiting:
-    a copy from pageable memory blocks the host until everything queued before it has run
-    (torch's pinned-memory cache keeps the block until the copy is done)."""
+    """A NumPy array as a tensor on `device`, copied there without waiting (`pinned`)."""
+    return pinned(array, device).to(device, non_blocking=True)
+
+
+def pinned(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A NumPy array as a host tensor to copy to `device` without waiting: in pinned memory
+    for a GPU, since a copy from pageable memory blocks the host until everything queued
+    before it has run (torch's pinned-memory cache keeps the block until the copy is done)."""
     tensor = torch.from_numpy(np.ascontiguousarray(array))
-    if torch.device(device).type != "cuda":
-        return tensor.to(device)
-    return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.pin_memory() if torch.device(device).type == "cuda" else tensor
 
 
 def on_device(values, device: torch.device) -> torch.Tensor:
