@@ -18,7 +18,6 @@ gathered and cropped with the KV entries: what an EAGLE-3 head drafts from (`tar
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -27,6 +26,7 @@ from targetrows.core.passes import Pass, Passes, run_now
 from targetrows.core.tree import Tree
 from targetrows.hf.cache import cache_kwargs, growing_cache
 from targetrows.hf.device_pool import grow_pool_passes
+from targetrows.hf.engine import Engine, OwnPasses, capture_inputs
 from targetrows.hf.fed_tree import adopt, common_prefix, extends
 from targetrows.hf.feed import Feed, plan_feed, region, seen_by, tree_mask
 from targetrows.hf.gqa_attention import NAME as GQA_ATTENTION
@@ -35,35 +35,6 @@ from targetrows.hf.kept_features import KeptFeatures
 from targetrows.hf.lean_forward import lean_forward
 from targetrows.hf.streams import SideStream
 from targetrows.hf.torch_rows import TorchRows, host_to_device, on_device, ranked
-
-
-@dataclass(eq=False)
-class Engine:
-    """What a model and its lanes share (`HFModel.engine`): the weights and their forward, the
-    settings, the devices, the feature hooks' capture and the side stream. Everything else an
-    `HFModel` holds is its own sequence's: cache, tree, features, generator, checks."""
-
-    model: torch.nn.Module
-    lean: object | None  # the lean forward (`targetrows.hf.lean_forward`), or None
-    name: str
-    vocab_size: int
-    context_window: int | None
-    n_embeddings: int
-    dtype: torch.dtype
-    device: torch.device  # where rows come out
-    input_device: torch.device
-    keep_device: torch.device  # where the index of the rows to keep goes
-    one_device: bool  # a stream is one device's: a split model has no side stream
-    feature_layers: tuple[int, ...] = ()
-    hidden_size: int = 0
-    capture: dict | None = None  # the feature layers' inputs of the pass running now
-    side: SideStream | None = None
-    # how n lanes' passes run, (model, n) -> a group of passes: None for `BatchedPasses`;
-    # static-shape passes set their own (`targetrows.hf.static_pass.use_static`)
-    lane_group: object | None = None
-    # static-shape passes: each sequence's feature buffer holds this many entries, allocated at
-    # its first pass and never grown (None: it grows as the cache does)
-    static_entries: int | None = None
 
 
 class HFModel(TorchRows):
@@ -163,15 +134,7 @@ class HFModel(TorchRows):
                 f"{self.name}: feature layers {list(ids)} must be in 0..{len(layers) - 1} (layer "
                 f"i's input is hidden_states[i]; the model has {len(layers)} layers)"
             )
-
-        def grabber(i):  # the pass running now, whichever lane's, captures into the engine
-            def grab(module, args, kwargs):
-                if engine.capture is not None:
-                    engine.capture[i] = args[0] if args else kwargs["hidden_states"]
-            return grab
-
-        for i in sorted(set(ids)):
-            layers[i].register_forward_pre_hook(grabber(i), with_kwargs=True)
+        capture_inputs(engine, layers, ids)
         engine.feature_layers = ids
         engine.hidden_size = int(self.model.config.hidden_size)
         self._clear_cache()
@@ -349,7 +312,7 @@ class HFModel(TorchRows):
         # Rows of the committed prefix never change while it stays committed, and the root
         # pass that may be queued beside drafting (on its own stream) only extends it: read
         # them without waiting for that pass, only for a growth's copy of them.
-        if end and not _starts_with(self._prefix, ctx):
+        if end and common_prefix(self._prefix, ctx) < len(ctx):  # not all of it committed
             yield from self.logits_passes(ctx, Tree.root_only(int(ctx[-1])), [0])
             self.commit(ctx)
         return self._kept.read(start, end, len(self.feature_layers) * self.hidden_size,
@@ -432,23 +395,3 @@ class HFModel(TorchRows):
                 self._kept.keep(index, start)
             self._prefix = ctx[:end].copy()
         self._drop_tree()
-
-
-class OwnPasses:
-    """The passes of a model that is no lane: each runs alone, on the model's own cache (the
-    group a batch of one runs, `targetrows.core.passes`)."""
-
-    def __init__(self, model: HFModel):
-        self.model = model
-
-    @torch.inference_mode()
-    def run_batch(self, items):
-        return [m._forward(feed, m._tree_mask(feed)) for m, feed in items]
-
-    def side_stream(self) -> SideStream | None:
-        return self.model.side_stream()
-
-
-def _starts_with(prefix: np.ndarray, ctx: np.ndarray) -> bool:
-    return len(prefix) >= len(ctx) and np.array_equal(prefix[: len(ctx)], ctx)
-
