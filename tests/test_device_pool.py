@@ -288,3 +288,31 @@ def test_rounds_read_together_on_a_gpu_verify_the_trees_read_apart(weights, deco
             runs[-1][0].extend(loop.generate(target, draft, CONTEXTS[1], config).tokens)
     assert runs[0] == runs[1]
     assert sum(len(tokens) > 1 for tokens, _ in runs[0][1]) >= 3  # trees with draft nodes
+
+
+def test_first_token_redrafting_reads_twice_a_round_when_t0_is_a_guess(weights, monkeypatch):
+    """With the GPU's branches and a draft that is the target itself (so at T = 0 t0, the
+    target's argmax, is always the draft's first guess), fts_redraft's round reads twice:
+    the guesses' pools with t0, then the verify pass's draws; none of its rounds drafts again
+    under t0."""
+    from replayed_graphs import gpu_branches
+    from rerankers import decode_config
+
+    from targetrows.decoding.loop import generate
+
+    reads = []
+    fetch = TorchRows._fetch
+
+    def counted(self, *tensors, **where):
+        reads.append(self.name)
+        return fetch(self, *tensors, **where)
+
+    target_hf = weights[0]
+    target, draft = HFModel(target_hf, name="t"), HFModel(target_hf, name="d")
+    config = decode_config("fts_redraft", budget=6, max_new_tokens=16, pool=PoolShape(3, 3))
+    with gpu_branches(), monkeypatch.context() as m:
+        m.setattr(TorchRows, "_fetch", counted)
+        result = generate(target, draft, CONTEXTS[1], config)
+    rounds = len(result.rounds)
+    assert all(r.draft_passes == 3 + 1 for r in result.rounds)  # the guesses' pools alone
+    assert len(reads) == 2 * rounds
