@@ -3,7 +3,7 @@ EAGLE-3 head, is the pool `grow` chooses level by level on the host: the same no
 the same, at batch 1, over batched lanes and with static passes; budget-pruned, under several
 roots; read once; and the draft keeps what it fed."""
 
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 import numpy as np
 import pytest
@@ -62,6 +62,24 @@ def _on_host(head, context, top_k, depth, budget):
     tokens, parents, logq = [context[-1]], [-1], [0.0]
     run_now(grow_on_host(head, context, tokens, parents, logq, [0], top_k, depth, budget))
     return Tree(tokens, parents), np.array(logq)
+
+
+@contextmanager
+def fetches():
+    """Every read from the device inside the block (`TorchRows._fetch`), as the name of the
+    model that made it and the number of tensors it asked for."""
+    reads = []
+    fetch = TorchRows._fetch
+
+    def counted(self, *tensors, **where):
+        reads.append((self.name, len(tensors)))
+        return fetch(self, *tensors, **where)
+
+    TorchRows._fetch = counted
+    try:
+        yield reads
+    finally:
+        TorchRows._fetch = fetch
 
 
 def _same_pool(got, want) -> None:
@@ -131,17 +149,10 @@ def test_a_pool_grown_on_the_device_is_read_once(weights, kind, monkeypatch):
     target, draft = _pair(weights, kind)
     context = CONTEXTS[1]
     run_now(pool_passes(draft, context, 3, 1, None))  # the committed entries, fed and read
-    reads = []
-    fetch = TorchRows._fetch
-
-    def counted(self, *tensors, **where):
-        reads.append(len(tensors))
-        return fetch(self, *tensors, **where)
-
     monkeypatch.setattr(TorchRows, "_defer_checks", True)
-    monkeypatch.setattr(TorchRows, "_fetch", counted)
-    run_now(pool_passes(draft, context, 3, 5, None))
-    assert reads == [4 * 5]  # select, kept, tokens, log-probs of each of 5 levels
+    with fetches() as reads:
+        run_now(pool_passes(draft, context, 3, 5, None))
+    assert reads == [(draft.name, 4 * 5)]  # select, kept, tokens, log-probs of 5 levels
 
 
 @pytest.mark.parametrize("kind", ["standalone", "eagle3"])
@@ -164,19 +175,12 @@ def test_a_pool_grown_on_a_gpu_waits_for_nothing_before_its_one_read(weights, ki
 
 
 @pytest.mark.parametrize("kind", ["standalone", "eagle3"])
-def test_a_pool_read_later_comes_with_the_targets_next_read(weights, kind, monkeypatch):
+def test_a_pool_read_later_comes_with_the_targets_next_read(weights, kind):
     """With a GPU's branches, a pool (and pools under guesses) read later is not read when
     drafted, but with the target's next read on the device (the draw of t0: one wait for
     both), after which giving the pool reads nothing more; the pool is the one read at once,
     and the draft keeps what it fed (its rows at the pool's nodes equal a fresh draft's)."""
     from replayed_graphs import gpu_branches
-
-    reads = []
-    fetch = TorchRows._fetch
-
-    def counted(self, *tensors, **where):
-        reads.append(self.name)
-        return fetch(self, *tensors, **where)
 
     context = CONTEXTS[1]
     for later, at_once in ((lambda d: pool_passes_read_later(d, context, 3, 4, 5),
@@ -188,16 +192,14 @@ def test_a_pool_read_later_comes_with_the_targets_next_read(weights, kind, monke
         root = target.logits(context, Tree.root_only(context[-1]), [0])
         for d in (draft, reference):
             run_now(pool_passes(d, context, 3, 1, None))  # the committed entries
-        with gpu_branches(), monkeypatch.context() as m:
-            m.setattr(TorchRows, "_fetch", counted)
+        with gpu_branches(), fetches() as reads:
             read = run_now(later(draft))
             assert reads == []
             target.draw(root, 0.0)
-            assert reads == ["t"]
+            assert [name for name, _ in reads] == ["t"]
             tree, logq = read()
-            assert reads == ["t"]
+            assert len(reads) == 1
             want = run_now(at_once(reference))
-        reads.clear()
         _same_pool((tree, logq), want)
         nodes = range(len(tree))
         torch.testing.assert_close(draft.logits(context, tree, nodes),
@@ -227,34 +229,24 @@ def test_a_pool_read_later_is_read_when_asked_for_and_dropped_by_a_reset(weights
 
 
 @pytest.mark.parametrize("kind", ["standalone", "eagle3"])
-def test_the_targets_rows_at_the_pools_first_level_come_with_the_pool(weights, kind,
-                                                                       monkeypatch):
+def test_the_targets_rows_at_the_pools_first_level_come_with_the_pool(weights, kind):
     """With a GPU's branches, a pool read later gives the tokens of its first level on the
     device (`first_level`), in the pool's order; the target's log-probs there, queued before
     the pool is read (what a rule that re-scores with the root row reads), come in the pool's
     one read and equal the log-probs read at the read pool's first-level tokens."""
     from replayed_graphs import gpu_branches
 
-    reads = []
-    fetch = TorchRows._fetch
-
-    def counted(self, *tensors, **where):
-        reads.append(self.name)
-        return fetch(self, *tensors, **where)
-
     target, draft = _pair(weights, kind)
     context = CONTEXTS[1]
     root = target.logits(context, Tree.root_only(context[-1]), [0])
     run_now(pool_passes(draft, context, 3, 1, None))
     for temperature in (0.0, 0.7):
-        with gpu_branches(), monkeypatch.context() as m:
-            m.setattr(TorchRows, "_fetch", counted)
+        with gpu_branches(), fetches() as reads:
             read = run_now(pool_passes_read_later(draft, context, 3, 3, 5))
             value = target.logprobs_read_later((root, root), read.first_level, temperature)
             tree, _ = read()
             logp = value()
         assert len(reads) == 1
-        reads.clear()
         first = tree.tokens[tree.children(0)]
         np.testing.assert_array_equal(read.first_level.cpu().numpy()[0], first)
         np.testing.assert_allclose(logp, target.logprobs((root, root), first[None],
@@ -290,7 +282,7 @@ def test_rounds_read_together_on_a_gpu_verify_the_trees_read_apart(weights, deco
     assert sum(len(tokens) > 1 for tokens, _ in runs[0][1]) >= 3  # trees with draft nodes
 
 
-def test_first_token_redrafting_reads_twice_a_round_when_t0_is_a_guess(weights, monkeypatch):
+def test_first_token_redrafting_reads_twice_a_round_when_t0_is_a_guess(weights):
     """With the GPU's branches and a draft that is the target itself (so at T = 0 t0, the
     target's argmax, is always the draft's first guess), fts_redraft's round reads twice:
     the guesses' pools with t0, then the verify pass's draws; none of its rounds drafts again
@@ -300,18 +292,10 @@ def test_first_token_redrafting_reads_twice_a_round_when_t0_is_a_guess(weights, 
 
     from targetrows.decoding.loop import generate
 
-    reads = []
-    fetch = TorchRows._fetch
-
-    def counted(self, *tensors, **where):
-        reads.append(self.name)
-        return fetch(self, *tensors, **where)
-
     target_hf = weights[0]
     target, draft = HFModel(target_hf, name="t"), HFModel(target_hf, name="d")
     config = decode_config("fts_redraft", budget=6, max_new_tokens=16, pool=PoolShape(3, 3))
-    with gpu_branches(), monkeypatch.context() as m:
-        m.setattr(TorchRows, "_fetch", counted)
+    with gpu_branches(), fetches() as reads:
         result = generate(target, draft, CONTEXTS[1], config)
     rounds = len(result.rounds)
     assert all(r.draft_passes == 3 + 1 for r in result.rounds)  # the guesses' pools alone
