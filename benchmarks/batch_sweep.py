@@ -23,7 +23,7 @@ import time
 from report_out import emit
 
 from targetrows.bench.batched import run_batched_bench
-from targetrows.bench.run import BenchPrompt, BenchSettings
+from targetrows.bench.plan import BenchPrompt, BenchSettings
 from targetrows.core.pool import PoolShape
 from targetrows.decoding.budget import Auto, parse_budget
 from targetrows.decoding.config import DecodeConfig

@@ -24,6 +24,7 @@ from rerankers import decode_config
 
 from targetrows.bench import run as bench
 from targetrows.bench.drift import row_spread
+from targetrows.bench.plan import BenchPrompt, BenchSettings
 from targetrows.bench.syncs import counting_syncs
 from targetrows.core.pool import PoolShape
 from targetrows.cost.parttimes import time_passes
@@ -196,8 +197,8 @@ def syncs_markdown(rep: dict) -> str:
 
 def _prompts(vocab: int, n: int, length: int):
     rng = np.random.default_rng(0)
-    return [bench.BenchPrompt(f"random-{i}", "random",
-                              tuple(int(t) for t in rng.integers(vocab, size=length)))
+    return [BenchPrompt(f"random-{i}", "random",
+                        tuple(int(t) for t in rng.integers(vocab, size=length)))
             for i in range(n)]
 
 
@@ -237,7 +238,7 @@ def bench_pair(args, device: str, keep: dict, head: bool = False):
     else:
         draft = keep["draft"]
     build_s = time.perf_counter() - t
-    settings = bench.BenchSettings(
+    settings = BenchSettings(
         decode=DecodeConfig(max_new_tokens=8 if smoke else args.max_new_tokens,
                             pool=PoolShape(4, 3) if smoke else PoolShape()),
         temperatures=(0.0,), budget=int(args.budget), repeats=2 if smoke else 3, hf=not head)
@@ -270,7 +271,7 @@ def batched(args, device: str, keep: dict) -> dict[int, list[dict]]:
 
     target, draft = keep["target"], keep["draft"]
     smoke = args.smoke
-    settings = bench.BenchSettings(
+    settings = BenchSettings(
         decode=DecodeConfig(max_new_tokens=8 if smoke else 32,
                             pool=PoolShape(4, 3) if smoke else PoolShape()),
         decoders=("ar", "draft_rank", "fts"), temperatures=(0.0,), budget=int(args.budget))

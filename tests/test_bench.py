@@ -18,6 +18,7 @@ pytest.importorskip("transformers")
 from tiny_heads import save_tiny_head
 from tiny_models import DRAFT_VOCAB, TARGET_VOCAB, TOKENIZER_SIZE, save_tiny_pair, tiny_model
 
+from targetrows.bench import plan as bench_plan
 from targetrows.bench import report as bench_report
 from targetrows.bench import run as bench
 from targetrows.cli import main
@@ -363,7 +364,7 @@ def _rows():
 
 
 def test_summary_and_goals_by_hand():
-    settings = bench.BenchSettings(decoders=("ar", "fts"), budget=4)
+    settings = bench_plan.BenchSettings(decoders=("ar", "fts"), budget=4)
     summary = {s["method"]: s for s in bench_report.summarize(_rows(), settings)}
     assert summary["ar"]["vs_hf_generate"] == pytest.approx(np.median([0.96, 0.99]))
     assert summary["fts"]["vs_hf_assisted"] == pytest.approx(np.median([1.5, 1.625]))
@@ -577,7 +578,7 @@ def test_a_runs_predicted_speed_by_hand():
     from targetrows.decoding.config import DecodeConfig
 
     parts = PartTimes(PassCurve((1, 9), (0.010, 0.018)), PassCurve((1, 41), (0.0021, 0.0061)), 100)
-    settings = bench.BenchSettings(decode=DecodeConfig(pool=PoolShape(4, 3)),
+    settings = bench_plan.BenchSettings(decode=DecodeConfig(pool=PoolShape(4, 3)),
                                    decoders=("ar", "draft_rank"), budget=8)
     ar = {"method": "ar", "new_tokens": 20}
     assert bench._predicted(ar, None, parts, 0.05, settings) == pytest.approx(20 / (0.05 + 0.2))
@@ -592,7 +593,7 @@ def test_a_runs_predicted_speed_by_hand():
 def test_goals_against_baselines_that_did_not_run_are_not_measured():
     """--no-hf: no HF baseline ran, so ar's goal against HF generate and the best decoder's
     against HF prompt lookup are unmeasured, not failed."""
-    settings = bench.BenchSettings(decoders=("ar", "fts"), budget=4)
+    settings = bench_plan.BenchSettings(decoders=("ar", "fts"), budget=4)
     rows = [r for r in _rows() if not r["method"].startswith(("hf_", "peer:"))]
     for r in rows:
         r["same_as_hf_generate"] = ""

@@ -16,7 +16,7 @@ import sys
 import tempfile
 
 from targetrows.bench.peer import Peer, PeerSpec
-from targetrows.bench.run import BenchSettings
+from targetrows.bench.plan import BenchSettings
 from targetrows.core.checks import check_count
 
 from .common import (
@@ -167,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
     import transformers
 
     from targetrows.bench import report
-    from targetrows.bench.run import BenchPrompt
+    from targetrows.bench.plan import BenchPrompt
     from targetrows.specbench.chat import encode_prompt, stop_ids
 
     from .common import load_from_args
