@@ -35,8 +35,8 @@ from targetrows.decoding.registry import get_decoder
 from targetrows.decoding.schedule import BatchStats
 from targetrows.hf.baselines import hf_generate_batch
 
+from .plan import measure, pick_budgets
 from .report import budget_cell, csv_text
-from .run import measure, pick_budgets
 
 
 def run_batched_bench(target, draft, prompts: Sequence, settings, progress=None,

@@ -13,34 +13,22 @@ cannot assist), prompt lookup decoding (`generate(prompt_lookup_num_tokens=N)`, 
 each of our decoders. The tables report tokens/s (median over prompts, min-max), ratios to the
 three Hugging Face baselines, acceptance, the time split per round and measured / bound from
 `targetrows.cost.rounds`. Results: a tidy CSV (one row per prompt, temperature and method) and
-a Markdown report, both written atomically.
+a Markdown report, both written atomically. The settings, and the cost model's side of a run
+(part times, budgets, predicted speeds), are `targetrows.bench.plan`'s.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from targetrows.core.rows import greedy
-from targetrows.cost.calibration import BudgetSearch, auto_budget
-from targetrows.cost.parttimes import (
-    draft_sizes_for,
-    mean_context_len,
-    mean_parts,
-    measure_parts,
-    target_sizes_for,
-    time_prompt_pass,
-    timing_context,
-)
-from targetrows.cost.rounds import DEFAULT_BUDGETS, bound, predicted_tokens_per_s
-from targetrows.decoding.budget import (
-    NO_TREE,
-    Fixed,
-)
+from targetrows.cost.parttimes import mean_parts, time_prompt_pass
+from targetrows.decoding.budget import NO_TREE
 from targetrows.decoding.config import DecodeConfig
 from targetrows.decoding.loop import generate, new_state
 from targetrows.decoding.model import synchronize
@@ -49,7 +37,14 @@ from targetrows.hf.baselines import HF_METHODS, assistant_for, hf_generate
 
 from .drift import explain_parting
 from .peer import PREFIX as PEER
-from .plan import BenchPrompt, BenchSettings
+from .plan import (
+    BenchPrompt,
+    BenchSettings,
+    measure,
+    pick_budgets,
+    prompt_rows_seconds,
+    with_cost_model,
+)
 
 if TYPE_CHECKING:
     from targetrows.hf.model import HFModel
@@ -70,58 +65,6 @@ PER_ROUND = (
 
 
 # -- the run -----------------------------------------------------------------------------------
-
-
-def pick_budgets(target, draft, prompts: Sequence[BenchPrompt], settings: BenchSettings, parts):
-    """{(decoder, temperature): (budget, depth)} (ar: no budget) and the cost model's choice
-    behind each tree decoder's plan (`auto_budget`, calibrated at three contexts 12 greedy
-    tokens apart along the first prompt of each category: what a draft gets right differs from
-    task to task, and a reply's first tokens are its easiest; benchmarks/calibration_spread.py
-    compares placements): --budget auto runs its pick (`BudgetChoice.condition`: where no tree
-    beats ar, (NO_TREE, NO_TREE), which runs as ar); a number runs at that budget and --depth,
-    the choice then searching that one condition for the acceptance it predicts (each run's
-    predicted speed, `_predicted`)."""
-    first_of_each: dict[str, tuple[int, ...]] = {}
-    for p in prompts:
-        first_of_each.setdefault(p.category, p.ids)
-    context_len = mean_context_len([len(p.ids) for p in prompts], settings.decode.max_new_tokens)
-    plans, choices = {}, {}
-    depth = settings.pool.depth
-    fixed = isinstance(settings.budget, Fixed)
-    for name in settings.decoders:
-        for temp in settings.temperatures:
-            if not get_decoder(name).drafts:
-                plans[name, temp] = (None, depth)
-                continue
-            search = BudgetSearch(contexts=3 * len(first_of_each), gap=12)
-            if fixed:
-                search = replace(search, budgets=(settings.budget.nodes,), depths=(depth,))
-            choice = auto_budget(target, draft, settings.run_config(name, temp, 1, depth, 0),
-                                 list(first_of_each.values()), search, parts,
-                                 context_len=context_len)
-            choices[name, temp] = choice
-            plans[name, temp] = (settings.budget.nodes, depth) if fixed else choice.condition()
-    return plans, choices
-
-
-def measure(target, draft, prompts: Sequence[BenchPrompt], settings: BenchSettings):
-    """Part times at the shortest and the longest of the runs' mean contexts (a prompt's length
-    plus half the new tokens: attention grows with the context, so one prompt's would misprice
-    the others); `PartTimes.at` gives each prompt's own. At `settings.decode.batch_size` N:
-    batched passes of N sequences (`measure_parts`)."""
-    half = settings.decode.max_new_tokens // 2
-    lengths = sorted(len(p.ids) + half for p in prompts)
-    ids = [p.ids for p in prompts]
-    candidates = (settings.budget.nodes,) if isinstance(settings.budget, Fixed) else DEFAULT_BUDGETS
-    pool = settings.pool
-    trees = any(get_decoder(d).drafts for d in settings.decoders)
-    uses_draft = draft is not None and any(get_decoder(d).needs_draft for d in settings.decoders)
-    sizes = target_sizes_for([min(b, pool.size) for b in candidates]) if trees else [1]
-    widths = draft_sizes_for([pool.guesses, pool.top_k, pool.guesses * pool.top_k],
-                             pool.depth + 2)
-    longer = timing_context(ids, lengths[-1]) if lengths[-1] > lengths[0] else None
-    return measure_parts(target, draft if uses_draft else None, timing_context(ids, lengths[0]),
-                         sizes, widths, settings.repeats, longer, settings.decode.batch_size)
 
 
 @dataclass(frozen=True)
@@ -233,7 +176,7 @@ def run_bench(
     # part times before and after the runs, averaged: drift of a shared machine shows in both
     parts = mean_parts(parts, measure(target, draft, prompts, settings))
     first_s = {m: prompt_rows_s.get(m, prompt_s) for m in [*methods, "ar"]}
-    rows = _with_cost_model(runs, parts, first_s, choices, settings)
+    rows = with_cost_model(runs, parts, first_s, choices, settings)
     context = {"parts": parts, "prompt_s": prompt_s, "prompt_rows_s": prompt_rows_s,
                "plans": plans, "choices": choices,
                "methods": methods, "skipped": skipped}
@@ -282,67 +225,6 @@ def _interleaved_runs(models: BenchModels, prompts, settings: BenchSettings, met
                         row.update(_parting(models.target, prompt.ids, done["hf_generate"],
                                             done[row["method"]]))
     return runs
-
-
-def prompt_rows_seconds(target, prompts: Sequence[BenchPrompt],
-                        settings: BenchSettings) -> dict[str, list[float]]:
-    """{decoder: each prompt's first pass beyond a one-token pass, seconds} for the decoders
-    whose state reads the target's top-k rows at every prompt position first (RACER's): that
-    pass (`time_prompt_pass` with `rows_k`), timed once per k."""
-    out, by_k = {}, {}
-    for name in settings.decoders:
-        config = settings.run_config(name, settings.temperatures[0], 1, settings.pool.depth, 0)
-        state = new_state(target, config)
-        if getattr(state, "prompt_rows", False):
-            k = state.table.k
-            if k not in by_k:
-                by_k[k] = [time_prompt_pass(target, p.ids, settings.repeats, k) for p in prompts]
-            out[name] = by_k[k]
-    return out
-
-
-def _with_cost_model(runs, parts, first_s: dict[str, list[float]], choices,
-                     settings: BenchSettings) -> list[dict]:
-    """The rows, each of our decoders' with the zero-overhead bound of its run
-    (`targetrows.cost.rounds.bound`) and the share of it measured, and the speed the cost model
-    predicted for it (`_predicted`) and the share of that measured. Part times are each
-    prompt's own (`PartTimes.at` its mean context); `first_s[method][i]`: what prompt i's first
-    pass costs that method beyond a one-token pass."""
-    rows = []
-    for row, result, i in runs:
-        at = parts.at(row["prompt_tokens"] + row["new_tokens"] / 2)
-        no_tree = row["budget"] == NO_TREE  # an auto pick of no tree: the run was ar's
-        ran = "ar" if no_tree else row["method"]
-        if result is not None and result.rounds:
-            depth = row["depth"] or settings.pool.depth
-            drafted = get_decoder(ran).pool_depth(depth, row["budget"] or depth)
-            b = bound(ran, at, result.rounds, replace(settings.pool, depth=drafted),
-                      first_s[ran][i], budget=row["budget"] or None)
-            row.update(overlap=b.overlap, bound_tokens_per_s=b.tokens_per_s,
-                       bound_speedup=b.speedup,
-                       measured_over_bound=row["tokens_per_s"] / b.tokens_per_s)
-        if row["method"] in settings.decoders and row["new_tokens"] > 0:
-            choice = None if no_tree else choices.get((row["method"], row["temperature"]))
-            predicted = _predicted(row, choice, at, first_s[ran][i], settings)
-            row.update(predicted_tokens_per_s=predicted,
-                       measured_over_predicted=row["tokens_per_s"] / predicted)
-        rows.append(row)
-    return rows
-
-
-def _predicted(row, choice, parts, prompt_s: float, settings: BenchSettings) -> float:
-    """The speed the cost model predicted for a run before it ran: the acceptance its choice
-    predicted (ar: one token per target step), part times at the prompt's context, and the
-    prompt's first pass, over the tokens the run wrote."""
-    if choice is None:
-        per_s = 1.0 / parts.target(1)
-    else:
-        committed, nodes = choice.picked()
-        pool = replace(settings.pool, depth=choice.depth)
-        per_s = float(predicted_tokens_per_s(row["method"], [committed], [nodes], parts,
-                                             choice.overlap, pool, [choice.budget])[0])
-    new = row["new_tokens"]
-    return new / (prompt_s + new / per_s)
 
 
 def _parting(target, prompt_ids, reference, tokens) -> dict:
