@@ -262,8 +262,3 @@ def _row(method, prompt, temperature, config: DecodeConfig, tokens, wall, result
     for key in PER_ROUND:
         row[f"mean_{key}"] = float(np.mean([getattr(r, key) for r in rounds]))
     return row
-
-
-# -- the command -------------------------------------------------------------------------------
-
-
