@@ -27,7 +27,8 @@ from targetrows.train import eagle3_init as ei
 from targetrows.train import eagle3_step as es
 from targetrows.train import eagle3_train as et
 from targetrows.train.optimise import batch_order
-from targetrows.train.replies import TeacherData, generate_batch
+from targetrows.train.replies import TeacherData
+from targetrows.train.reply_generation import generate_batch
 
 N_LAYERS = 6  # feature layers 2, 3, 3
 LAYERS = (2, 3, 3)
