@@ -31,11 +31,11 @@ from targetrows.train.eagle3_train import Eagle3TrainConfig, HeadTraining, fit_h
 from targetrows.train.replies import (
     RepliesConfig,
     default_feature_layers,
-    generate_batch,
     in_dtype,
     load_target,
     read_replies,
 )
+from targetrows.train.reply_generation import generate_batch
 
 TOP_OPS = 10
 

@@ -18,11 +18,11 @@ from targetrows.specbench.chat import encode_prompt
 from targetrows.train import chat_prompts, distill
 from targetrows.train.replies import (
     RepliesConfig,
-    generate_batch,
     generate_replies,
     shared_prefix,
     teacher_data,
 )
+from targetrows.train.reply_generation import generate_batch
 
 SMALL = dict(steps=12, batch_size=4, warmup=2, n_random=64, compile=False)
 DATA = RepliesConfig(prompts=24, self_prompts=0, sampled=0, heldout=4, max_new_tokens=8,

@@ -24,9 +24,11 @@ from targetrows.decoding.loop import generate
 from targetrows.hf.eagle3_checkpoint import load_eagle3, write_head
 from targetrows.hf.model import HFModel
 from targetrows.train import eagle3_init as ei
+from targetrows.train import eagle3_step as es
 from targetrows.train import eagle3_train as et
 from targetrows.train.optimise import batch_order
-from targetrows.train.replies import TeacherData, generate_batch
+from targetrows.train.replies import TeacherData
+from targetrows.train.reply_generation import generate_batch
 
 N_LAYERS = 6  # feature layers 2, 3, 3
 LAYERS = (2, 3, 3)
@@ -61,11 +63,11 @@ def test_the_unrolled_training_forward_is_the_backends_tree_pass(tmp_path):
     draft = load_eagle3(str(tmp_path / "head"), target)
 
     depth = 3
-    f_off, h_off = et.offsets(data)
-    batch = et.make_batch(data, [0, 1], depth, f_off, h_off)
+    f_off, h_off = es.offsets(data)
+    batch = es.make_batch(data, [0, 1], depth, f_off, h_off)
     assert batch.lo == 4 - 2 and batch.roots.tolist() == [2, 4]
     with torch.no_grad():
-        steps = [g for _, g in et.unrolled(head, target_hf.get_input_embeddings(), batch, depth)]
+        steps = [g for _, g in es.unrolled(head, target_hf.get_input_embeddings(), batch, depth)]
     checked = 0
     for b, seq in enumerate(seqs):
         for t in range(batch.lo, len(seq) - 1 - depth):  # roots from the shortest prompt's on
@@ -108,11 +110,11 @@ def test_reply_rows_line_up_with_the_positions_they_predict():
     target_hf = tiny_model(n_layers=N_LAYERS)
     seqs, plens = [[5, 6, 7, 8, 9, 10], [1, 2, 3, 4]], [3, 2]
     data = exact_data(target_hf, seqs, plens)
-    f_off, h_off = et.offsets(data)
-    batch = et.make_batch(data, [0, 1], 2, f_off, h_off)
+    f_off, h_off = es.offsets(data)
+    batch = es.make_batch(data, [0, 1], 2, f_off, h_off)
     assert batch.lo == 0
     for k in range(2):
-        mask, rows = et.step_rows(batch, k)
+        mask, rows = es.step_rows(batch, k)
         # step k at index t predicts token t + 2 + k of a tree rooted at entry t (a context of
         # t + 2 tokens, at least the prompt)
         want = [[t for t in range(len(s) - 1) if t + 2 >= p and t + 2 + k <= len(s) - 1]
@@ -136,14 +138,14 @@ def test_the_out_of_vocabulary_mask_drops_the_positions_whose_argmax_the_head_ca
     head, _ = ei.new_head(target_hf, draft_ids, LAYERS, init_from_target=True, seed=0)
     embed = target_hf.get_input_embeddings()
     target_w = target_hf.lm_head.weight[draft_ids].detach()
-    f_off, h_off = et.offsets(data)
-    batch = et.make_batch(data, [0, 1], 2, f_off, h_off)
+    f_off, h_off = es.offsets(data)
+    batch = es.make_batch(data, [0, 1], 2, f_off, h_off)
     config = et.Eagle3TrainConfig(ttt_steps=2, mask_outside_vocab=True)
     with torch.no_grad():
         got = et.batch_loss(head, embed, batch, config, target_w)
         want, kept, dropped = 0.0, 0, 0
-        for k, g in et.unrolled(head, embed, batch, 2):
-            mask, rows = et.step_rows(batch, k)
+        for k, g in es.unrolled(head, embed, batch, 2):
+            mask, rows = es.step_rows(batch, k)
             keep = torch.isin(batch.best[rows], draft_ids)
             kept, dropped = kept + int(keep.sum()), dropped + int((~keep).sum())
             z = head.lm_head(head.norm(g[mask][keep]))
@@ -177,7 +179,7 @@ def test_the_chunked_soft_cross_entropy_is_autograds_in_value_and_gradient():
     for chunk in (1, 3, 7, 64):  # chunks that split the rows unevenly, and one that does not
         for own in (False, True):  # owning: the gradient overwrites an intermediate copy of z
             logits = z * 1.0 if own else z
-            got = et.SoftCrossEntropy.apply(logits, target_p, rows, chunk, own)
+            got = es.SoftCrossEntropy.apply(logits, target_p, rows, chunk, own)
             (grad,) = torch.autograd.grad((got * 3.0) + (z * weight).sum(), z)
             assert torch.allclose(got, want, rtol=1e-12)
             assert torch.allclose(grad, want_grad, rtol=1e-10, atol=1e-14)
@@ -191,7 +193,7 @@ def test_the_head_logits_are_exact_and_their_gradients_close_in_bfloat16():
     want = x @ w.T
     want_dx, want_dw = torch.autograd.grad((want * weight).sum(), (x, w))
     for grad_dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
-        z = et.HeadLogits.apply(x, w, grad_dtype)
+        z = es.HeadLogits.apply(x, w, grad_dtype)
         assert z.dtype == torch.float32
         assert torch.allclose(z, want, rtol=1e-5, atol=1e-5)  # the logits stay float32
         dx, dw = torch.autograd.grad((z * weight).sum(), (x, w))
@@ -199,7 +201,7 @@ def test_the_head_logits_are_exact_and_their_gradients_close_in_bfloat16():
         for got, ref in ((dx, want_dx), (dw, want_dw)):
             assert (got - ref).abs().max() <= tol * ref.abs().max()
     frozen = w.detach()  # a frozen lm_head gets no gradient
-    (dx,) = torch.autograd.grad(et.HeadLogits.apply(x, frozen, torch.bfloat16).sum(), (x,))
+    (dx,) = torch.autograd.grad(es.HeadLogits.apply(x, frozen, torch.bfloat16).sum(), (x,))
     assert dx.shape == x.shape
 
 

@@ -139,7 +139,7 @@ class Eagle3Head(nn.Module):
         return self.layer_output(residual, out), keys, values
 
     # The layer in two halves around its attention, which inference (`step_batch`, over a KV
-    # cache) and training (`targetrows.train.eagle3_train.unrolled`, over the unrolled steps)
+    # cache) and training (`targetrows.train.eagle3_step.unrolled`, over the unrolled steps)
     # compute each its own way: everything else is written once, here.
     def attention_inputs(self, h: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor):
         """(queries, keys, values, residual) of q new entries per sequence: h and embeds

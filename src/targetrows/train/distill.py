@@ -21,7 +21,8 @@ import torch
 
 from .on_replies import train_on_replies
 from .optimise import batch_order, optimise
-from .replies import RepliesConfig, TeacherData, check_head
+from .replies import RepliesConfig, TeacherData
+from .reply_generation import check_head
 
 
 @dataclass

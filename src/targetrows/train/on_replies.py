@@ -20,7 +20,8 @@ import torch
 
 from targetrows.core.atomic import new_folder
 
-from .replies import RepliesConfig, TeacherData, check_head, load_target, replies_for
+from .replies import RepliesConfig, TeacherData, load_target, replies_for
+from .reply_generation import check_head
 
 
 class Training(Protocol):
