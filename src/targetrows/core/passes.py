@@ -52,4 +52,4 @@ def no_passes(value: T) -> Passes[T]:
     """A generator that asks for nothing and returns `value`: what a step that needs no pass
     this time hands to a caller that chains steps with ``yield from``."""
     return value
-    yield  # noqa: unreachable; makes this a generator
+    yield  # unreachable: makes this function a generator
