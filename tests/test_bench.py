@@ -579,9 +579,10 @@ def test_a_runs_predicted_speed_by_hand():
 
     parts = PartTimes(PassCurve((1, 9), (0.010, 0.018)), PassCurve((1, 41), (0.0021, 0.0061)), 100)
     settings = bench_plan.BenchSettings(decode=DecodeConfig(pool=PoolShape(4, 3)),
-                                   decoders=("ar", "draft_rank"), budget=8)
+                                        decoders=("ar", "draft_rank"), budget=8)
     ar = {"method": "ar", "new_tokens": 20}
-    assert bench_plan._predicted(ar, None, parts, 0.05, settings) == pytest.approx(20 / (0.05 + 0.2))
+    assert bench_plan._predicted(ar, None, parts, 0.05, settings) == pytest.approx(
+        20 / (0.05 + 0.2))
     choice = BudgetChoice(8, 2, (8,), (2,), ((0.0,),), ((2.0,),), ((8.0,),), parts, 100, 0.0)
     # depth 2: draft passes of 1 and 4 tokens (4.5 ms), a verify pass of 9 (18 ms): 2 tokens
     # per 22.5 ms, 10 rounds for 20 tokens
