@@ -17,6 +17,7 @@ from targetrows.core.rules.sequoia import (
     acceptance_vector,
     best_values,
     fill_shape,
+    node_depth,
     optimal_shape,
     positional_logvalue,
     sequoia_rule,
@@ -270,6 +271,14 @@ def test_shape_mask_is_fill_shape(seed, budget, max_depth):
     pair = ToyPair(vocab_size=16, seed=int(rng.integers(1000)), closeness=0.6)
     p = sorted(rng.random(4), reverse=True)
     shape = optimal_shape(p, budget, max_depth)
+    pools, batch = padded_pools(rng, pair)
+    mask = shape_mask(batch, shape)
+    for row, (pool, logq) in enumerate(pools):
+        assert np.flatnonzero(mask[row]).tolist() == fill_shape(pool, logq, shape).tolist()
+
+
+def padded_pools(rng, pair) -> tuple[list, PoolBatch]:
+    """Three EAGLE-2 pools of 1-3 levels, and the batch of them, padded."""
     pools = [expand(pair.draft_row, rng.integers(16, size=2).tolist(), top_k=3,
                     depth=int(rng.integers(1, 4))) for _ in range(3)]
     n = max(len(pool) for pool, _ in pools)
@@ -278,9 +287,29 @@ def test_shape_mask_is_fill_shape(seed, budget, max_depth):
                       np.stack([np.pad(pool.parents, (0, n - len(pool))) for pool, _ in pools]),
                       np.stack([np.pad(lq, (0, n - len(lq)), constant_values=-np.inf)
                                 for _, lq in pools]), np.array([len(pool) for pool, _ in pools]))
-    mask = shape_mask(batch, shape)
+    return pools, batch
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(0, 2**31))
+def test_depths_and_positional_values_are_a_sweep_over_the_nodes(seed):
+    """The level-step sweeps (`from_parents`) give each pool node its tree depth and the sum of
+    its path's log p[rank], bit for bit what a sweep over the nodes in order adds up; padding
+    gets depth 0 and value -inf."""
+    rng = np.random.default_rng(seed)
+    pair = ToyPair(vocab_size=16, seed=int(rng.integers(1000)), closeness=0.6)
+    pools, batch = padded_pools(rng, pair)
+    p = sorted(rng.random(2), reverse=True)
+    depth, value = node_depth(batch), positional_logvalue(batch, p)
     for row, (pool, logq) in enumerate(pools):
-        assert np.flatnonzero(mask[row]).tolist() == fill_shape(pool, logq, shape).tolist()
+        ranks = sibling_ranks(pool.parents, logq)[0]
+        swept = np.zeros(len(pool))
+        for i in range(1, len(pool)):
+            edge = np.log(p[ranks[i] - 1]) if ranks[i] <= len(p) else -np.inf
+            swept[i] = swept[pool.parents[i]] + edge
+        assert depth[row, : len(pool)].tolist() == pool.depth.tolist()
+        assert value[row, : len(pool)].tolist() == swept.tolist()
+        assert not depth[row, len(pool):].any() and np.all(value[row, len(pool):] == -np.inf)
 
 
 def test_shape_mask_by_hand():

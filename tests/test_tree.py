@@ -59,14 +59,36 @@ def test_same_token_under_different_parents_is_fine():
     Tree([1, 4, 5, 4], [-1, 0, 0, 2])
 
 
-def test_ancestor_mask_matches_paths():
+@pytest.mark.parametrize("shape", ["random", "levels", "chain"])
+def test_depths_ancestors_and_descendants_match_walks_up_the_tree(shape):
+    """Depth, ancestor rows (whole, and grown from any first part) and descendants, each against
+    a walk up from every node by `parents` alone: on a random tree, a pool numbered level by
+    level, and a chain (a run of one node at a time)."""
+    from targetrows.core.tree import ancestor_rows
+
     rng = np.random.default_rng(0)
-    parents = [-1] + [int(rng.integers(0, i)) for i in range(1, 40)]
-    t = Tree(np.arange(40), parents)
-    mask = t.ancestor_mask()
-    for i in range(40):
-        expected = set(t.path(i).tolist()) | {0, i}
-        assert set(np.flatnonzero(mask[i]).tolist()) == expected
+    if shape == "random":
+        parents = [-1] + [int(rng.integers(0, i)) for i in range(1, 40)]
+    elif shape == "levels":  # 3 levels of 4 children under the best 2 of the level above
+        parents, level = [-1], [0]
+        for _ in range(3):
+            start = len(parents)
+            parents += [p for p in level[:2] for _ in range(4)]
+            level = list(range(start, len(parents)))
+    else:
+        parents = list(range(-1, 39))
+    t = Tree(np.arange(len(parents)), parents)
+
+    def up(i):  # i and its ancestors
+        return {i} | (up(parents[i]) if i else set())
+
+    brute = np.array([[j in up(i) for j in range(len(t))] for i in range(len(t))])
+    assert t.depth.tolist() == [len(up(i)) - 1 for i in range(len(t))]
+    assert np.array_equal(t.ancestor_mask(), brute)
+    for first in range(1, len(t)):
+        assert np.array_equal(ancestor_rows(t.parents, brute[:first, :first]), brute)
+    for node in range(len(t)):
+        assert t.descendants(node).tolist() == np.flatnonzero(brute[:, node]).tolist()
 
 
 def test_merge_trees_holds_every_path_once_and_maps_each_node_to_its_path():

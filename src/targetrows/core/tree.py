@@ -25,13 +25,16 @@ class Tree:
         self.parents = parents
         self.tokens.flags.writeable = False
         self.parents.flags.writeable = False
-        depth = np.zeros(len(tokens), dtype=np.int64)
-        for i in range(1, len(tokens)):  # parents[i] < i: one sweep
-            depth[i] = depth[parents[i]] + 1
-        depth.flags.writeable = False
-        self.depth = depth
+        # one sweep in Python ints (parents[i] < i): a tree is built on the host between a
+        # read and the next pass, where NumPy's per-element indexing costs 10x as much
+        up = parents.tolist()
+        depth = [0] * len(up)
+        for i in range(1, len(up)):
+            depth[i] = depth[up[i]] + 1
+        self.depth = np.array(depth, dtype=np.int64)
+        self.depth.flags.writeable = False
         # (parent, token) -> child: verification's only lookup
-        pairs = list(zip(parents.tolist(), tokens.tolist(), strict=True))
+        pairs = list(zip(up, tokens.tolist(), strict=True))
         self._child_index = {pt: i for i, pt in enumerate(pairs)}
         if len(self._child_index) < len(pairs):
             _duplicate_sibling(pairs)
@@ -86,11 +89,7 @@ class Tree:
 
     def ancestor_mask(self) -> np.ndarray:
         """``mask[i, j]`` is True when j is i or an ancestor of i: who node i attends to."""
-        n = len(self)
-        mask = np.eye(n, dtype=bool)
-        for i in range(1, n):
-            mask[i] |= mask[self.parents[i]]
-        return mask
+        return ancestor_rows(self.parents)
 
     def subtree(self, nodes: Sequence[int]) -> Tree:
         """The tree made of `nodes` (sorted, ancestor-closed, including 0), re-indexed in that order."""
@@ -109,11 +108,13 @@ class Tree:
 
     def descendants(self, node: int) -> np.ndarray:
         """`node` and every node under it, sorted."""
-        inside = np.zeros(len(self), dtype=bool)
-        inside[node] = True
-        for i in range(node + 1, len(self)):
-            inside[i] = inside[self.parents[i]]
-        return np.flatnonzero(inside)
+        inside = np.arange(len(self)) == node
+        up = np.maximum(self.parents, 0)  # the root as its own parent: inside only if it is node
+        while True:  # one vectorised step per level below `node`
+            grown = inside | inside[up]
+            if np.array_equal(grown, inside):
+                return np.flatnonzero(inside)
+            inside = grown
 
     def reroot(self, node: int) -> tuple[Tree, np.ndarray]:
         """The subtree under `node` with `node` as its root, and ``index_map[new] = old``."""
@@ -177,6 +178,28 @@ def merge_trees(trees: Sequence[Tree]) -> tuple[Tree, list[np.ndarray]]:
             at[i] = union.child(at[tree.parents[i]], tree.tokens[i])[0]
         where.append(at)
     return union.tree(), where
+
+
+def ancestor_rows(parents: np.ndarray, known: np.ndarray | None = None) -> np.ndarray:
+    """[n, n] ``mask[i, j]``: j is i or an ancestor of i, in a tree of topological `parents`.
+    `known`: the mask of its first nodes (a tree it extends by more nodes), kept as it is.
+    Rows are filled a run of nodes at a time whose parents all come before the run: one step
+    per level of a pool, which is numbered level by level."""
+    n = len(parents)
+    out = np.zeros((n, n), dtype=bool)
+    if known is None:
+        out[0, 0], start = True, 1
+    else:
+        start = len(known)
+        out[:start, :start] = known
+    while start < n:
+        later = np.flatnonzero(parents[start + 1:] >= start)  # a parent inside the run
+        end = start + 1 + (int(later[0]) if len(later) else n - start - 1)
+        run = np.arange(start, end)
+        out[run] = out[parents[run]]
+        out[run, run] = True
+        start = end
+    return out
 
 
 def _check(tokens: np.ndarray, parents: np.ndarray) -> None:

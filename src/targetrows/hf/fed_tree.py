@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from targetrows.core.tree import Tree
+from targetrows.core.tree import Tree, ancestor_rows
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -41,17 +41,5 @@ def adopt(slot: np.ndarray, anc: np.ndarray, old: Tree | None, tree: Tree,
         slot = np.concatenate([slot, np.full(len(tree) - len(old), -1, np.int64)])
     if tree is not old:
         grown = kept and len(anc) == len(old)
-        anc = extend_ancestors(anc, tree.parents) if grown else tree.ancestor_mask()
+        anc = ancestor_rows(tree.parents, anc if grown else None)
     return slot, anc
-
-
-def extend_ancestors(anc: np.ndarray, parents: np.ndarray) -> np.ndarray:
-    """The ancestor mask of a tree that extends the tree of `anc` (pool expansion adds one level
-    per call): only the new nodes' rows are computed."""
-    n_old, n = len(anc), len(parents)
-    out = np.zeros((n, n), dtype=bool)
-    out[:n_old, :n_old] = anc
-    for i in range(n_old, n):  # parents[i] < i: parents' rows are ready
-        out[i] = out[parents[i]]
-        out[i, i] = True
-    return out

@@ -188,31 +188,40 @@ def fill_shape(pool: Tree, logq, shape: Shape) -> np.ndarray:
 
 def shape_mask(batch: PoolBatch, shape: Shape) -> np.ndarray:
     """[P, N] `fill_shape` for many pools at once: True at the nodes of each pool the shape
-    maps to (the root included), one vectorised step per node slot."""
+    maps to (the root included)."""
     valid = batch.tokens >= 0
     ranks = sibling_ranks(batch.parents, batch.logq, valid)
     size, widest = len(shape.parents), int(shape.ranks.max(initial=0))
     kid = np.full((size + 1, widest + 2), size, dtype=np.int64)  # row `size`: absent
     kid[shape.parents[1:], shape.ranks[1:]] = np.arange(1, size)
-    rows, n = batch.shape
-    at = np.full((rows, n), size, dtype=np.int64)  # the shape node each pool node maps to
-    at[:, 0] = 0
-    r = np.arange(rows)
-    for i in range(1, n):  # parents come first
-        parent = at[r, np.maximum(batch.parents[:, i], 0)]
-        at[:, i] = np.where(valid[:, i], kid[parent, np.minimum(ranks[:, i], widest + 1)], size)
+    rank = np.minimum(ranks, widest + 1)
+    start = np.full(batch.shape, size, dtype=np.int64)  # the shape node each pool node maps to
+    start[:, 0] = 0
+    at = from_parents(batch, start, lambda up: kid[up, rank], valid)
     return at < size
 
 
 def node_depth(batch: PoolBatch) -> np.ndarray:
-    """[P, N] each pool node's depth (0 at the root and at padding), one step per node slot."""
+    """[P, N] each pool node's depth (0 at the root and at padding)."""
+    start = np.zeros(batch.shape, dtype=np.int64)
+    return from_parents(batch, start, lambda up: up + 1, batch.tokens >= 0)
+
+
+def from_parents(batch: PoolBatch, start: np.ndarray, step, moves: np.ndarray) -> np.ndarray:
+    """[P, N] the values with ``value = step(value at the node's parent)`` at every non-root
+    node where `moves`, `start` elsewhere. Found as a fixed point, one vectorised step per
+    level (a node's value is final one step after its parent's): a pool of N nodes takes its
+    depth + 2 steps rather than N - 1, and each value is computed from its parent's final
+    value, as a sweep over the nodes would."""
     rows, n = batch.shape
-    depth = np.zeros((rows, n), dtype=np.int64)
-    r = np.arange(rows)
-    valid = batch.tokens >= 0
-    for i in range(1, n):  # parents come first
-        depth[:, i] = np.where(valid[:, i], depth[r, np.maximum(batch.parents[:, i], 0)] + 1, 0)
-    return depth
+    moves = moves & (np.arange(n) > 0)
+    parent = np.maximum(batch.parents, 0) + (np.arange(rows) * n)[:, None]  # in the flat array
+    value = start
+    while True:
+        stepped = np.where(moves, step(value.reshape(-1)[parent]), start)
+        if np.array_equal(stepped, value):
+            return value
+        value = stepped
 
 
 def positional_logvalue(batch: PoolBatch, p, max_depth: int | None = None) -> np.ndarray:
@@ -225,11 +234,8 @@ def positional_logvalue(batch: PoolBatch, p, max_depth: int | None = None) -> np
     with np.errstate(divide="ignore"):
         edge = np.log(np.r_[p, 0.0])[np.where(ranks > 0, np.minimum(ranks, len(p) + 1), 1) - 1]
     edge = np.where(valid, edge, -np.inf)
-    rows, n = batch.shape
-    value = np.zeros((rows, n))
-    r = np.arange(rows)
-    for i in range(1, n):  # parents come first: one vectorised step per node slot
-        value[:, i] = value[r, np.maximum(batch.parents[:, i], 0)] + edge[:, i]
+    value = from_parents(batch, np.zeros(batch.shape), lambda up: up + edge,
+                         np.ones(batch.shape, dtype=bool))
     if max_depth is None:
         return value
     return np.where(node_depth(batch) > max_depth, -np.inf, value)
