@@ -17,7 +17,6 @@ from targetrows.core.rules.sequoia import (
     acceptance_vector,
     best_values,
     fill_shape,
-    node_depth,
     optimal_shape,
     positional_logvalue,
     sequoia_rule,
@@ -293,14 +292,14 @@ def padded_pools(rng, pair) -> tuple[list, PoolBatch]:
 @settings(max_examples=20, deadline=None)
 @given(st.integers(0, 2**31))
 def test_depths_and_positional_values_are_a_sweep_over_the_nodes(seed):
-    """The level-step sweeps (`from_parents`) give each pool node its tree depth and the sum of
-    its path's log p[rank], bit for bit what a sweep over the nodes in order adds up; padding
-    gets depth 0 and value -inf."""
+    """The level-step sweeps (`PoolBatch.depth`, `from_parents`) give each pool node its tree
+    depth and the sum of its path's log p[rank], bit for bit what a sweep over the nodes in
+    order adds up; padding gets depth 0 and value -inf."""
     rng = np.random.default_rng(seed)
     pair = ToyPair(vocab_size=16, seed=int(rng.integers(1000)), closeness=0.6)
     pools, batch = padded_pools(rng, pair)
     p = sorted(rng.random(2), reverse=True)
-    depth, value = node_depth(batch), positional_logvalue(batch, p)
+    depth, value = batch.depth, positional_logvalue(batch, p)
     for row, (pool, logq) in enumerate(pools):
         ranks = sibling_ranks(pool.parents, logq)[0]
         swept = np.zeros(len(pool))

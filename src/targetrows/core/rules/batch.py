@@ -81,6 +81,12 @@ class PoolBatch:
             anc = np.where(move, up, anc)
 
     @cached_property
+    def depth(self) -> np.ndarray:
+        """[P, N] each node's depth (0 at the root and at padding)."""
+        return from_parents(self, np.zeros(self.shape, dtype=np.int64), lambda up: up + 1,
+                            self.tokens >= 0)
+
+    @cached_property
     def below_first(self) -> np.ndarray:
         """[P, N] the draft's log-prob of each node given its first-level ancestor (-inf under
         a first-level token the draft ruled out, and at padding)."""
@@ -145,6 +151,23 @@ def top_order(score: np.ndarray, k: int) -> np.ndarray:
         take[crowded] = (sub < cut) | (tied & (np.cumsum(tied, axis=1) <= need))
     cols = np.nonzero(take)[1].reshape(len(score), k)  # ascending within each row
     return gather(cols, np.argsort(gather(neg, cols), axis=1, kind="stable"))
+
+
+def from_parents(batch: PoolBatch, start: np.ndarray, step, moves: np.ndarray) -> np.ndarray:
+    """[P, N] the values with ``value = step(value at the node's parent)`` at every non-root
+    node where `moves`, `start` elsewhere. Found as a fixed point, one vectorised step per
+    level (a node's value is final one step after its parent's): a pool of N nodes takes its
+    depth + 2 steps rather than N - 1, and each value is computed from its parent's final
+    value, as a sweep over the nodes would."""
+    rows, n = batch.shape
+    moves = moves & (np.arange(n) > 0)
+    parent = np.maximum(batch.parents, 0) + (np.arange(rows) * n)[:, None]  # in the flat array
+    value = start
+    while True:
+        stepped = np.where(moves, step(value.reshape(-1)[parent]), start)
+        if np.array_equal(stepped, value):
+            return value
+        value = stepped
 
 
 def gather(a: np.ndarray, idx: np.ndarray) -> np.ndarray:

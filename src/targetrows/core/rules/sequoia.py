@@ -36,7 +36,7 @@ import numpy as np
 
 from ..checks import check_budget, check_count
 from ..tree import Tree
-from .batch import PoolBatch
+from .batch import PoolBatch, from_parents
 from .rule import Rule
 
 
@@ -201,29 +201,6 @@ def shape_mask(batch: PoolBatch, shape: Shape) -> np.ndarray:
     return at < size
 
 
-def node_depth(batch: PoolBatch) -> np.ndarray:
-    """[P, N] each pool node's depth (0 at the root and at padding)."""
-    start = np.zeros(batch.shape, dtype=np.int64)
-    return from_parents(batch, start, lambda up: up + 1, batch.tokens >= 0)
-
-
-def from_parents(batch: PoolBatch, start: np.ndarray, step, moves: np.ndarray) -> np.ndarray:
-    """[P, N] the values with ``value = step(value at the node's parent)`` at every non-root
-    node where `moves`, `start` elsewhere. Found as a fixed point, one vectorised step per
-    level (a node's value is final one step after its parent's): a pool of N nodes takes its
-    depth + 2 steps rather than N - 1, and each value is computed from its parent's final
-    value, as a sweep over the nodes would."""
-    rows, n = batch.shape
-    moves = moves & (np.arange(n) > 0)
-    parent = np.maximum(batch.parents, 0) + (np.arange(rows) * n)[:, None]  # in the flat array
-    value = start
-    while True:
-        stepped = np.where(moves, step(value.reshape(-1)[parent]), start)
-        if np.array_equal(stepped, value):
-            return value
-        value = stepped
-
-
 def positional_logvalue(batch: PoolBatch, p, max_depth: int | None = None) -> np.ndarray:
     """[P, N] log of each pool node's positional value, the product of p[rank] along its path
     (0 at the root; -inf below max_depth, past rank len(p) and at padding): it never rises from
@@ -238,7 +215,7 @@ def positional_logvalue(batch: PoolBatch, p, max_depth: int | None = None) -> np
                          np.ones(batch.shape, dtype=bool))
     if max_depth is None:
         return value
-    return np.where(node_depth(batch) > max_depth, -np.inf, value)
+    return np.where(batch.depth > max_depth, -np.inf, value)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -251,7 +228,7 @@ def shape_of_pools(batch: PoolBatch, p, budget: int, max_depth: int | None = Non
     most each pool's own depth (its deepest node, or `batch.levels`; and `max_depth`) deep:
     pools of one depth share one shape, and a shape is computed once per (p, budget, depth)."""
     p = tuple(float(x) for x in check_acceptance(p))
-    deepest = node_depth(batch).max(axis=1) if batch.levels is None else np.asarray(batch.levels)
+    deepest = batch.depth.max(axis=1) if batch.levels is None else np.asarray(batch.levels)
     if max_depth is not None:
         deepest = np.minimum(deepest, max_depth)
     mask = np.zeros(batch.shape, dtype=bool)
