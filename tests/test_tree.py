@@ -48,6 +48,7 @@ def test_subtree_and_reroot():
         ([1, 2, 3], [-1, 0, 5], "node 2 has parent 5"),
         ([1, 4, 4], [-1, 0, 0], "node 2 repeats token 4 among the children of node 0"),
         ([], [], "at least the root"),
+        ([1, 2**32], [-1, 0], "node 1 has a token id past 2\\*\\*32"),
     ],
 )
 def test_malformed_trees_name_the_node(tokens, parents, message):

@@ -33,11 +33,12 @@ class Tree:
             depth[i] = depth[up[i]] + 1
         self.depth = np.array(depth, dtype=np.int64)
         self.depth.flags.writeable = False
-        # (parent, token) -> child: verification's only lookup
-        pairs = list(zip(up, tokens.tolist(), strict=True))
-        self._child_index = {pt: i for i, pt in enumerate(pairs)}
-        if len(self._child_index) < len(pairs):
-            _duplicate_sibling(pairs)
+        # (parent, token) -> child, verification's only lookup, keyed by one int (`_key`): a
+        # dict of ints builds in half the time of one of tuples
+        keys = _key(parents, tokens).tolist()
+        self._child_index = dict(zip(keys, range(len(keys)), strict=True))
+        if len(self._child_index) < len(keys):
+            _duplicate_sibling(list(zip(up, tokens.tolist(), strict=True)))
 
     @classmethod
     def root_only(cls, token: int) -> Tree:
@@ -74,7 +75,7 @@ class Tree:
 
     def child_with_token(self, node: int, token: int) -> int:
         """Index of `node`'s child carrying `token`, or -1."""
-        return self._child_index.get((int(node), int(token)), -1)
+        return self._child_index.get(_key(int(node), int(token)), -1)
 
     def path(self, node: int) -> np.ndarray:
         """Non-root nodes from the root's child down to `node` (empty for the root)."""
@@ -214,6 +215,9 @@ def _check(tokens: np.ndarray, parents: np.ndarray) -> None:
         raise ValueError(f"node 0 is the root: parents[0] must be -1, got {parents[0]}")
     if np.any(tokens < 0):
         raise ValueError(f"node {int(np.flatnonzero(tokens < 0)[0])} has a negative token id")
+    if np.any(tokens >= 2**32):  # no vocabulary comes near; `_key` relies on it
+        raise ValueError(f"node {int(np.flatnonzero(tokens >= 2**32)[0])} has a token id past "
+                         "2**32")
     idx = np.arange(len(parents))
     bad = np.flatnonzero((parents[1:] < 0) | (parents[1:] >= idx[1:])) + 1
     if len(bad):
@@ -222,6 +226,11 @@ def _check(tokens: np.ndarray, parents: np.ndarray) -> None:
             f"node {i} has parent {parents[i]}: parents must satisfy 0 <= parents[i] < i "
             "(node indices are topological, which also rules out cycles)"
         )
+
+
+def _key(parent, token):
+    """One int per (parent, token) pair, for ints or arrays: token ids are below 2**32."""
+    return (parent << 32) | token
 
 
 def _duplicate_sibling(pairs: list[tuple[int, int]]) -> None:

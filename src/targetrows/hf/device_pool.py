@@ -201,16 +201,13 @@ def _read_into(levels: list[_Level], host: list[np.ndarray], roots: np.ndarray,
         n_roots, width, k = toks.shape
         ids = np.full((n_roots, width, k), -1, dtype=np.int64)
         front = np.full((n_roots, width), -1, dtype=np.int64)
-        for r in range(n_roots):
-            for f in range(width):
-                if not kept[r, f]:
-                    continue
-                node = int(roots[r]) if last_ids is None else int(last_ids[r][select[r, f]])
-                front[r, f] = node
-                ids[r, f] = len(tokens) + np.arange(k)
-                tokens.extend(toks[r, f].tolist())
-                parents.extend([node] * k)
-                logq.extend(lq[r, f].tolist())
+        for r in range(n_roots):  # one root, or a few guesses: each level's nodes at once
+            live = np.flatnonzero(kept[r])
+            front[r, live] = roots[r] if last_ids is None else last_ids[r][select[r, live]]
+            ids[r, live] = len(tokens) + np.arange(len(live) * k).reshape(-1, k)
+            tokens.extend(toks[r, live].reshape(-1).tolist())
+            parents.extend(np.repeat(front[r, live], k).tolist())
+            logq.extend(lq[r, live].reshape(-1).tolist())
         fed.append(front.reshape(-1))
         last_ids = ids.reshape(n_roots, -1)
     return fed

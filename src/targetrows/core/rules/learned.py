@@ -199,8 +199,8 @@ def branch_features(batch: PoolBatch, names: tuple[str, ...]) -> np.ndarray:
     np.maximum.at(best, flat, cond[child])
     mass = np.zeros(p * n)
     np.add.at(mass, flat, np.exp(cond[child]))
-    depth = _depth(batch)
-    deepest = np.where(batch.tokens >= 0, depth, 0).max(axis=1, keepdims=True)
+    depth = batch.depth  # 0 at padding
+    deepest = depth.max(axis=1, keepdims=True)
     leaf = (depth == deepest) & (depth >= 2)
     chain = np.full(p * n, -np.inf)
     flat_first = (np.arange(p)[:, None] * n + batch.first)[leaf]
@@ -222,18 +222,6 @@ def branch_features(batch: PoolBatch, names: tuple[str, ...]) -> np.ndarray:
             raise ValueError(f"feature {name!r} reads the exact root row: the pools carry none")
         out[..., j] = np.where(first, values[name](), 0.0)
     return out
-
-
-def _depth(batch: PoolBatch) -> np.ndarray:
-    depth = np.zeros(batch.shape, dtype=np.int64)
-    par = np.maximum(batch.parents, 0)
-    for _ in range(int(batch.shape[1])):
-        up = np.take_along_axis(depth, par, 1) + 1
-        new = np.where(batch.parents >= 0, up, 0)
-        if np.array_equal(new, depth):
-            return depth
-        depth = new
-    return depth
 
 
 def learned_scores(batch: PoolBatch) -> np.ndarray:
