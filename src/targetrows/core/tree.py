@@ -15,7 +15,7 @@ import numpy as np
 class Tree:
     """A token tree with ``tokens[i]`` at node ``i`` and ``parents[i]`` its parent (-1 for the root)."""
 
-    __slots__ = ("tokens", "parents", "depth", "_child_index")
+    __slots__ = ("tokens", "parents", "depth", "_child_index", "_ancestors")
 
     def __init__(self, tokens: Sequence[int], parents: Sequence[int]):
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
@@ -39,6 +39,7 @@ class Tree:
         self._child_index = dict(zip(keys, range(len(keys)), strict=True))
         if len(self._child_index) < len(keys):
             _duplicate_sibling(list(zip(up, tokens.tolist(), strict=True)))
+        self._ancestors = None  # `ancestor_mask`, made on first use
 
     @classmethod
     def root_only(cls, token: int) -> Tree:
@@ -89,8 +90,12 @@ class Tree:
         return self.tokens[self.path(node)].tolist()
 
     def ancestor_mask(self) -> np.ndarray:
-        """``mask[i, j]`` is True when j is i or an ancestor of i: who node i attends to."""
-        return ancestor_rows(self.parents)
+        """``mask[i, j]`` is True when j is i or an ancestor of i: who node i attends to. Made
+        on first use and kept, read-only (a drafted pool seldom needs its own)."""
+        if self._ancestors is None:
+            self._ancestors = ancestor_rows(self.parents)
+            self._ancestors.flags.writeable = False
+        return self._ancestors
 
     def subtree(self, nodes: Sequence[int]) -> Tree:
         """The tree made of `nodes` (sorted, ancestor-closed, including 0), re-indexed in that order."""
@@ -181,18 +186,13 @@ def merge_trees(trees: Sequence[Tree]) -> tuple[Tree, list[np.ndarray]]:
     return union.tree(), where
 
 
-def ancestor_rows(parents: np.ndarray, known: np.ndarray | None = None) -> np.ndarray:
+def ancestor_rows(parents: np.ndarray) -> np.ndarray:
     """[n, n] ``mask[i, j]``: j is i or an ancestor of i, in a tree of topological `parents`.
-    `known`: the mask of its first nodes (a tree it extends by more nodes), kept as it is.
     Rows are filled a run of nodes at a time whose parents all come before the run: one step
     per level of a pool, which is numbered level by level."""
     n = len(parents)
     out = np.zeros((n, n), dtype=bool)
-    if known is None:
-        out[0, 0], start = True, 1
-    else:
-        start = len(known)
-        out[:start, :start] = known
+    out[0, 0], start = True, 1
     while start < n:
         later = np.flatnonzero(parents[start + 1:] >= start)  # a parent inside the run
         end = start + 1 + (int(later[0]) if len(later) else n - start - 1)

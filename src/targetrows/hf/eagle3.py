@@ -135,7 +135,6 @@ class Eagle3Draft(TorchRows):
         self._tree: Tree | None = None
         self._tree_ctx_len = 0
         self._slot = np.zeros(0, dtype=np.int64)  # cache index of each fed node, -1 if unfed
-        self._anc = np.zeros((0, 0), dtype=bool)
         self._g: torch.Tensor | None = None  # each fed node's output g
 
     def _keep_prefix(self, ctx: np.ndarray) -> None:
@@ -159,7 +158,7 @@ class Eagle3Draft(TorchRows):
         elif len(tree) > len(old):
             grow = len(tree) - len(old)
             self._g = torch.cat([self._g, self._g.new_zeros((grow, self._g.shape[1]))])
-        self._slot, self._anc = adopt(self._slot, self._anc, old, tree, kept)
+        self._slot = adopt(self._slot, old, tree, kept)
         self._tree, self._tree_ctx_len = tree, n_ctx
 
     # -- rows ----------------------------------------------------------------------------------
@@ -240,7 +239,7 @@ class Eagle3Draft(TorchRows):
         seen = np.zeros((len(nodes), self._k.shape[1]), dtype=bool)
         seen[:, : self._n] = True  # every committed entry (a committed root's among them)
         in_tree = self._slot >= self._n
-        seen[:, self._slot[in_tree]] = self._anc[nodes][:, in_tree]
+        seen[:, self._slot[in_tree]] = self._tree.ancestor_mask()[nodes][:, in_tree]
         return host_to_device(seen, self.device)
 
     def _pool_entries(self) -> int:
@@ -275,7 +274,8 @@ class Eagle3Draft(TorchRows):
             self._slot[0] = n_ctx - 2
             self._g[0] = self._g_committed[n_ctx - 2]
         base_pos = max(n_ctx - 2, 0)
-        need = self._anc[nodes].any(axis=0) & (self._slot < 0)
+        anc = tree.ancestor_mask()
+        need = anc[nodes].any(axis=0) & (self._slot < 0)
         for depth in np.unique(tree.depth[need]):  # one pass per level: a node needs its parent's g
             level = np.flatnonzero(need & (tree.depth == depth))
             if depth == 0:  # a one-token context: no feature exists, the root starts from h = 0
@@ -287,7 +287,7 @@ class Eagle3Draft(TorchRows):
             allowed = np.zeros((k, cache_len + k), dtype=bool)
             allowed[:, : self._n] = True  # every committed entry, the root's among them
             in_tree = self._slot >= self._n
-            allowed[:, self._slot[in_tree]] = self._anc[level][:, in_tree]
+            allowed[:, self._slot[in_tree]] = anc[level][:, in_tree]
             allowed[np.arange(k), cache_len + np.arange(k)] = True
             self._slot[level] = cache_len + np.arange(k)
             self._g[host_to_device(level, self.device)] = yield from self._feed(

@@ -1,6 +1,6 @@
 """The bookkeeping every cached torch backend (a target `HFModel`, an EAGLE-3 head) keeps about
-the round's tree: which of its nodes were fed, where their cache entries are, and which nodes
-each one may attend to.
+the round's tree: which of its nodes were fed, and where their cache entries are (which nodes
+each one may attend to is the tree's own `Tree.ancestor_mask`).
 
 Pool expansion asks a draft for one level more at a time, each time as a new `Tree` that
 repeats the previous one's nodes and appends the next level's; a model keeps the entries of the
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from targetrows.core.tree import Tree, ancestor_rows
+from targetrows.core.tree import Tree
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -30,16 +30,12 @@ def extends(old: Tree | None, old_ctx_len: int, tree: Tree, n_ctx: int) -> bool:
                                  and np.array_equal(tree.parents[: len(old)], old.parents))))
 
 
-def adopt(slot: np.ndarray, anc: np.ndarray, old: Tree | None, tree: Tree,
-          kept: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(slot, ancestor mask) for `tree` becoming the current tree: each node's cache slot (-1:
-    not fed yet), the old slots kept when the tree extends the old one (`kept`); the ancestor
-    mask grown by the new nodes' rows when only nodes were appended, else computed anew."""
+def adopt(slot: np.ndarray, old: Tree | None, tree: Tree, kept: bool) -> np.ndarray:
+    """Each node's cache slot (-1: not fed yet) once `tree` becomes the current tree: the old
+    slots kept when the tree extends the old one (`kept`). Who a node attends to is the tree's
+    own `ancestor_mask`, made when a pass first needs it."""
     if not kept:
-        slot = np.full(len(tree), -1, dtype=np.int64)
-    elif len(tree) > len(old):
-        slot = np.concatenate([slot, np.full(len(tree) - len(old), -1, np.int64)])
-    if tree is not old:
-        grown = kept and len(anc) == len(old)
-        anc = ancestor_rows(tree.parents, anc if grown else None)
-    return slot, anc
+        return np.full(len(tree), -1, dtype=np.int64)
+    if len(tree) > len(old):
+        return np.concatenate([slot, np.full(len(tree) - len(old), -1, np.int64)])
+    return slot

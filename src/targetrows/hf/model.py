@@ -152,7 +152,6 @@ class HFModel(TorchRows):
         self._tree: Tree | None = None  # the tree whose nodes follow the prefix in the cache
         self._tree_ctx_len = 0  # length of the context that tree was fed under
         self._slot = np.zeros(0, dtype=np.int64)  # cache index of each tree node, -1 if unfed
-        self._anc = np.zeros((0, 0), dtype=bool)
         # per cache entry: the feature layers' inputs, concatenated (with feature_layers)
         # (static passes keep their buffer, made once at their capacity, for the next sequence)
         kept = getattr(self, "_kept", None)
@@ -216,7 +215,7 @@ class HFModel(TorchRows):
         kept = extends(old, self._tree_ctx_len, tree, n_ctx)
         if not kept:
             self._drop_tree()
-        self._slot, self._anc = adopt(self._slot, self._anc, old, tree, kept)
+        self._slot = adopt(self._slot, old, tree, kept)
         if not kept and len(self._prefix) == n_ctx:  # the root's KV is the last prefix entry
             self._slot[0] = n_ctx - 1
         self._tree, self._tree_ctx_len = tree, n_ctx
@@ -253,12 +252,12 @@ class HFModel(TorchRows):
     def _plan_feed(self, ctx: np.ndarray, tree: Tree, nodes: np.ndarray) -> Feed:
         """What one pass feeds (`targetrows.hf.feed.plan_feed`); the cache's length is the
         prefix's when there is a tail (the tree was just dropped)."""
-        return plan_feed(len(self._prefix), self._cache_len(), self._slot, self._anc, ctx, tree,
-                         nodes)
+        return plan_feed(len(self._prefix), self._cache_len(), self._slot,
+                         tree.ancestor_mask(), ctx, tree, nodes)
 
     def _region(self, feed: Feed) -> np.ndarray:
         """What each token `feed` feeds sees past the prefix (`targetrows.hf.feed.region`)."""
-        return region(feed, self._slot, self._anc)
+        return region(feed, self._slot, self._tree.ancestor_mask())
 
     def _tree_mask(self, feed: Feed) -> torch.Tensor | None:
         return tree_mask(feed, self._region(feed), self.dtype, self.input_device)
@@ -336,7 +335,8 @@ class HFModel(TorchRows):
         return ids, vals.double()
 
     def _pool_seen(self, nodes: np.ndarray) -> torch.Tensor:
-        seen = seen_by(nodes, len(self._prefix), self._cache_len(), self._slot, self._anc)
+        seen = seen_by(nodes, len(self._prefix), self._cache_len(), self._slot,
+                       self._tree.ancestor_mask())
         return host_to_device(seen, self.input_device)
 
     def _pool_entries(self) -> int:
