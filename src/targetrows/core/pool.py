@@ -188,7 +188,8 @@ class PoolRead:
     """A drafted pool that calling gives, as (tree, logq): read then, if no read on its device
     has brought it yet. `first_level`: for a pool still on a device, the tokens of the root's
     children there [1, k], in pool order (what a read that should come with the pool's needs:
-    `targetrows.hf.torch_rows.TorchRows.logprobs_read_later`); None otherwise."""
+    `targetrows.hf.torch_rows.TorchRows.logprobs_read_later`); None otherwise. A device's
+    pool comes with its `tree` built already (`targetrows.hf.device_pool`)."""
 
     def __init__(self, wait: Callable[[], None], tokens: list[int], parents: list[int],
                  logq: list[float]):
@@ -198,7 +199,10 @@ class PoolRead:
     def __call__(self) -> tuple[Tree, np.ndarray]:
         self._wait()  # the lists are filled once the read that carries them is done
         tokens, parents, logq = self._lists
-        return Tree(tokens, parents), np.array(logq)
+        tree = getattr(self._wait, "tree", None)
+        if tree is None or len(tree) != len(tokens):
+            tree = Tree(tokens, parents)
+        return tree, np.array(logq)
 
 
 def grow_model(model: Any, context: Sequence[int], tokens: list[int], parents: list[int],

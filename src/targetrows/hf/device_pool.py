@@ -131,20 +131,23 @@ def grow_on_device(model, context, tokens: list[int], parents: list[int], logq: 
                              logq=(chosen_logq[:, None] + lp).view(n_roots, -1, k),
                              first_slot=cache_len, out=out))
     n_context = len(context)
+    pool = _PoolWait()
 
     def take(host: list[np.ndarray]) -> None:  # the pool's lists; the draft keeps what it fed
         fed = _read_into(levels, host, roots, tokens, parents, logq)
-        model._pool_adopt(Tree(tokens, parents), n_context,
+        pool.tree = Tree(tokens, parents)
+        model._pool_adopt(pool.tree, n_context,
                           [(lv.first_slot, lv.out, nodes)
                            for lv, nodes in zip(levels[1:], fed[1:], strict=True)])
 
     parts = [t for lv in levels for t in (lv.select, lv.kept, lv.tokens, lv.logq)]
     if later:
         queued = not (guesses or n_roots > 1 or torch_rows.reads_are_free(device))
-        first = levels[0].tokens.reshape(1, -1) if queued else None
-        return _PoolWait(model._read_later(parts, take), first)
-    take(model._fetch(*parts))
-    return _filled
+        pool.wait = model._read_later(parts, take)
+        pool.first_level = levels[0].tokens.reshape(1, -1) if queued else None
+    else:
+        take(model._fetch(*parts))
+    return pool
 
 
 def _filled() -> None:
@@ -152,13 +155,17 @@ def _filled() -> None:
 
 
 class _PoolWait:
-    """Waits for a pool's queued read. `first_level` [1, k]: the tokens of the root's
-    children on the device, in pool order, for a read of the target's rows at them that comes
-    with the pool's (`TorchRows.logprobs_read_later`); None under guesses or several roots,
-    and where the pool was read at once (the CPU)."""
+    """Waits for a pool's queued read (`wait`; nothing to wait for where it was read at once).
+    `first_level` [1, k]: the tokens of the root's children on the device, in pool order, for
+    a read of the target's rows at them that comes with the pool's
+    (`TorchRows.logprobs_read_later`); None under guesses or several roots, and where the pool
+    was read at once (the CPU). `tree`: the pool's lists as a `Tree`, once read (the one the
+    draft adopted, so a reader need not build it again)."""
 
-    def __init__(self, wait: Callable[[], None], first_level: torch.Tensor | None):
-        self.wait, self.first_level = wait, first_level
+    def __init__(self):
+        self.wait: Callable[[], None] = _filled
+        self.first_level: torch.Tensor | None = None
+        self.tree: Tree | None = None
 
     def __call__(self) -> None:
         self.wait()
