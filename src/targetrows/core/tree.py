@@ -114,13 +114,12 @@ class Tree:
 
     def descendants(self, node: int) -> np.ndarray:
         """`node` and every node under it, sorted."""
-        inside = np.arange(len(self)) == node
-        up = np.maximum(self.parents, 0)  # the root as its own parent: inside only if it is node
-        while True:  # one vectorised step per level below `node`
-            grown = inside | inside[up]
-            if np.array_equal(grown, inside):
-                return np.flatnonzero(inside)
-            inside = grown
+        up = self.parents.tolist()  # one sweep in Python ints, as for the depth
+        inside = [False] * len(up)
+        inside[node] = True
+        for i in range(node + 1, len(up)):
+            inside[i] = inside[up[i]]
+        return np.flatnonzero(inside)
 
     def reroot(self, node: int) -> tuple[Tree, np.ndarray]:
         """The subtree under `node` with `node` as its root, and ``index_map[new] = old``."""
