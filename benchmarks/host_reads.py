@@ -11,6 +11,12 @@ the other operations that would make a GPU's host wait (under a dispatch mode: a
 pinned copy; and a model's `synchronize`); `benchmarks/gpu_check.py` counts a GPU's own syncs
 with torch's sync debug mode. The goal is at most 3 a round.
 
+A read drains the GPU's queue, so the card then idles until the host asks for the next pass.
+The script also times that host work (`host_gaps`: from each read's return to the next pass or
+read, without the counting above, best of `--repeat` decodes): selection, the verify tree's
+feed, the walk and the commits. The part after a round's mid-round reads is what a round read
+once (trees chosen on the device, as SGLang's EAGLE worker does) would take off a GPU's round.
+
     python benchmarks/host_reads.py --out benchmarks/results/host_reads.md
 """
 
@@ -20,6 +26,7 @@ import argparse
 import os
 import sys
 import tempfile
+import time
 import traceback
 from collections import Counter
 from contextlib import contextmanager
@@ -35,6 +42,8 @@ from tiny_heads import save_tiny_head  # noqa: E402
 from tiny_models import tiny_model  # noqa: E402
 
 from targetrows.core.pool import PoolShape  # noqa: E402
+from targetrows.decoding import schedule  # noqa: E402
+from targetrows.decoding.budget import DEFAULT_BUDGET  # noqa: E402
 from targetrows.decoding.loop import generate  # noqa: E402
 from targetrows.decoding.registry import decoder_names  # noqa: E402
 from targetrows.hf.eagle3_checkpoint import load_eagle3  # noqa: E402
@@ -42,6 +51,7 @@ from targetrows.hf.model import HFModel  # noqa: E402
 from targetrows.hf.torch_rows import TorchRows  # noqa: E402
 
 PACKAGE = os.path.join("src", "targetrows")
+PROMPT = [5, 17, 42]
 
 
 def _ours(skip: str) -> str:
@@ -71,12 +81,64 @@ def counting_reads():
         TorchRows._fetch = fetch
 
 
+@contextmanager
+def host_gaps():
+    """Host seconds from each read's return to whatever comes next, the scheduler's next pass or
+    another read, by the read's line (on a GPU, time the card idles while the host plans), with
+    the GPU's branches taken and no operation counted. Yields a Counter."""
+    gaps: Counter = Counter()
+    after: list = [None, 0.0]  # the last read's line and when it returned, until a pass or read
+    fetch, pick = TorchRows._fetch, schedule._next_group
+
+    def close() -> None:
+        if after[0] is not None:
+            gaps[after[0]] += time.perf_counter() - after[1]
+            after[0] = None
+
+    def timed_fetch(self, *tensors, **where):
+        close()
+        site = _ours("torch_rows.py")  # outside the gap: a stack walk is the script's, not ours
+        out = fetch(self, *tensors, **where)
+        after[:] = [site, time.perf_counter()]
+        return out
+
+    def timed_pick(live):
+        close()
+        return pick(live)
+
+    TorchRows._fetch, schedule._next_group = timed_fetch, timed_pick
+    try:
+        with gpu_branches(count_waits=False):
+            yield gaps
+    finally:
+        TorchRows._fetch, schedule._next_group = fetch, pick
+
+
+# the reads made after a round's verify pass: its draws, and a draft-free decoder's top-k of
+# the pass's rows (`Plan.observe`); every other read comes before the verify pass
+AFTER_VERIFY = (" _verify", " observe")
+
+
+def _gap_ms(target, draft, prompt, config, repeat: int) -> tuple[float, float]:
+    """(after the reads before the verify pass, after those after it): host ms a round, of
+    the decode (of `repeat`) with the least in all."""
+    best = (float("inf"), float("inf"))
+    for _ in range(repeat):
+        with host_gaps() as gaps:
+            rounds = len(generate(target, draft, prompt, config).rounds)
+        after = sum(s for site, s in gaps.items() if site.endswith(AFTER_VERIFY))
+        best = min(best, (1e3 * (sum(gaps.values()) - after) / rounds, 1e3 * after / rounds),
+                   key=sum)
+    return best
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--budget", type=int, default=8)
-    p.add_argument("--top-k", type=int, default=4)
-    p.add_argument("--depth", type=int, default=4)
+    p.add_argument("--budget", type=int, default=DEFAULT_BUDGET)
+    p.add_argument("--top-k", type=int, default=PoolShape.top_k)
+    p.add_argument("--depth", type=int, default=PoolShape.depth)
     p.add_argument("--max-new-tokens", type=int, default=24)
+    p.add_argument("--repeat", type=int, default=3, help="decodes timed per decoder (best)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     torch.manual_seed(0)
@@ -91,8 +153,12 @@ def main(argv=None) -> int:
              f"- command: `python benchmarks/host_reads.py {' '.join(sys.argv[1:])}`",
              f"- tiny float32 Llama target (6 layers), budget {args.budget}, pool {pool.top_k} x "
              f"{pool.depth}, {args.max_new_tokens} new tokens, T=0; torch {torch.__version__}",
-             "", "| draft | decoder | rounds | reads per round | other waits per round |",
-             "|---|---|---|---|---|"]
+             f"- host ms: best of {args.repeat} decodes, on this machine's CPU ({os.cpu_count()}"
+             " cores); what a GPU would idle while the host works after a read, before the "
+             "verify pass (selection, the tree's feed) and after it (walk, commits, the next "
+             "round's first pass)",
+             "", "| draft | decoder | rounds | reads per round | other waits per round | "
+             "host ms before verify | host ms after verify |", "|---|---|---|---|---|---|---|"]
     sites, other = Counter(), Counter()
     for kind, draft in drafts.items():
         for name in decoder_names():
@@ -101,12 +167,14 @@ def main(argv=None) -> int:
             drafted = config.decoder.needs_draft
             if kind == "eagle3" and not drafted:
                 continue  # draft-free: counted once, under standalone
+            used = draft if drafted else None
             with counting_reads() as (reads, waits):
-                result = generate(target, draft if drafted else None, [5, 17, 42], config)
+                result = generate(target, used, PROMPT, config)
             rounds = len(result.rounds)
+            before, after = _gap_ms(target, used, PROMPT, config, args.repeat)
             lines.append(f"| {kind if drafted else '-'} | {name} | {rounds} | "
                          f"{sum(reads.values()) / rounds:.1f} | "
-                         f"{sum(waits.values()) / rounds:.1f} |")
+                         f"{sum(waits.values()) / rounds:.1f} | {before:.2f} | {after:.2f} |")
             sites.update(reads)
             other.update(waits)
     lines += ["", "Where the reads come from (all runs above):", "", "| reads | line |",

@@ -26,7 +26,7 @@ from __future__ import annotations
 import time
 import traceback
 from collections import Counter
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -192,11 +192,12 @@ class TimingEvent:
 
 
 @contextmanager
-def gpu_branches():
+def gpu_branches(count_waits: bool = True):
     """Inside the block the torch backends take their GPU branches on the CPU (checks queued
     for the next read, each top-k from one sort, pools drafted to full depth, part times from
     timing events); yields a Counter of the other host waits a GPU would have, by our line
-    that made them (a model's `synchronize` among them)."""
+    that made them (a model's `synchronize` among them). `count_waits` False: the operations
+    are not counted (their dispatch mode costs host time, which a timing should not see)."""
     from targetrows.hf import eagle3, model, torch_rows
 
     waits: Counter = Counter()
@@ -214,7 +215,7 @@ def gpu_branches():
     for owner, name, value in patches:
         setattr(owner, name, value)
     try:
-        with _Waits(waits):
+        with _Waits(waits) if count_waits else nullcontext():
             yield waits
     finally:
         for owner, name, value in saved:

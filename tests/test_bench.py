@@ -522,14 +522,19 @@ def test_host_reads_a_round_stay_within_the_gpu_goal(tmp_path, monkeypatch):
     prompt's rows in the first round)."""
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
     out = tmp_path / "reads.md"
-    assert _benchmark("host_reads").main(["--max-new-tokens", "8", "--out", str(out)]) == 0
+    assert _benchmark("host_reads").main(["--max-new-tokens", "8", "--budget", "8", "--top-k",
+                                          "4", "--depth", "4", "--repeat", "1",
+                                          "--out", str(out)]) == 0
     rows = [line.split("|")[1:-1] for line in out.read_text().splitlines()
-            if line.startswith("| ") and line.count("|") == 6 and "decoder" not in line]
+            if line.startswith("| ") and line.count("|") == 8 and "decoder" not in line]
     assert len(rows) == 19
     three = ("fts_redraft", "racer", "recycle")
-    for draft, decoder, _, reads, waits in rows:
+    for draft, decoder, _, reads, waits, before, after in rows:
         assert float(reads) <= (3 if decoder.strip() in three else 2), (draft, decoder, reads)
         assert float(waits) == 0, (draft, decoder, waits)
+        # host time after reads: after the verify read (the walk, the commits) in every round,
+        # and before the verify pass wherever a read comes there (every drafted decoder's pool)
+        assert float(after) > 0 and (float(before) > 0 or draft.strip() == "-"), decoder
 
 
 def test_draft_guesses_classify_and_score_positions_as_brute_force():
