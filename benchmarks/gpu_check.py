@@ -16,7 +16,8 @@ left cannot hold is skipped and says so):
    syncs per round (`gpu_graphs`).
 2. identity: every decoder against HF greedy generate, float64, standalone drafts
    (`gpu_exactness.identity`), root pass alongside.
-3. syncs: host syncs per round and the lines that cause them (`gpu_speed.syncs`).
+3. syncs: host syncs per round and the lines that cause them, and the host's ms after reads at
+   B=59 (what the GPU idles through; `gpu_speed.syncs`).
 4. pass costs: a verify pass over 1-128 nodes at the Llama-3.1-8B, Qwen3-8B and Qwen2.5-32B
    shapes in bfloat16, and the row spread between pass shapes (`gpu_speed.pass_costs`).
 5. bench: `targetrows bench` on the Qwen3-8B shape with a Qwen3-0.6B-shaped draft.
@@ -181,7 +182,7 @@ def main(argv=None) -> int:
     stage("graphs", 90, lambda: graphs.graphs(args, device, keep), graphs_render)
     stage("identity", 60, lambda: exact.identity(device, args.smoke),
           identity_render("Greedy identity (tiny random models, float64, root pass alongside)"))
-    stage("syncs", 20, lambda: speed.syncs(device, args.smoke), speed.syncs_markdown)
+    stage("syncs", 40, lambda: speed.syncs(device, args.smoke), speed.syncs_markdown)
     stage("pass_costs", 90, lambda: speed.pass_costs(device, args.smoke, keep),
                   speed.pass_costs_markdown)
     stage("bench", 60, lambda: speed.bench_pair(args, device, keep),

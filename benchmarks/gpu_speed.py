@@ -5,7 +5,9 @@ model shapes (no download): acceptance means nothing with random weights, part t
   Qwen3-8B and Qwen2.5-32B shapes in bfloat16 (`targetrows.cost.parttimes.time_passes`), and
   how far one row moves between pass shapes there (`targetrows.bench.drift.row_spread`).
 - `syncs`: host syncs per round of every decoder, and the lines that cause them
-  (`targetrows.bench.syncs`), with a standalone draft and with an EAGLE-3 head.
+  (`targetrows.bench.syncs`), with a standalone draft and with an EAGLE-3 head; and at the
+  paper's budget, the host's work after each read, which the GPU idles through
+  (`host_reads.gap_ms`).
 - `bench`: `targetrows bench`'s table for the Qwen3-8B shape with a Qwen3-0.6B-shaped draft.
 - `overlap`: the root pass alongside drafting (on a stream of its own) on one GPU, against one after the
   other: the round's drafting time against root pass + draft work.
@@ -149,7 +151,9 @@ def pass_costs_markdown(rep: dict) -> str:
 
 def syncs(device: str, smoke: bool) -> dict:
     """Host syncs per round of every decoder on tiny float32 models: a standalone draft and a
-    random EAGLE-3 head (sync counts do not depend on model size)."""
+    random EAGLE-3 head (sync counts do not depend on model size); and the host ms a round
+    after reads, before and after the verify pass, at budget 59 and a 10 x 6 pool."""
+    from host_reads import gap_ms
     from tiny_heads import save_tiny_head
     from tiny_models import tiny_model
 
@@ -171,9 +175,13 @@ def syncs(device: str, smoke: bool) -> dict:
             generate(target, draft if decoder != "ar" else None, [5, 17, 42], cfg)  # warm-up
             with counting_syncs() as count:
                 result = generate(target, draft if decoder != "ar" else None, [5, 17, 42], cfg)
+            paper = decode_config(decoder, budget=59, max_new_tokens=n_new, pool=PoolShape())
+            before, after = gap_ms(target, draft if decoder != "ar" else None, [5, 17, 42],
+                                   paper, repeat=1 if smoke else 3, stand_in=False)
             rows.append({"draft": kind, "decoder": decoder, "rounds": len(result.rounds),
                          "syncs": count.total, "per_round": count.per(len(result.rounds)),
-                         "counted": count.counted})
+                         "counted": count.counted, "host_ms_before": before,
+                         "host_ms_after": after})
             for site, n in count.sites.items():
                 sites[site] = sites.get(site, 0) + n
     return {"rows": rows, "sites": sorted(sites.items(), key=lambda kv: -kv[1])}
@@ -183,9 +191,13 @@ def syncs_markdown(rep: dict) -> str:
     if not all(r["counted"] for r in rep["rows"]):
         return "## Host syncs per round\n\nnot counted: no CUDA device"
     lines = ["## Host syncs per round (tiny float32 models, B=8, pool 4 x 4)", "",
-             "| draft | decoder | rounds | syncs | per round |", "|---|---|---|---|---|"]
+             "Host ms: at B=59, pool 10 x 6, best of 3 decodes, the host's work after each read "
+             "(the GPU idles), before the verify pass and after it (`benchmarks/host_reads.py`).",
+             "", "| draft | decoder | rounds | syncs | per round | host ms before verify | "
+             "host ms after verify |", "|---|---|---|---|---|---|---|"]
     lines += [f"| {r['draft']} | {r['decoder']} | {r['rounds']} | {r['syncs']} | "
-              f"{r['per_round']:.1f} |" for r in rep["rows"]]
+              f"{r['per_round']:.1f} | {r['host_ms_before']:.2f} | {r['host_ms_after']:.2f} |"
+              for r in rep["rows"]]
     lines += ["", "Where they come from (all runs above; innermost line of targetrows):", "",
               "| syncs | line |", "|---|---|"]
     lines += [f"| {n} | `{site}` |" for site, n in rep["sites"][:25]]

@@ -29,7 +29,7 @@ import tempfile
 import time
 import traceback
 from collections import Counter
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))  # tiny_models, tiny_heads, rerankers
@@ -82,10 +82,11 @@ def counting_reads():
 
 
 @contextmanager
-def host_gaps():
+def host_gaps(stand_in: bool = True):
     """Host seconds from each read's return to whatever comes next, the scheduler's next pass or
     another read, by the read's line (on a GPU, time the card idles while the host plans), with
-    the GPU's branches taken and no operation counted. Yields a Counter."""
+    no operation counted. `stand_in`: take the GPU's branches on the CPU (on a GPU, False: they
+    are taken anyway). Yields a Counter."""
     gaps: Counter = Counter()
     after: list = [None, 0.0]  # the last read's line and when it returned, until a pass or read
     fetch, pick = TorchRows._fetch, schedule._next_group
@@ -108,7 +109,7 @@ def host_gaps():
 
     TorchRows._fetch, schedule._next_group = timed_fetch, timed_pick
     try:
-        with gpu_branches(count_waits=False):
+        with gpu_branches(count_waits=False) if stand_in else nullcontext():
             yield gaps
     finally:
         TorchRows._fetch, schedule._next_group = fetch, pick
@@ -119,12 +120,13 @@ def host_gaps():
 AFTER_VERIFY = (" _verify", " observe")
 
 
-def _gap_ms(target, draft, prompt, config, repeat: int) -> tuple[float, float]:
+def gap_ms(target, draft, prompt, config, repeat: int,
+           stand_in: bool = True) -> tuple[float, float]:
     """(after the reads before the verify pass, after those after it): host ms a round, of
     the decode (of `repeat`) with the least in all."""
     best = (float("inf"), float("inf"))
     for _ in range(repeat):
-        with host_gaps() as gaps:
+        with host_gaps(stand_in) as gaps:
             rounds = len(generate(target, draft, prompt, config).rounds)
         after = sum(s for site, s in gaps.items() if site.endswith(AFTER_VERIFY))
         best = min(best, (1e3 * (sum(gaps.values()) - after) / rounds, 1e3 * after / rounds),
@@ -171,7 +173,7 @@ def main(argv=None) -> int:
             with counting_reads() as (reads, waits):
                 result = generate(target, used, PROMPT, config)
             rounds = len(result.rounds)
-            before, after = _gap_ms(target, used, PROMPT, config, args.repeat)
+            before, after = gap_ms(target, used, PROMPT, config, args.repeat)
             lines.append(f"| {kind if drafted else '-'} | {name} | {rounds} | "
                          f"{sum(reads.values()) / rounds:.1f} | "
                          f"{sum(waits.values()) / rounds:.1f} | {before:.2f} | {after:.2f} |")
