@@ -16,6 +16,9 @@ The script also times that host work (`host_gaps`: from each read's return to th
 read, without the counting above, best of `--repeat` decodes): selection, the verify tree's
 feed, the walk and the commits. The part after a round's mid-round reads is what a round read
 once (trees chosen on the device, as SGLang's EAGLE worker does) would take off a GPU's round.
+On the CPU the device work queued between a read and the next pass runs there and then, so it
+counts too (a draft-free decoder's top-k of the verify pass's rows, before its second read):
+the figures bound a GPU's host time from above, on this machine's CPU.
 
     python benchmarks/host_reads.py --out benchmarks/results/host_reads.md
 """
@@ -34,6 +37,7 @@ from contextlib import contextmanager, nullcontext
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))  # tiny_models, tiny_heads, rerankers
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from replayed_graphs import gpu_branches  # noqa: E402
 from report_out import emit  # noqa: E402
@@ -51,7 +55,6 @@ from targetrows.hf.model import HFModel  # noqa: E402
 from targetrows.hf.torch_rows import TorchRows  # noqa: E402
 
 PACKAGE = os.path.join("src", "targetrows")
-PROMPT = [5, 17, 42]
 
 
 def _ours(skip: str) -> str:
@@ -141,6 +144,9 @@ def main(argv=None) -> int:
     p.add_argument("--depth", type=int, default=PoolShape.depth)
     p.add_argument("--max-new-tokens", type=int, default=24)
     p.add_argument("--repeat", type=int, default=3, help="decodes timed per decoder (best)")
+    p.add_argument("--prompt-tokens", type=int, default=3,
+                   help="prompt length (random tokens past the first 3): host work that grows "
+                   "with the context shows")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     torch.manual_seed(0)
@@ -151,14 +157,17 @@ def main(argv=None) -> int:
               "eagle3": load_eagle3(save_tiny_head(os.path.join(folder, "head"), target_hf.config,
                                                    draft_vocab_size=100), target)}
     pool = PoolShape(args.top_k, args.depth)
+    rng = np.random.default_rng(0)
+    prompt = [5, 17, 42] + rng.integers(target.vocab_size, size=args.prompt_tokens - 3).tolist()
     lines = ["# Host reads per round (CPU count: a floor under a GPU's syncs)", "",
              f"- command: `python benchmarks/host_reads.py {' '.join(sys.argv[1:])}`",
              f"- tiny float32 Llama target (6 layers), budget {args.budget}, pool {pool.top_k} x "
-             f"{pool.depth}, {args.max_new_tokens} new tokens, T=0; torch {torch.__version__}",
+             f"{pool.depth}, {len(prompt)} prompt tokens, {args.max_new_tokens} new tokens, T=0; "
+             f"torch {torch.__version__}",
              f"- host ms: best of {args.repeat} decodes, on this machine's CPU ({os.cpu_count()}"
              " cores); what a GPU would idle while the host works after a read, before the "
              "verify pass (selection, the tree's feed) and after it (walk, commits, the next "
-             "round's first pass)",
+             "round's first pass); device work in between counts too (it runs on the CPU)",
              "", "| draft | decoder | rounds | reads per round | other waits per round | "
              "host ms before verify | host ms after verify |", "|---|---|---|---|---|---|---|"]
     sites, other = Counter(), Counter()
@@ -171,9 +180,9 @@ def main(argv=None) -> int:
                 continue  # draft-free: counted once, under standalone
             used = draft if drafted else None
             with counting_reads() as (reads, waits):
-                result = generate(target, used, PROMPT, config)
+                result = generate(target, used, prompt, config)
             rounds = len(result.rounds)
-            before, after = gap_ms(target, used, PROMPT, config, args.repeat)
+            before, after = gap_ms(target, used, prompt, config, args.repeat)
             lines.append(f"| {kind if drafted else '-'} | {name} | {rounds} | "
                          f"{sum(reads.values()) / rounds:.1f} | "
                          f"{sum(waits.values()) / rounds:.1f} | {before:.2f} | {after:.2f} |")

@@ -20,6 +20,16 @@ def test_exact_context_keys():
     assert len(store) == 2
 
 
+def test_a_context_is_the_same_key_as_a_list_an_array_or_numpy_ints():
+    store = RowStore()
+    store.put(np.array([5, 9, 2]), "row")
+    assert store.get([5, 9, 2]) == "row"
+    assert store.get([np.int64(5), np.int32(9), 2]) == "row"
+    assert store.get(np.array([5, 9], dtype=np.int32)) is None
+    store.put([5, 9], "shorter")
+    assert store.get(np.array([5, 9], dtype=np.int32)) == "shorter" and len(store) == 2
+
+
 def test_bound_keeps_newest():
     store = RowStore(max_rows=2)
     for i in range(4):

@@ -25,7 +25,9 @@ class RowStore:
 
     @staticmethod
     def _key(context: Sequence[int]) -> tuple[int, ...]:
-        return tuple(int(t) for t in context)
+        # every round looks rows up by the whole context: a tuple made in C (a NumPy int
+        # hashes and compares as the int it holds), not one int() per token
+        return tuple(context.tolist() if isinstance(context, np.ndarray) else context)
 
     def put(self, context: Sequence[int], row: Any) -> None:
         key = self._key(context)

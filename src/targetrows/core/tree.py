@@ -188,16 +188,21 @@ def merge_trees(trees: Sequence[Tree]) -> tuple[Tree, list[np.ndarray]]:
 def ancestor_rows(parents: np.ndarray) -> np.ndarray:
     """[n, n] ``mask[i, j]``: j is i or an ancestor of i, in a tree of topological `parents`.
     Rows are filled a run of nodes at a time whose parents all come before the run: one step
-    per level of a pool, which is numbered level by level."""
+    per level of a pool (numbered level by level), one per node of a chain."""
     n = len(parents)
     out = np.zeros((n, n), dtype=bool)
-    out[0, 0], start = True, 1
-    while start < n:
-        later = np.flatnonzero(parents[start + 1:] >= start)  # a parent inside the run
-        end = start + 1 + (int(later[0]) if len(later) else n - start - 1)
-        run = np.arange(start, end)
-        out[run] = out[parents[run]]
-        out[run, run] = True
+    out[0, 0] = True
+    up, start = parents.tolist(), 1
+    for end in range(2, n + 1):
+        if end < n and up[end] < start:
+            continue  # node `end` joins the run: its parent's row is final
+        if end - start == 1:  # a run of one node (a chain's): plain row operations
+            out[start] = out[up[start]]
+            out[start, start] = True
+        else:
+            run = np.arange(start, end)
+            out[run] = out[parents[run]]
+            out[run, run] = True
         start = end
     return out
 
