@@ -33,7 +33,7 @@ class Feed:
     positions: np.ndarray  # their sequence positions
     keep: np.ndarray  # the pass's row of each requested node
     # a level of a pool grown on the device (`targetrows.hf.device_pool`): `ids` is a tensor
-    # there, and this is what `region` says, made there too
+    # there, and this is what `region` would say (`HFModel._region` reads it), made there too
     seen: torch.Tensor | None = None
 
 
@@ -62,9 +62,7 @@ def region(feed: Feed, slot: np.ndarray, anc: np.ndarray) -> np.ndarray:
     """Which cache entries from `feed.start` on each fed token sees [q, base + q - start]
     (everything before is committed prefix, which every query sees). Tail rows: causal. Tree
     rows: the tail and the entries of the node and its ancestors (the root's is in the prefix
-    when it was committed)."""
-    if feed.seen is not None:
-        return feed.seen
+    when it was committed). A feed that brings its own (`Feed.seen`) is not planned here."""
     start, base, m, query = feed.start, feed.base, len(feed.tail), feed.query
     q = m + len(query)
     out = np.zeros((q, base + q - start), dtype=bool)

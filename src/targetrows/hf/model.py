@@ -257,6 +257,8 @@ class HFModel(TorchRows):
 
     def _region(self, feed: Feed) -> np.ndarray:
         """What each token `feed` feeds sees past the prefix (`targetrows.hf.feed.region`)."""
+        if feed.seen is not None:  # a level of a pool grown on the device: made there
+            return feed.seen
         return region(feed, self._slot, self._tree.ancestor_mask())
 
     def _tree_mask(self, feed: Feed) -> torch.Tensor | None:
