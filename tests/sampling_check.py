@@ -1,6 +1,8 @@
 """The temperature-1 losslessness check shared by the Hugging Face and EAGLE-3 tests: each
 decoder's first three tokens, over many seeds, follow the target's own distribution (a
-chi-square test against the exact probabilities from the target's forward passes)."""
+chi-square test against the exact probabilities from the target's forward passes). The seeds
+are decoded in batches (`BATCH` sequences a pass, each with its own seed): lossless at every
+batch size, and about twice as fast as one at a time on these tiny models."""
 
 import itertools
 
@@ -9,7 +11,9 @@ import torch
 from rerankers import decode_config
 
 from targetrows.core.pool import PoolShape
-from targetrows.decoding.loop import generate
+from targetrows.decoding.batch import generate_batch
+
+BATCH = 10
 
 
 def assert_first_tokens_follow_the_target(target_hf, target, draft, decoders, prompt,
@@ -27,10 +31,10 @@ def assert_first_tokens_follow_the_target(target_hf, target, draft, decoders, pr
     big = expected >= 5  # the rare sequences are pooled into one cell
     for decoder in decoders:
         counts = {}
-        for seed in range(samples):
-            cfg = decode_config(decoder, budget=4, temperature=1.0, max_new_tokens=3, seed=seed,
-                               pool=PoolShape(top_k=2, depth=2))
-            out = tuple(generate(target, draft, prompt, cfg).tokens)
+        configs = [decode_config(decoder, budget=4, temperature=1.0, max_new_tokens=3, seed=seed,
+                                 pool=PoolShape(top_k=2, depth=2)) for seed in range(samples)]
+        for result in generate_batch(target, draft, [prompt] * samples, configs, BATCH):
+            out = tuple(result.tokens)
             counts[out] = counts.get(out, 0) + 1
         observed = np.array([counts.get(s, 0) for s in seqs])
         obs = np.append(observed[big], observed[~big].sum())
