@@ -217,15 +217,15 @@ def _check(tokens: np.ndarray, parents: np.ndarray) -> None:
         )
     if parents[0] != -1:
         raise ValueError(f"node 0 is the root: parents[0] must be -1, got {parents[0]}")
-    if np.any(tokens < 0):
+    # one test for each kind of fault (a tree is built every round); the node is found after
+    if tokens.min() < 0:
         raise ValueError(f"node {int(np.flatnonzero(tokens < 0)[0])} has a negative token id")
-    if np.any(tokens >= 2**32):  # no vocabulary comes near; `_key` relies on it
+    if tokens.max() >= 2**32:  # no vocabulary comes near; `_key` relies on it
         raise ValueError(f"node {int(np.flatnonzero(tokens >= 2**32)[0])} has a token id past "
                          "2**32")
-    idx = np.arange(len(parents))
-    bad = np.flatnonzero((parents[1:] < 0) | (parents[1:] >= idx[1:])) + 1
-    if len(bad):
-        i = int(bad[0])
+    below = parents[1:] - np.arange(1, len(parents))  # < 0 where a parent comes before its node
+    if len(below) and (parents[1:].min() < 0 or below.max() >= 0):
+        i = int(np.flatnonzero((parents[1:] < 0) | (below >= 0))[0]) + 1
         raise ValueError(
             f"node {i} has parent {parents[i]}: parents must satisfy 0 <= parents[i] < i "
             "(node indices are topological, which also rules out cycles)"
