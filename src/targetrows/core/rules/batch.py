@@ -71,14 +71,8 @@ class PoolBatch:
     def first(self) -> np.ndarray:
         """[P, N] each node's first-level ancestor: itself at depth 1, 0 for the root; a padded
         node counts as its own (it hangs off the root)."""
-        anc = np.broadcast_to(np.arange(self.shape[1]), self.shape).copy()
-        par = np.maximum(self.parents, 0)
-        while True:  # one vectorised step per level
-            up = np.take_along_axis(par, anc, 1)
-            move = up > 0
-            if not move.any():
-                return anc
-            anc = np.where(move, up, anc)
+        own = np.broadcast_to(np.arange(self.shape[1]), self.shape).copy()
+        return from_parents(self, own, lambda up: up, self.parents > 0)
 
     @cached_property
     def depth(self) -> np.ndarray:
