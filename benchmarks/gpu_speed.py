@@ -172,12 +172,13 @@ def syncs(device: str, smoke: bool) -> dict:
             if kind == "eagle3" and decoder == "ar":
                 continue
             cfg = decode_config(decoder, budget=8, max_new_tokens=n_new, pool=PoolShape(4, 4))
-            generate(target, draft if decoder != "ar" else None, [5, 17, 42], cfg)  # warm-up
+            used = draft if decoder != "ar" else None
+            generate(target, used, [5, 17, 42], cfg)  # warm-up
             with counting_syncs() as count:
-                result = generate(target, draft if decoder != "ar" else None, [5, 17, 42], cfg)
+                result = generate(target, used, [5, 17, 42], cfg)
             paper = decode_config(decoder, budget=59, max_new_tokens=n_new, pool=PoolShape())
-            before, after = gap_ms(target, draft if decoder != "ar" else None, [5, 17, 42],
-                                   paper, repeat=1 if smoke else 3, stand_in=False)
+            before, after = gap_ms(target, used, [5, 17, 42], paper, repeat=1 if smoke else 3,
+                                   stand_in=False)
             rows.append({"draft": kind, "decoder": decoder, "rounds": len(result.rounds),
                          "syncs": count.total, "per_round": count.per(len(result.rounds)),
                          "counted": count.counted, "host_ms_before": before,
