@@ -39,7 +39,12 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests"))  # tiny_models, tiny_heads
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from replayed_graphs import gpu_branches  # noqa: E402
+from replayed_graphs import (  # noqa: E402
+    REPLAY,
+    counting_launches,
+    gpu_branches,
+    replayed_in_place,
+)
 from report_out import emit  # noqa: E402
 from rerankers import decode_config  # noqa: E402
 from tiny_heads import save_tiny_head  # noqa: E402
@@ -49,9 +54,12 @@ from targetrows.core.pool import PoolShape  # noqa: E402
 from targetrows.decoding import schedule  # noqa: E402
 from targetrows.decoding.budget import DEFAULT_BUDGET  # noqa: E402
 from targetrows.decoding.loop import generate  # noqa: E402
-from targetrows.decoding.registry import decoder_names  # noqa: E402
+from targetrows.decoding.registry import decoder_names, pass_widths  # noqa: E402
 from targetrows.hf.eagle3_checkpoint import load_eagle3  # noqa: E402
+from targetrows.hf.graphs import BUCKETS, StaticShape  # noqa: E402
 from targetrows.hf.model import HFModel  # noqa: E402
+from targetrows.hf.static_head import use_static_head  # noqa: E402
+from targetrows.hf.static_pass import use_static  # noqa: E402
 from targetrows.hf.torch_rows import TorchRows  # noqa: E402
 
 PACKAGE = os.path.join("src", "targetrows")
@@ -137,6 +145,31 @@ def gap_ms(target, draft, prompt, config, repeat: int,
     return best
 
 
+def launches(target, draft, prompt, config) -> Counter:
+    """What a GPU would launch one by one in a decode on graphs (`counting_launches`), after a
+    decode that captures every pass it runs."""
+    with replayed_in_place(), gpu_branches(count_waits=False):
+        generate(target, draft, prompt, config)
+        with counting_launches() as counts:
+            rounds = len(generate(target, draft, prompt, config).rounds)
+    counts["rounds"] = rounds
+    return counts
+
+
+def on_graphs(models: dict, head_folder: str, shape: StaticShape) -> dict:
+    """Twins of the script's target and drafts over the same weights, on static passes with
+    graphs (`--graphs on`), keyed as `models` is."""
+    twins = {}
+    for key, model in models.items():
+        if key == "eagle3":
+            continue
+        twins[key] = HFModel(model.model, vocab_size=model.vocab_size, name=f"{model.name} (graphs)")
+        use_static(twins[key], shape)
+    twins["eagle3"] = load_eagle3(head_folder, twins["target"])
+    use_static_head(twins["eagle3"], shape)
+    return twins
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--budget", type=int, default=DEFAULT_BUDGET)
@@ -153,10 +186,13 @@ def main(argv=None) -> int:
     target_hf = tiny_model("llama", seed=0, n_layers=6)
     target = HFModel(target_hf, name="target")
     folder = tempfile.mkdtemp()
+    head = save_tiny_head(os.path.join(folder, "head"), target_hf.config, draft_vocab_size=100)
     drafts = {"standalone": HFModel(tiny_model("llama", seed=1, n_layers=1), name="draft"),
-              "eagle3": load_eagle3(save_tiny_head(os.path.join(folder, "head"), target_hf.config,
-                                                   draft_vocab_size=100), target)}
+              "eagle3": load_eagle3(head, target)}
     pool = PoolShape(args.top_k, args.depth)
+    widths = pass_widths(decoder_names(), pool, [args.budget])
+    graphs = on_graphs({"target": target, **drafts}, head, StaticShape(
+        capacity=512, buckets=tuple(sorted({*BUCKETS, *widths})), graphs=True))
     rng = np.random.default_rng(0)
     prompt = [5, 17, 42] + rng.integers(target.vocab_size, size=args.prompt_tokens - 3).tolist()
     lines = ["# Host reads per round (CPU count: a floor under a GPU's syncs)", "",
@@ -168,9 +204,13 @@ def main(argv=None) -> int:
              " cores); what a GPU would idle while the host works after a read, before the "
              "verify pass (selection, the tree's feed) and after it (walk, commits, the next "
              "round's first pass); device work in between counts too (it runs on the CPU)",
+             "- launches per round: on `--graphs`, what a GPU would launch one by one: graph "
+             "replays, and other device operations (a CPU count of the operations that run a "
+             "kernel outside captured passes)",
              "", "| draft | decoder | rounds | reads per round | other waits per round | "
-             "host ms before verify | host ms after verify |", "|---|---|---|---|---|---|---|"]
-    sites, other = Counter(), Counter()
+             "host ms before verify | host ms after verify | graph replays per round | "
+             "other launches per round |", "|---|---|---|---|---|---|---|---|---|"]
+    sites, other, launched = Counter(), Counter(), Counter()
     for kind, draft in drafts.items():
         for name in decoder_names():
             config = decode_config(name, budget=args.budget, max_new_tokens=args.max_new_tokens,
@@ -183,17 +223,25 @@ def main(argv=None) -> int:
                 result = generate(target, used, prompt, config)
             rounds = len(result.rounds)
             before, after = gap_ms(target, used, prompt, config, args.repeat)
+            ops = launches(graphs["target"], graphs[kind] if drafted else None, prompt, config)
+            per_round = ops.pop("rounds")
+            replays = ops.pop(REPLAY, 0)
             lines.append(f"| {kind if drafted else '-'} | {name} | {rounds} | "
                          f"{sum(reads.values()) / rounds:.1f} | "
-                         f"{sum(waits.values()) / rounds:.1f} | {before:.2f} | {after:.2f} |")
+                         f"{sum(waits.values()) / rounds:.1f} | {before:.2f} | {after:.2f} | "
+                         f"{replays / per_round:.1f} | {sum(ops.values()) / per_round:.0f} |")
             sites.update(reads)
             other.update(waits)
+            launched.update(ops)
     lines += ["", "Where the reads come from (all runs above):", "", "| reads | line |",
               "|---|---|"]
     lines += [f"| {n} | `{site}` |" for site, n in sites.most_common(12)]
     if other:
         lines += ["", "Other waits (all runs above):", "", "| waits | line |", "|---|---|"]
         lines += [f"| {n} | `{site}` |" for site, n in other.most_common(12)]
+    lines += ["", "Where the other launches come from (all runs above):", "",
+              "| launches | line |", "|---|---|"]
+    lines += [f"| {n} | `{site}` |" for site, n in launched.most_common(12)]
     emit("\n".join(lines) + "\n", args.out)
     return 0
 

@@ -18,7 +18,9 @@ capture's. Outputs are written where the capture put them, as a graph writes the
 
 `replay_in_place(monkeypatch)` makes `BucketGraphs` capture this way (graphs=True on the CPU).
 `gpu_branches()` runs the code's GPU branches on the CPU and counts, the same way, the
-operations outside captured passes that would make a GPU's host wait.
+operations outside captured passes that would make a GPU's host wait. `counting_launches()`
+counts the operations a GPU would launch one by one: those outside the captured passes, and
+one per replay.
 """
 
 from __future__ import annotations
@@ -122,12 +124,26 @@ class ReplayedPass:
     """One captured (stream, bucket): the capture's record and outputs; `replay` re-runs the
     pass, checks it ran what was captured, and writes its outputs over the capture's."""
 
+    inside = 0  # captures and replays running now: their operations are the graph's
+
     def __init__(self, graphs, inputs):
         self.graphs, self.inputs = graphs, inputs
-        inputs.out, self.ops = _recorded(graphs._compute, inputs)
+        ReplayedPass.inside += 1
+        try:
+            inputs.out, self.ops = _recorded(graphs._compute, inputs)
+        finally:
+            ReplayedPass.inside -= 1
         self.replays = 0
 
     def replay(self):
+        ReplayedPass.inside += 1  # what a replay runs, its outputs' copies too, is the graph's
+        try:
+            self._replay()
+        finally:
+            ReplayedPass.inside -= 1
+        _Launches.replayed()
+
+    def _replay(self):
         out, ops = _recorded(self.graphs._compute, self.inputs)
         self.replays += 1
         if ops != self.ops:
@@ -141,15 +157,29 @@ class ReplayedPass:
         _copy_into(self.inputs.out, out)
 
 
+def _capture(graphs, inputs, stream) -> None:
+    inputs.graph = ReplayedPass(graphs, inputs)
+    graphs.stats.captured += 1
+
+
 def replay_in_place(monkeypatch) -> None:
     """Graphs 'captured' as `ReplayedPass`es (graphs=True runs on the CPU)."""
     from targetrows.hf.graphs import BucketGraphs
 
-    def capture(self, inputs, stream):
-        inputs.graph = ReplayedPass(self, inputs)
-        self.stats.captured += 1
+    monkeypatch.setattr(BucketGraphs, "_capture", _capture)
 
-    monkeypatch.setattr(BucketGraphs, "_capture", capture)
+
+@contextmanager
+def replayed_in_place():
+    """`replay_in_place` inside the block (for a script, which has no monkeypatch)."""
+    from targetrows.hf.graphs import BucketGraphs
+
+    saved = BucketGraphs._capture
+    BucketGraphs._capture = _capture
+    try:
+        yield
+    finally:
+        BucketGraphs._capture = saved
 
 
 class _Waits(TorchDispatchMode):
@@ -169,6 +199,51 @@ class _Waits(TorchDispatchMode):
                 where = ours.filename.split("/targetrows/")[-1]
                 self.counts[f"{where}:{ours.lineno} {ours.name}"] += 1
         return func(*args, **(kwargs or {}))
+
+
+REPLAY = "graph replay"  # `counting_launches`' key for the replays of captured passes
+# operations that launch no kernel: views, allocations without a fill, autograd bookkeeping
+_NO_KERNEL = {"empty", "empty_strided", "empty_like", "detach", "alias", "lift_fresh", "set_"}
+
+
+class _Launches(TorchDispatchMode):
+    """Counts the operations a GPU launches one by one, by the innermost line of our package
+    that ran them: each operation outside a captured pass that runs a kernel (a copy in
+    from the host among them), and one per replay (under `REPLAY`)."""
+
+    active: list[Counter] = []
+
+    def __init__(self, counts: Counter):
+        super().__init__()
+        self.counts = counts
+
+    @classmethod
+    def replayed(cls) -> None:
+        for counts in cls.active:
+            counts[REPLAY] += 1
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if not ReplayedPass.inside and not func.is_view and name not in _NO_KERNEL:
+            ours = [f for f in traceback.extract_stack() if "/targetrows/" in f.filename]
+            where = "not ours" if not ours else (
+                f"{ours[-1].filename.split('/targetrows/')[-1]}:{ours[-1].lineno} {ours[-1].name}")
+            self.counts[where] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@contextmanager
+def counting_launches():
+    """Inside the block, counts what a GPU would launch one by one (`_Launches`): yields a
+    Counter by line, the replays of captured passes under `REPLAY`. A CPU count:
+    an operation here may be a few kernels there, and a fused one fewer."""
+    counts: Counter = Counter()
+    _Launches.active.append(counts)
+    try:
+        with _Launches(counts):
+            yield counts
+    finally:
+        _Launches.active.remove(counts)
 
 
 def _sorted_topk(logits, k):

@@ -519,17 +519,20 @@ def test_host_reads_a_round_stay_within_the_gpu_goal(tmp_path, monkeypatch):
     and the target's rows at the pool's first level where a rule reads them; the verify
     pass's draws) for every decoder but first-token redrafting (its pool under t0 when t0
     misses its guesses) and the draft-free ones (the top-k of the verify pass's rows; the
-    prompt's rows in the first round)."""
+    prompt's rows in the first round). On graphs (stood in), every pass of `ar` is a replay."""
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
     out = tmp_path / "reads.md"
     assert _benchmark("host_reads").main(["--max-new-tokens", "8", "--budget", "8", "--top-k",
                                           "4", "--depth", "4", "--repeat", "1",
                                           "--out", str(out)]) == 0
     rows = [line.split("|")[1:-1] for line in out.read_text().splitlines()
-            if line.startswith("| ") and line.count("|") == 8 and "decoder" not in line]
+            if line.startswith("| ") and line.count("|") == 10 and "decoder" not in line]
     assert len(rows) == 19
     three = ("fts_redraft", "racer", "recycle")
-    for draft, decoder, _, reads, waits, before, after in rows:
+    for draft, decoder, _, reads, waits, before, after, replays, launches in rows:
+        assert float(replays) >= 1 and int(launches) > 0, (draft, decoder, replays, launches)
+        if decoder.strip() == "ar":
+            assert float(replays) == 1, replays
         assert float(reads) <= (3 if decoder.strip() in three else 2), (draft, decoder, reads)
         assert float(waits) == 0, (draft, decoder, waits)
         # host time after reads: after the verify read (the walk, the commits) in every round,
