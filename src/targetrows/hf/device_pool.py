@@ -34,6 +34,7 @@ fed nodes as the backend's tree afterwards.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -45,6 +46,9 @@ from targetrows.core.tree import Tree
 
 from . import torch_rows
 from .torch_rows import host_to_device
+
+# a live node's lowest key: a node whose log-prob is -inf still comes before every dead one
+LOWEST = torch.finfo(torch.float64).min
 
 
 @torch.inference_mode()
@@ -97,30 +101,44 @@ def grow_on_device(model, context, tokens: list[int], parents: list[int], logq: 
                      kept=torch.ones((n_roots, 1), dtype=torch.bool, device=device),
                      tokens=tok.reshape(n_roots, 1, first_k),
                      logq=children.reshape(n_roots, 1, first_k))]
+    pool_key = None  # with a budget: the keys of every level so far, flat (`_rank`)
+    own = {}  # [n, n] identity: each fed node sees its own entry (made once per width)
     for level in range(1, depth + (1 if guesses else 0)):
         last = levels[-1]
-        last_k = last.tokens.shape[2]
-        width = last.tokens.shape[1] * last_k  # each root's last level
+        n_front, last_k = last.tokens.shape[1:]
+        width = n_front * last_k  # each root's last level
         flat_logq = last.logq.reshape(n_roots, width)
-        alive = last.kept.repeat_interleave(last_k, dim=1)
-        order = torch.sort(-flat_logq, dim=1, stable=True).indices  # ties: lower index
-        order = order.gather(1, torch.sort((~alive).gather(1, order).to(torch.int8), dim=1,
-                                           stable=True).indices)  # dead ones last
-        select = order[:, : min(k, width)]
-        kept = alive.gather(1, select)
-        if budget is not None:
-            kept &= _rank(levels, select) < budget - 1
+        if budget is None:  # nothing dies: every node is live, and its key its logq
+            key = flat_logq
+        else:  # the live ones first: a dead node's key is below every live one's
+            alive = last.kept[:, :, None].expand(-1, -1, last_k).reshape(n_roots, width)
+            key = torch.where(alive, flat_logq.clamp(min=LOWEST), -math.inf)
+            pool_key = key[0] if pool_key is None else torch.cat([pool_key, key[0]])
+        # ties to the lower index: a stable sort
+        select = torch.sort(key, dim=1, descending=True, stable=True).indices[:, : min(k, width)]
+        if budget is None:
+            kept = torch.ones_like(select, dtype=torch.bool)
+        else:
+            at = select[0] + (len(pool_key) - width)  # places in the whole pool
+            kept = alive.gather(1, select) & (_rank(pool_key, at) < budget - 1)
             if torch_rows.reads_are_free(device) and not bool(kept.any()):
                 break  # where `grow` stops, not a pass later
         n = select.numel()
-        parent = (select // last_k + torch.arange(n_roots, device=device)[:, None]
-                  * last.tokens.shape[1]).reshape(-1)  # rows of the last fed level
+        parent = select.reshape(-1) // last_k  # rows of the last fed level
+        if n_roots > 1:
+            parent = parent + torch.arange(n_roots, device=device).repeat_interleave(
+                select.shape[1]) * n_front
         ids = last.tokens.reshape(n_roots, width).gather(1, select).reshape(-1)
         cache_len = model._pool_entries()
-        seen = torch.zeros((n, cache_len + n), dtype=torch.bool, device=rows.device)
-        # the parent's entries, the parent's own too (rows live where the model's inputs do)
-        seen[:, : rows.shape[1]] = rows[parent.to(rows.device)]
-        seen[:, cache_len:] = torch.eye(n, dtype=torch.bool, device=rows.device)  # its own
+        if n not in own:
+            own[n] = torch.eye(n, dtype=torch.bool, device=rows.device)
+        # the parent's entries, the parent's own too (rows live where the model's inputs do),
+        # then its own: `rows` sees the cache as it was before the last level was fed, and
+        # that level's entries
+        seen = [rows[parent.to(rows.device)], own[n]]
+        if rows.shape[1] < cache_len:  # entries fed since, which no node of the pool sees
+            seen.insert(1, rows.new_zeros((n, cache_len - rows.shape[1])))
+        seen = torch.cat(seen, dim=1)
         step_positions = np.repeat(positions + level, select.shape[1])
         out = yield from model._pool_feed(out, parent, ids, step_positions, seen)
         rows = seen
@@ -182,17 +200,12 @@ class _Level:
         self.first_slot, self.out = first_slot, out
 
 
-def _rank(levels: list[_Level], select: torch.Tensor) -> torch.Tensor:
-    """Each selected node's place among the pool's live nodes in draft_rank's order (cumulative
-    log-prob, ties to the lower pool index): one root, `select` [1, F] in the last level."""
-    logq = torch.cat([lv.logq.reshape(-1) for lv in levels])
-    alive = torch.cat([lv.kept.repeat_interleave(lv.tokens.shape[2], dim=1).reshape(-1)
-                       for lv in levels])
-    at = select[0] + (len(logq) - levels[-1].logq.numel())  # places in the whole pool
-    mine = logq[at][:, None]
-    index = torch.arange(len(logq), device=logq.device)
-    above = (logq[None] > mine) | ((logq[None] == mine) & (index[None] < at[:, None]))
-    return (above & alive[None]).sum(dim=1)[None]
+def _rank(pool_key: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+    """The place of each node at `at` among the pool's live nodes in draft_rank's order
+    (cumulative log-prob, ties to the lower pool index): its place in a stable sort of the
+    pool's keys, where every dead node comes after the live ones."""
+    order = torch.sort(pool_key, descending=True, stable=True).indices
+    return order.argsort()[at]
 
 
 def _read_into(levels: list[_Level], host: list[np.ndarray], roots: np.ndarray,
