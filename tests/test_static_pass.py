@@ -156,21 +156,22 @@ def test_the_graph_stand_in_fails_where_a_cuda_graph_would(monkeypatch):
     """The CPU stand-in for graphs (tests/replayed_graphs.py) replays a pass that reads only
     its buffers, and raises on what a CUDA graph would refuse to capture (a host wait, a
     boolean index) or would replay wrongly (a Python value, a tensor made anew per pass)."""
-    from targetrows.hf.graphs import BucketGraphs
+    from targetrows.hf.graphs import BucketGraphs, HostInputs
 
     replay_in_place(monkeypatch)
     state = {"offset": 0.0, "made": [torch.zeros(4)]}
 
     class Buffers:
         def __init__(self):
-            self.x = torch.zeros(4)
+            self.host = HostInputs(torch.device("cpu"), x=((4,), np.float32))
+            self.x = self.host.x
 
     def run(compute):
         graphs = BucketGraphs(torch.device("cpu"), True, lambda width: Buffers(), compute)
         outs = []
         for i in range(3):
             inputs = graphs.inputs(4)
-            graphs.fill(inputs.x, np.full(4, float(i)))
+            inputs.host.send(x=np.full(4, float(i)))
             outs.append(graphs.run(inputs, 4, True).clone())
             state["offset"] += 1
             state["made"].append(torch.full((4,), state["offset"]))  # each kept: a new address
@@ -185,6 +186,30 @@ def test_the_graph_stand_in_fails_where_a_cuda_graph_would(monkeypatch):
     for frozen in (lambda b: b.x + state["offset"], lambda b: b.x + state["made"][-1]):
         with pytest.raises(CaptureError, match="differs from its capture"):
             run(frozen)
+
+
+def test_host_inputs_go_over_in_one_copy_to_fixed_addresses():
+    """A pass's host-filled inputs are views of one buffer, each at a fixed address and
+    aligned for its dtype, and one send copies every one in (the buffer's last bytes too)."""
+    from targetrows.hf.graphs import HostInputs
+
+    inputs = HostInputs(torch.device("cpu"), allowed=((2, 3, 5), np.bool_),
+                        ids=((2, 3), np.int64), scale=((7,), np.float32))
+    where = [inputs.allowed.data_ptr(), inputs.ids.data_ptr(), inputs.scale.data_ptr()]
+    assert len({t.untyped_storage().data_ptr() for t in (inputs.allowed, inputs.ids,
+                                                            inputs.scale)}) == 1
+    assert all(t.data_ptr() % t.element_size() == 0 for t in (inputs.ids, inputs.scale))
+    rng = np.random.default_rng(0)
+    for _ in range(2):
+        sent = dict(allowed=rng.random((2, 3, 5)) < 0.5,
+                    ids=rng.integers(-2**40, 2**40, size=(2, 3)),
+                    scale=rng.standard_normal(7).astype(np.float32))
+        inputs.send(**sent)
+        assert [inputs.allowed.data_ptr(), inputs.ids.data_ptr(),
+                inputs.scale.data_ptr()] == where
+        assert inputs.ids.dtype == torch.int64 and inputs.allowed.dtype == torch.bool
+        for name, value in sent.items():
+            np.testing.assert_array_equal(getattr(inputs, name).numpy(), value)
 
 
 def test_lanes_asked_for_again_replay_their_graphs_and_retire_the_earlier_ones(llama,

@@ -24,7 +24,6 @@ import numpy as np
 import torch
 
 from .streams import device_module
-from .torch_rows import pinned
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 DEFAULT_CAPACITY = 4096  # entries per sequence: prompt, answer and one round's tree
@@ -112,6 +111,38 @@ class PaddedSlots:
         return self.allowed[row, :n]
 
 
+class HostInputs:
+    """The inputs of a pass that the host fills (ids, positions, write slots, the mask), as
+    views of one device buffer, so that they go over in one copy without waiting: on a GPU one
+    launch a pass, where a copy per input would be four. `fields`: name -> (shape, NumPy
+    dtype); each is an attribute, a tensor at a fixed address that a graph can read."""
+
+    def __init__(self, device: torch.device, **fields: tuple[tuple[int, ...], type]):
+        self.device = torch.device(device)
+        self._layout, size = {}, 0
+        for name, (shape, dtype) in fields.items():
+            size = -(-size // 8) * 8  # each view starts 8-byte aligned
+            dtype = np.dtype(dtype)
+            self._layout[name] = (size, tuple(shape), dtype)
+            size += int(np.prod(shape)) * dtype.itemsize
+        self._bytes = torch.zeros(size, dtype=torch.uint8, device=self.device)
+        for name, (at, shape, dtype) in self._layout.items():
+            like = torch.from_numpy(np.zeros(0, dtype)).dtype
+            part = self._bytes[at: at + int(np.prod(shape)) * dtype.itemsize]
+            setattr(self, name, part.view(like).view(shape))
+
+    def send(self, **arrays: np.ndarray) -> None:
+        """Copy in one host array per field, each of the field's shape: through one block of
+        host memory (pinned on a GPU, whose allocator keeps it until the copy has run)."""
+        block = torch.empty(len(self._bytes), dtype=torch.uint8,
+                            pin_memory=self.device.type == "cuda")
+        host = block.numpy()
+        for name, (at, shape, dtype) in self._layout.items():
+            host[at: at + int(np.prod(shape)) * dtype.itemsize].view(dtype).reshape(shape)[
+                ...] = arrays[name]
+        self._bytes.copy_(block, non_blocking=True)
+
+
 class BucketGraphs:
     """Input buffers and CUDA graphs per (stream, width) of one group of static passes.
     `make_inputs(width)` makes an object with the buffers a pass reads, and the `out` and
@@ -133,10 +164,6 @@ class BucketGraphs:
             inputs.out, inputs.graph = None, None
             self._inputs[key] = inputs
         return self._inputs[key]
-
-    def fill(self, buffer: torch.Tensor, host: np.ndarray) -> None:
-        """Copy a host array into an input buffer without waiting (from pinned memory)."""
-        buffer.copy_(pinned(host, self.device), non_blocking=True)
 
     def run(self, inputs, width: int, bucketed: bool):
         """The pass the buffers hold: replayed where graphs are on and `width` is a bucket,

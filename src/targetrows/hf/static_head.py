@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .graphs import BucketGraphs, GroupPerCount, PaddedSlots, StaticShape
+from .graphs import BucketGraphs, GroupPerCount, HostInputs, PaddedSlots, StaticShape
 
 
 class _Inputs:
@@ -28,9 +28,10 @@ class _Inputs:
     def __init__(self, rows: int, width: int, capacity: int, hidden: int, dtype, device):
         self.h = torch.zeros((rows, width, hidden), dtype=dtype, device=device)
         self.embeds = torch.zeros_like(self.h)
-        self.positions = torch.zeros((rows, width), dtype=torch.int64, device=device)
-        self.at = torch.zeros((rows, width), dtype=torch.int64, device=device)
-        self.allowed = torch.zeros((rows, width, capacity + 1), dtype=torch.bool, device=device)
+        self.host = HostInputs(device, positions=((rows, width), np.int64),
+                               at=((rows, width), np.int64),
+                               allowed=((rows, width, capacity + 1), np.bool_))
+        self.positions, self.at, self.allowed = self.host.positions, self.host.at, self.host.allowed
         self.lanes = torch.arange(rows, device=device)
 
 
@@ -74,9 +75,7 @@ class StaticHeadSteps:
             else:
                 on_gpu.append((r, n, s, allowed))
         inputs = self.graphs.inputs(width)
-        for buffer, host in ((inputs.positions, positions), (inputs.at, slots.at),
-                             (inputs.allowed, slots.allowed)):
-            self.graphs.fill(buffer, host)
+        inputs.host.send(positions=positions, at=slots.at, allowed=slots.allowed)
         for r, n, s, allowed in on_gpu:
             inputs.allowed[r, :n, : s + n] = allowed
         for (lane, h, embeds, _, _), n in zip(items, q, strict=True):

@@ -55,6 +55,7 @@ from .graphs import (
     BucketGraphs,
     CapacityError,
     GroupPerCount,
+    HostInputs,
     PaddedSlots,
     StaticShape,
 )
@@ -93,11 +94,11 @@ class _Inputs:
     """One width's input buffers (`BucketGraphs`)."""
 
     def __init__(self, rows: int, width: int, capacity: int, device: torch.device):
-        def new(*shape, dtype=torch.int64):
-            return torch.zeros(shape, dtype=dtype, device=device)
-
-        self.ids, self.positions, self.at = new(rows, width), new(rows, width), new(rows, width)
-        self.allowed = new(rows, width, capacity + 1, dtype=torch.bool)
+        self.host = HostInputs(device, ids=((rows, width), np.int64),
+                               positions=((rows, width), np.int64), at=((rows, width), np.int64),
+                               allowed=((rows, width, capacity + 1), np.bool_))
+        h = self.host
+        self.ids, self.positions, self.at, self.allowed = h.ids, h.positions, h.at, h.allowed
         self.lanes = torch.arange(rows, device=device)
         self.keep = torch.arange(width, device=device)
 
@@ -164,9 +165,7 @@ class StaticPasses(BatchedPasses):
             else:
                 on_gpu.append((r, n, feed, region))
         inputs = self.graphs.inputs(width)
-        for buffer, host in ((inputs.ids, ids), (inputs.positions, positions),
-                             (inputs.at, slots.at), (inputs.allowed, slots.allowed)):
-            self.graphs.fill(buffer, host)
+        inputs.host.send(ids=ids, positions=positions, at=slots.at, allowed=slots.allowed)
         for r, n, feed, region in on_gpu:
             inputs.ids[r, :n] = feed.ids
             inputs.allowed[r, :n, feed.start : feed.base + n] = region
