@@ -45,16 +45,18 @@ def weights(tmp_path_factory):
     return target_hf, noisy_copy(target_hf, 0.05, seed=2), str(folder)
 
 
-def _pair(weights, kind: str, static: bool = False):
-    """(target, draft): a standalone draft or an EAGLE-3 head, static or eager."""
+def _pair(weights, kind: str, static: bool = False, graphs: bool = False):
+    """(target, draft): a standalone draft or an EAGLE-3 head, static (on graphs: replayed by
+    the CPU stand-in, which the caller sets up) or eager."""
     from targetrows.hf.static_head import use_static_head
 
     target_hf, draft_hf, folder = weights
     target = HFModel(target_hf, name="t")
     draft = load_eagle3(folder, target) if kind == "eagle3" else HFModel(draft_hf, name="d")
     if static:
-        use_static(target, StaticShape(capacity=128))
-        (use_static_head if kind == "eagle3" else use_static)(draft, StaticShape(capacity=128))
+        shape = StaticShape(capacity=128, graphs=graphs)
+        use_static(target, shape)
+        (use_static_head if kind == "eagle3" else use_static)(draft, shape)
     return target, draft
 
 
@@ -89,10 +91,15 @@ def _same_pool(got, want) -> None:
     np.testing.assert_allclose(logq, ref_logq, rtol=0, atol=1e-10)
 
 
-@pytest.mark.parametrize("steps", ["alone", "lanes", "static lanes"])
+@pytest.mark.parametrize("steps", ["alone", "lanes", "static lanes", "lanes on graphs"])
 @pytest.mark.parametrize("kind", ["standalone", "eagle3"])
-def test_a_pool_grown_on_the_device_is_the_hosts_node_for_node(weights, kind, steps):
-    target, draft = _pair(weights, kind, static=steps == "static lanes")
+def test_a_pool_grown_on_the_device_is_the_hosts_node_for_node(weights, kind, steps,
+                                                               monkeypatch):
+    from replayed_graphs import replay_in_place
+
+    replay_in_place(monkeypatch)  # graphs stood in on the CPU (an EAGLE-3 head's ranking too)
+    target, draft = _pair(weights, kind, static=steps in ("static lanes", "lanes on graphs"),
+                          graphs=steps == "lanes on graphs")
     _, reference = _pair(weights, kind)
     assert grows_on_device(draft)
     for shape in SHAPES:

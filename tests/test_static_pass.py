@@ -163,7 +163,7 @@ def test_the_graph_stand_in_fails_where_a_cuda_graph_would(monkeypatch):
 
     class Buffers:
         def __init__(self):
-            self.host = HostInputs(torch.device("cpu"), x=((4,), np.float32))
+            self.host = HostInputs(torch.device("cpu"), x=((4,), torch.float32))
             self.x = self.host.x
 
     def run(compute):
@@ -193,8 +193,8 @@ def test_host_inputs_go_over_in_one_copy_to_fixed_addresses():
     aligned for its dtype, and one send copies every one in (the buffer's last bytes too)."""
     from targetrows.hf.graphs import HostInputs
 
-    inputs = HostInputs(torch.device("cpu"), allowed=((2, 3, 5), np.bool_),
-                        ids=((2, 3), np.int64), scale=((7,), np.float32))
+    inputs = HostInputs(torch.device("cpu"), allowed=((2, 3, 5), torch.bool),
+                        ids=((2, 3), torch.int64), scale=((7,), torch.float32))
     where = [inputs.allowed.data_ptr(), inputs.ids.data_ptr(), inputs.scale.data_ptr()]
     assert len({t.untyped_storage().data_ptr() for t in (inputs.allowed, inputs.ids,
                                                             inputs.scale)}) == 1

@@ -229,7 +229,11 @@ class Eagle3Draft(TorchRows):
         return self._node_g(context, tree, roots)
 
     def _pool_topk(self, g: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """`topk_at`'s (target ids, float64 log-probs), left on the device."""
+        """`topk_at`'s (target ids, float64 log-probs), left on the device; on graphs, the
+        head's vocabulary step is replayed too (`StaticHeadSteps.pool_topk`)."""
+        on_graphs = getattr(self._steps, "pool_topk", None)
+        if on_graphs is not None:
+            return on_graphs(self, g, k)
         small = self._draft_logits(g)[:, self._draft_cols]
         ids, vals = ranked(self._work(small), k)
         return self._target_cols[ids], vals.double()
@@ -297,12 +301,15 @@ class Eagle3Draft(TorchRows):
     def _draft_logits(self, g: torch.Tensor) -> torch.Tensor:
         """The head's logits over its draft vocabulary [rows, draft_vocab_size]."""
         small = self.head.draft_logits(g)
+        self._check_clean(~torch.isnan(small).any(dim=-1))
+        return small
+
+    def _check_clean(self, clean: torch.Tensor) -> None:
+        """Queue the check that each row of the head's logits is free of NaN (`clean`, one
+        flag a row): read with the next read of its rows, so the GPU does not wait here."""
         message = (f"{self.name}: the head's logits contain NaN; it overflows in {self.dtype}: "
                    "try --draft-dtype float32")
-        # checked with the next read of its rows (no wait for the GPU here)
-        self._check_later(~torch.isnan(small).any(dim=-1),
-                          lambda clean: None if clean.all() else message)
-        return small
+        self._check_later(clean, lambda flags: None if flags.all() else message)
 
     def _rows(self, g: torch.Tensor) -> torch.Tensor:
         """Draft logits scattered into the target's vocabulary, -inf elsewhere."""

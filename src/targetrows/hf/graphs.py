@@ -114,22 +114,21 @@ class PaddedSlots:
 class HostInputs:
     """The inputs of a pass that the host fills (ids, positions, write slots, the mask), as
     views of one device buffer, so that they go over in one copy without waiting: on a GPU one
-    launch a pass, where a copy per input would be four. `fields`: name -> (shape, NumPy
-    dtype); each is an attribute, a tensor at a fixed address that a graph can read."""
+    launch a pass, where a copy per input would be four. `fields`: name -> (shape, dtype);
+    each is an attribute, a tensor at a fixed address that a graph can read."""
 
-    def __init__(self, device: torch.device, **fields: tuple[tuple[int, ...], type]):
+    def __init__(self, device: torch.device, **fields: tuple[tuple[int, ...], torch.dtype]):
         self.device = torch.device(device)
-        self._layout, size = {}, 0
+        self._layout, size = {}, 0  # name -> (first byte, shape, NumPy dtype)
         for name, (shape, dtype) in fields.items():
             size = -(-size // 8) * 8  # each view starts 8-byte aligned
-            dtype = np.dtype(dtype)
-            self._layout[name] = (size, tuple(shape), dtype)
+            self._layout[name] = (size, tuple(shape), torch.empty(0, dtype=dtype).numpy().dtype)
             size += int(np.prod(shape)) * dtype.itemsize
         self._bytes = torch.zeros(size, dtype=torch.uint8, device=self.device)
-        for name, (at, shape, dtype) in self._layout.items():
-            like = torch.from_numpy(np.zeros(0, dtype)).dtype
+        for name, (shape, dtype) in fields.items():
+            at = self._layout[name][0]
             part = self._bytes[at: at + int(np.prod(shape)) * dtype.itemsize]
-            setattr(self, name, part.view(like).view(shape))
+            setattr(self, name, part.view(dtype).view(shape))
 
     def send(self, **arrays: np.ndarray) -> None:
         """Copy in one host array per field, each of the field's shape: through one block of

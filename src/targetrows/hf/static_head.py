@@ -10,6 +10,11 @@ batch-1 step appends, at the same indices, so the lane's own code (its tree slot
 its crops) is unchanged. The layer is the head's own two halves (`Eagle3Head.attention_inputs`
 and `layer_output`, which training uses too) around one attention over the buffer, with the
 same boolean mask a batch-1 step gives `scaled_dot_product_attention`.
+
+On graphs, a pool level's ranking (the head's norm and vocabulary projection, the NaN flags,
+the log-softmax and its sort) is replayed as a graph of its own, as `ranked` runs it on a GPU:
+a head's step is short, so the launches around it, a dozen a level, would cost the host more
+than the step costs the card.
 """
 
 from __future__ import annotations
@@ -28,11 +33,18 @@ class _Inputs:
     def __init__(self, rows: int, width: int, capacity: int, hidden: int, dtype, device):
         self.h = torch.zeros((rows, width, hidden), dtype=dtype, device=device)
         self.embeds = torch.zeros_like(self.h)
-        self.host = HostInputs(device, positions=((rows, width), np.int64),
-                               at=((rows, width), np.int64),
-                               allowed=((rows, width, capacity + 1), np.bool_))
+        self.host = HostInputs(device, positions=((rows, width), torch.int64),
+                               at=((rows, width), torch.int64),
+                               allowed=((rows, width, capacity + 1), torch.bool))
         self.positions, self.at, self.allowed = self.host.positions, self.host.at, self.host.allowed
         self.lanes = torch.arange(rows, device=device)
+
+
+class _RankInputs:
+    """One width's input buffer for the head's vocabulary step: g [width, H]."""
+
+    def __init__(self, width: int, hidden: int, dtype, device):
+        self.g = torch.zeros((width, hidden), dtype=dtype, device=device)
 
 
 class StaticHeadSteps:
@@ -53,6 +65,11 @@ class StaticHeadSteps:
             lambda width: _Inputs(rows, width, shape.capacity, s.hidden_size, dtype, device),
             self._compute)
         self.stats = self.graphs.stats
+        if shape.graphs:  # a pool level's ranking, replayed as a graph of its own
+            self.pool_topk = self._pool_topk
+            self._ranking = BucketGraphs(
+                device, True, lambda width: _RankInputs(width, s.hidden_size, dtype, device),
+                lambda inputs: self._rank(draft, inputs))
 
     @torch.inference_mode()
     def run_batch(self, items):
@@ -99,6 +116,30 @@ class StaticHeadSteps:
                                              attn_mask=inputs.allowed[:, None],
                                              enable_gqa=s.num_heads != s.num_kv_heads)
         return head.layer_output(residual, out)
+
+
+    def _pool_topk(self, draft, g: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`Eagle3Draft._pool_topk` on graphs: the head's norm, vocabulary projection, NaN
+        flags and ranking of a pool level are one replay, not a launch each; its k best
+        are copied out (the next replay of the width overwrites its outputs)."""
+        width = len(g)
+        bucket = self.shape.bucket(width)
+        inputs = self._ranking.inputs(bucket)
+        inputs.g[:width] = g  # padding rows keep earlier, finite values
+        ids, vals, clean = self._ranking.run(inputs, bucket, bucket in self.shape.buckets)
+        draft._check_clean(clean[:width].clone())
+        return (draft._target_cols[ids[:width, :k]],
+                vals[:width, :k].to(torch.float64, copy=True))
+
+    @staticmethod
+    def _rank(draft, inputs: _RankInputs):
+        """(draft-vocabulary ids, log-probs, each row's no-NaN flag) of every row of g, best
+        first: `ranked` as a GPU runs it, every column kept, so that one graph serves any k."""
+        small = draft.head.draft_logits(inputs.g)
+        clean = ~torch.isnan(small).any(dim=-1)
+        vals, ids = torch.sort(torch.log_softmax(draft._work(small[:, draft._draft_cols]), dim=-1),
+                               dim=-1, descending=True, stable=True)
+        return ids, vals, clean
 
 
 def use_static_head(draft, shape: StaticShape) -> None:

@@ -94,9 +94,9 @@ class _Inputs:
     """One width's input buffers (`BucketGraphs`)."""
 
     def __init__(self, rows: int, width: int, capacity: int, device: torch.device):
-        self.host = HostInputs(device, ids=((rows, width), np.int64),
-                               positions=((rows, width), np.int64), at=((rows, width), np.int64),
-                               allowed=((rows, width, capacity + 1), np.bool_))
+        index = ((rows, width), torch.int64)
+        self.host = HostInputs(device, ids=index, positions=index, at=index,
+                               allowed=((rows, width, capacity + 1), torch.bool))
         h = self.host
         self.ids, self.positions, self.at, self.allowed = h.ids, h.positions, h.at, h.allowed
         self.lanes = torch.arange(rows, device=device)
