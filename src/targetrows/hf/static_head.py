@@ -13,8 +13,8 @@ same boolean mask a batch-1 step gives `scaled_dot_product_attention`.
 
 On graphs, a pool level's ranking (the head's norm and vocabulary projection, the NaN flags,
 the log-softmax and its sort) is replayed as a graph of its own, as `ranked` runs it on a GPU:
-a head's step is short, so the launches around it, a dozen a level, would cost the host more
-than the step costs the card.
+a level then launches five kernels around its short step, not a dozen more
+(`benchmarks/host_reads.py` counts them).
 """
 
 from __future__ import annotations
