@@ -132,9 +132,8 @@ def grow_on_device(model, context, tokens: list[int], parents: list[int], logq: 
         cache_len = model._pool_entries()
         if n not in own:
             own[n] = torch.eye(n, dtype=torch.bool, device=rows.device)
-        # the parent's entries, the parent's own too (rows live where the model's inputs do),
-        # then its own: `rows` sees the cache as it was before the last level was fed, and
-        # that level's entries
+        # the parent's entries, the parent's own too (rows live where the model's inputs do;
+        # they span the cache up to the last level's entries), then its own
         seen = [rows[parent.to(rows.device)], own[n]]
         if rows.shape[1] < cache_len:  # entries fed since, which no node of the pool sees
             seen.insert(1, rows.new_zeros((n, cache_len - rows.shape[1])))

@@ -13,8 +13,8 @@ same boolean mask a batch-1 step gives `scaled_dot_product_attention`.
 
 On graphs, a pool level's ranking (the head's norm and vocabulary projection, the NaN flags,
 the log-softmax and its sort) is replayed as a graph of its own, as `ranked` runs it on a GPU:
-a level then launches five kernels around its short step, not a dozen more
-(`benchmarks/host_reads.py` counts them).
+five launches a level (a copy in, the replay, three copies out) where there were sixteen
+around a short step (`benchmarks/host_reads.py` counts them).
 """
 
 from __future__ import annotations
@@ -116,7 +116,6 @@ class StaticHeadSteps:
                                              attn_mask=inputs.allowed[:, None],
                                              enable_gqa=s.num_heads != s.num_kv_heads)
         return head.layer_output(residual, out)
-
 
     def _pool_topk(self, draft, g: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """`Eagle3Draft._pool_topk` on graphs: the head's norm, vocabulary projection, NaN
