@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from replayed_graphs import CaptureError, replay_in_place  # noqa: E402
+from replayed_graphs import REPLAY, CaptureError, counting_launches, replay_in_place  # noqa: E402
 from test_batch import HF_PROMPTS, STOP, _configs, _one_by_one  # noqa: E402
 from test_decoders_hf import hf_greedy, noisy_copy  # noqa: E402
 from tiny_models import ARCHS, tiny_model  # noqa: E402
@@ -186,6 +186,29 @@ def test_the_graph_stand_in_fails_where_a_cuda_graph_would(monkeypatch):
     for frozen in (lambda b: b.x + state["offset"], lambda b: b.x + state["made"][-1]):
         with pytest.raises(CaptureError, match="differs from its capture"):
             run(frozen)
+
+
+def test_launches_count_a_replay_once_and_every_kernel_outside_it(monkeypatch):
+    """What benchmarks/host_reads.py counts as a GPU's launches: a replay is one, whatever its
+    pass runs; a copy in and an operation outside a pass count one each, a view none."""
+    from targetrows.hf.graphs import BucketGraphs, HostInputs
+
+    replay_in_place(monkeypatch)
+
+    class Buffers:
+        def __init__(self):
+            self.host = HostInputs(torch.device("cpu"), x=((4,), torch.float32))
+
+    graphs = BucketGraphs(torch.device("cpu"), True, lambda width: Buffers(),
+                          lambda b: (2 * b.host.x + 1).sin().cumsum(0))
+    inputs = graphs.inputs(4)
+    graphs.run(inputs, 4, True)  # the capture: not counted
+    with counting_launches() as counts:
+        inputs.host.send(x=np.arange(4, dtype=np.float32))
+        out = graphs.run(inputs, 4, True).clone().view(2, 2)
+    assert counts.pop(REPLAY) == 1 and sum(counts.values()) == 2, counts
+    np.testing.assert_allclose(out.reshape(-1).numpy(),
+                               np.cumsum(np.sin(2 * np.arange(4) + 1)), atol=1e-6)
 
 
 def test_host_inputs_go_over_in_one_copy_to_fixed_addresses():
