@@ -133,11 +133,8 @@ def grow_on_device(model, context, tokens: list[int], parents: list[int], logq: 
         if n not in own:
             own[n] = torch.eye(n, dtype=torch.bool, device=rows.device)
         # the parent's entries, the parent's own too (rows live where the model's inputs do;
-        # they span the cache up to the last level's entries), then its own
-        seen = [rows[parent.to(rows.device)], own[n]]
-        if rows.shape[1] < cache_len:  # entries fed since, which no node of the pool sees
-            seen.insert(1, rows.new_zeros((n, cache_len - rows.shape[1])))
-        seen = torch.cat(seen, dim=1)
+        # they span the cache, the last level's entries last), then its own
+        seen = torch.cat([rows[parent.to(rows.device)], own[n]], dim=1)
         step_positions = np.repeat(positions + level, select.shape[1])
         out = yield from model._pool_feed(out, parent, ids, step_positions, seen)
         rows = seen
