@@ -128,7 +128,7 @@ def host_gaps(stand_in: bool = True):
 
 # the reads made after a round's verify pass: its draws, and a draft-free decoder's top-k of
 # the pass's rows (`Plan.observe`); every other read comes before the verify pass
-AFTER_VERIFY = (" _verify", " observe")
+AFTER_VERIFY = (" _verify", " _verify_on_device", " observe")
 
 
 def gap_ms(target, draft, prompt, config, repeat: int,

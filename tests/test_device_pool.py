@@ -307,3 +307,129 @@ def test_first_token_redrafting_reads_twice_a_round_when_t0_is_a_guess(weights):
     rounds = len(result.rounds)
     assert all(r.draft_passes == 3 + 1 for r in result.rounds)  # the guesses' pools alone
     assert len(reads) == 2 * rounds
+
+
+def _decode_draft_rank(target, draft, prompts, config, lanes: int, trees: list):
+    """draft_rank's tokens for each prompt over `lanes` lanes, and each round's verified tree
+    appended to `trees` as (tokens, parents), whichever way it was chosen."""
+    from targetrows.decoding import loop
+
+    def recorded_verify(target, ctx, tree, *args, **kw):
+        trees.append((tree.tokens.tolist(), tree.parents.tolist()))
+        return (yield from verify(target, ctx, tree, *args, **kw))
+
+    def recorded_settle(self, tree):
+        read = settle(self, tree)
+        trees.append((read.tokens.tolist(), read.parents.tolist()))
+        # what was fed from the device is the read tree's
+        np.testing.assert_array_equal(tree.tokens.cpu().numpy(), read.tokens)
+        np.testing.assert_array_equal(tree.depth.cpu().numpy(), read.depth)
+        np.testing.assert_array_equal(tree.ancestors.cpu().numpy(), read.ancestor_mask())
+        return read
+
+    verify, settle = loop._verify, HFModel.settle_tree
+    loop._verify, HFModel.settle_tree = recorded_verify, recorded_settle
+    try:
+        jobs = [lambda t, d, p=p: loop.decode_passes(t, d, p, config) for p in prompts]
+        return [r.tokens for r in run_batched(target, draft, jobs, lanes)]
+    finally:
+        loop._verify, HFModel.settle_tree = verify, settle
+
+
+@pytest.mark.parametrize("steps", ["alone", "lanes", "static lanes"])
+@pytest.mark.parametrize("kind", ["standalone", "eagle3"])
+def test_draft_rank_chosen_on_the_device_verifies_the_hosts_trees(weights, kind, steps,
+                                                                   monkeypatch):
+    """draft_rank with its tree chosen on the device (`targetrows.hf.device_tree`) verifies,
+    the trees the rule chooses on the host from the read pool, and commits
+    the same tokens, greedy and sampled (the same draws: the pass's rows are in the same
+    order), with the GPU's branches (the pool read with the draws) and without; the tokens,
+    depths and ancestors fed from the device are the read tree's."""
+    from replayed_graphs import gpu_branches
+    from rerankers import decode_config
+
+    from targetrows.decoding import planners
+
+    lanes = 1 if steps == "alone" else 3
+    for temperature, gpu, pool in ((0.0, False, PoolShape(4, 4)), (0.8, True, PoolShape(2, 6))):
+        config = decode_config("draft_rank", budget=9, max_new_tokens=16, pool=pool,
+                               temperature=temperature, seed=3)
+        runs = []
+        for on_device in (True, False):
+            if not on_device:
+                monkeypatch.setattr(planners, "_chosen_on_device", lambda r, read: None)
+            target, draft = _pair(weights, kind, static=steps == "static lanes")
+            trees: list = []
+            with gpu_branches() if gpu else nullcontext():
+                tokens = _decode_draft_rank(target, draft, CONTEXTS[:lanes], config, lanes,
+                                            trees)
+            runs.append((tokens, sorted(trees)))  # lanes' rounds in the order they ran
+        monkeypatch.undo()
+        assert runs[0] == runs[1]
+        assert sum(len(t) > 1 for t, _ in runs[0][1]) >= 3  # trees with draft nodes
+        assert max(len(set(p)) for _, p in runs[0][1]) >= 4  # and depth
+
+
+def test_draft_rank_reads_once_a_round_on_a_gpu(weights):
+    """With the GPU's branches, a draft_rank round reads the device once: the verify pass's
+    draws, which bring the pool, and so the tree, with them."""
+    from replayed_graphs import gpu_branches
+    from rerankers import decode_config
+
+    from targetrows.decoding.loop import generate
+
+    for kind in ("standalone", "eagle3"):
+        target, draft = _pair(weights, kind)
+        config = decode_config("draft_rank", budget=9, max_new_tokens=16, pool=PoolShape(4, 4))
+        with gpu_branches(), fetches() as reads:
+            result = generate(target, draft, CONTEXTS[1], config)
+        assert len(reads) == len(result.rounds), (kind, reads)
+
+
+def test_a_tree_chosen_on_the_device_unlike_the_rules_is_an_error(weights, monkeypatch):
+    """The host checks every tree chosen on the device against the rule's own choice: a rule
+    that chooses otherwise (here, one node fewer) stops the decode with an error."""
+    from rerankers import decode_config
+
+    from targetrows.core.rules.rule import Rule
+    from targetrows.decoding.loop import generate
+
+    select = Rule.select
+    monkeypatch.setattr(Rule, "select", lambda *a, **kw: select(*a, **kw)[:-1])
+    target, draft = _pair(weights, "standalone")
+    config = decode_config("draft_rank", budget=9, max_new_tokens=8, pool=PoolShape(4, 4))
+    with pytest.raises(RuntimeError, match="chosen on the device .* is not the rule's"):
+        generate(target, draft, CONTEXTS[1], config)
+
+
+@pytest.mark.parametrize("cached", ["nothing", "all but the root", "the root too"])
+def test_a_tree_fed_from_the_device_gets_the_rows_of_the_tree_read(weights, cached):
+    """A draft_rank tree chosen on the device and fed from there (`tree_on_device_passes`)
+    gets the rows a fresh target gives the read tree at every node, whatever the target's
+    cache held of the context (a tail to feed first, or the root fed again); committed after,
+    the target's next rows are a fresh target's too."""
+    from targetrows.core.rules.root_pool import draft_rank
+
+    target, draft = _pair(weights, "standalone")
+    reference = HFModel(weights[0], name="reference")
+    context = CONTEXTS[1]
+    held = {"nothing": 0, "all but the root": len(context) - 1, "the root too": len(context)}
+    if held[cached]:
+        prefix = context[: held[cached]]
+        target.logits(prefix, Tree.root_only(prefix[-1]), [0])
+        target.commit(prefix)
+    read = run_now(pool_passes_read_later(draft, context, 3, 3, 6))
+    chosen = read.choose(6, lambda tree, logq: draft_rank.select(tree, logq, 6))
+    rows = run_now(target.tree_on_device_passes(context, chosen))
+    tree = target.settle_tree(chosen)
+    assert len(tree) == 7
+    torch.testing.assert_close(rows, reference.logits(context, tree, range(len(tree))),
+                               rtol=1e-10, atol=1e-10)
+    deepest = int(np.argmax(tree.depth))
+    path = [int(n) for n in tree.ancestor_mask()[deepest].nonzero()[0][1:]]
+    after = context + tree.tokens[path].tolist() + [7]
+    target.commit(after[:-1])
+    fresh = HFModel(weights[0], name="fresh")
+    torch.testing.assert_close(target.logits(after, Tree.root_only(7), [0]),
+                               fresh.logits(after, Tree.root_only(7), [0]), rtol=1e-10,
+                               atol=1e-10)

@@ -189,12 +189,15 @@ class PoolRead:
     has brought it yet. `first_level`: for a pool still on a device, the tokens of the root's
     children there [1, k], in pool order (what a read that should come with the pool's needs:
     `targetrows.hf.torch_rows.TorchRows.logprobs_read_later`); None otherwise. A device's
-    pool comes with its `tree` built already (`targetrows.hf.device_pool`)."""
+    pool comes with its `tree` built already (`targetrows.hf.device_pool`). `choose`: for a
+    pool still on a device under one root, ``choose(budget, select)`` chooses draft_rank's
+    tree there (`targetrows.hf.device_tree`); None otherwise."""
 
     def __init__(self, wait: Callable[[], None], tokens: list[int], parents: list[int],
                  logq: list[float]):
         self._wait, self._lists = wait, (tokens, parents, logq)
         self.first_level = getattr(wait, "first_level", None)
+        self.choose = getattr(wait, "choose", None)
 
     def __call__(self) -> tuple[Tree, np.ndarray]:
         self._wait()  # the lists are filled once the read that carries them is done

@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
+
 from targetrows.core.passes import Passes
 from targetrows.core.rows import RowStore
 from targetrows.core.tree import Tree
@@ -122,10 +124,13 @@ def _verified(target, context: list[int], plan, store: RowStore, config: DecodeC
               stats: RoundStats, keep_last: bool) -> Passes[list[int]]:
     """The plan's tree verified after its prefix (nothing without a tree), its rows handed to
     the plan's observer."""
+    ctx = context + plan.prefix
+    if plan.on_device is not None:
+        return (yield from _verify_on_device(target, ctx, plan.on_device, config, stats))
     if plan.tree is None:
         return []
-    tokens, rows, nodes = yield from _verify(target, context + plan.prefix, plan.tree, store,
-                                             config, stats, keep_last)
+    tokens, rows, nodes = yield from _verify(target, ctx, plan.tree, store, config, stats,
+                                             keep_last)
     if plan.observe is not None and len(nodes):
         plan.observe(plan.tree, rows, nodes)
     return tokens
@@ -169,12 +174,34 @@ def _verify(target, ctx: list[int], tree: Tree, store: RowStore, config: DecodeC
         draws = target.draw(root_logits if rows is None else (root_logits, rows),
                             config.temperature)
     stats.t_verify = time.perf_counter() - t
-    path, bonus = walk(tree, draws)
-    stats.nodes = tree.budget
-    stats.accepted = len(path)
+    path, bonus = _walked(tree, draws, stats)
     accepted = tree.tokens[path].tolist()
     if keep_last and (root_logits is None or len(path)):  # else the root row is stored already
         last = int(path[-1]) if len(path) else 0
         at = last if root_logits is None else last - 1
         store.put(ctx + accepted, rows[at : at + 1])
     return accepted + [bonus], rows, nodes
+
+
+def _verify_on_device(target, ctx: list[int], tree, config: DecodeConfig,
+                      stats: RoundStats) -> Passes[list[int]]:
+    """One target pass over a tree chosen on the device (`Plan.on_device`), then the walk:
+    the accepted path's tokens + bonus. The pass's draws are the round's one read, and the
+    draft's pool, so the tree, comes with them."""
+    t = time.perf_counter()
+    rows = yield from target.tree_on_device_passes(ctx, tree)
+    draws = target.draw(rows, config.temperature)
+    stats.target_passes += 1
+    stats.t_verify = time.perf_counter() - t
+    read = target.settle_tree(tree)
+    path, bonus = _walked(read, draws, stats)
+    return read.tokens[path].tolist() + [bonus]
+
+
+def _walked(tree: Tree, draws, stats: RoundStats) -> tuple[np.ndarray, int]:
+    """The lossless walk of `tree` by the target's `draws` at its nodes (`core.verify.walk`:
+    the accepted path's nodes, the bonus token), counted into `stats`."""
+    path, bonus = walk(tree, draws)
+    stats.nodes = tree.budget
+    stats.accepted = len(path)
+    return path, bonus

@@ -52,10 +52,33 @@ def _root_pool(r: Round) -> Passes:
 def _read_pool(r: Round, read: PoolRead) -> tuple[Tree, np.ndarray]:
     """The root pool `_root_pool` drafted, its draft passes counted."""
     cand, logq = read()
+    _count_pool_passes(r, cand)
+    return cand, logq
+
+
+def _count_pool_passes(r: Round, cand: Tree) -> None:
     # a pruned pool may stop early, except one grown on a GPU
     cfg = r.config
     r.stats.draft_passes += cfg.pool_depth if drafts_full_depth(r.draft) else int(cand.depth.max())
-    return cand, logq
+
+
+def _chosen_on_device(r: Round, read: PoolRead):
+    """draft_rank's tree chosen where the draft's pool is, not read yet
+    (`targetrows.hf.device_tree`): the verify pass is fed from there, and the pool comes to
+    the host with its draws, one read a round. None where the pool is read anyway (a draft
+    that grows it on the host), the rule is not draft_rank, or the target takes no such
+    tree."""
+    rule, budget = r.rule, r.config.budget
+    if (read.choose is None or rule.tree != "pool" or not rule.draft_ranked
+            or getattr(r.target, "tree_on_device_passes", None) is None
+            or r.store.get(r.context) is not None):
+        return None
+
+    def select(cand: Tree, logq: np.ndarray) -> np.ndarray:
+        _count_pool_passes(r, cand)
+        return rule.select(cand, logq, budget)
+
+    return read.choose(budget, select)
 
 
 def _rows_read(r: Round, read: PoolRead, root_logits) -> Callable[[Tree], dict]:
@@ -95,6 +118,9 @@ def plan_pool(r: Round) -> Passes[Plan]:
         root_logits, read = yield from root_pass_alongside(r, _root_pool(r))
     else:
         read = yield from timed_draft_work(r, _root_pool(r))
+        chosen = _chosen_on_device(r, read)
+        if chosen is not None:
+            return Plan([], None, on_device=chosen)
     rows = _rows_read(r, read, root_logits)
     cand, logq = _read_pool(r, read)  # on a GPU the rows come with it: one wait
     chosen = r.rule.select(cand, logq, r.config.budget, reranker=r.config.reranker,

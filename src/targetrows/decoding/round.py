@@ -70,11 +70,15 @@ class Plan:
     round commits the prefix alone). `observe`, when given, is called after the verify pass
     as ``observe(tree, logits, nodes)`` with the target's rows at `nodes` of the tree (all of
     them, or all but the root when the root's row came from the store): how a draft-free
-    decoder's state learns from every verified node, accepted or not."""
+    decoder's state learns from every verified node, accepted or not. `on_device`: a tree
+    chosen where the draft's pool is and not read yet (`targetrows.hf.device_tree`), in
+    place of `tree`: the verify pass is fed from the device, and the tree comes to the host
+    with the pass's draws."""
 
     prefix: list[int]
     tree: Tree | None
     observe: Callable[[Tree, Any, Sequence[int]], None] | None = None
+    on_device: Any = None
 
 
 def root_pass_alongside(r: Round, draft_work: Passes) -> Passes:

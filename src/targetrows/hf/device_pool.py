@@ -45,10 +45,8 @@ from targetrows.core.pool import grow_guesses, grow_on_host
 from targetrows.core.tree import Tree
 
 from . import torch_rows
+from .device_tree import LOWEST, TreeOnDevice, choose_on_device
 from .torch_rows import host_to_device
-
-# a live node's lowest key: a node whose log-prob is -inf still comes before every dead one
-LOWEST = torch.finfo(torch.float64).min
 
 
 @torch.inference_mode()
@@ -148,7 +146,7 @@ def grow_on_device(model, context, tokens: list[int], parents: list[int], logq: 
     pool = _PoolWait()
 
     def take(host: list[np.ndarray]) -> None:  # the pool's lists; the draft keeps what it fed
-        fed = _read_into(levels, host, roots, tokens, parents, logq)
+        fed, pool.places = _read_into(levels, host, roots, tokens, parents, logq)
         pool.tree = Tree(tokens, parents)
         model._pool_adopt(pool.tree, n_context,
                           [(lv.first_slot, lv.out, nodes)
@@ -159,6 +157,8 @@ def grow_on_device(model, context, tokens: list[int], parents: list[int], logq: 
         queued = not (guesses or n_roots > 1 or torch_rows.reads_are_free(device))
         pool.wait = model._read_later(parts, take)
         pool.first_level = levels[0].tokens.reshape(1, -1) if queued else None
+        if n_roots == 1 and not guesses:  # a tree may be chosen from it on the device
+            pool.on_device = (model, levels, tokens[roots[0]], logq)
     else:
         take(model._fetch(*parts))
     return pool
@@ -174,15 +174,36 @@ class _PoolWait:
     a read of the target's rows at them that comes with the pool's
     (`TorchRows.logprobs_read_later`); None under guesses or several roots, and where the pool
     was read at once (the CPU). `tree`: the pool's lists as a `Tree`, once read (the one the
-    draft adopted, so a reader need not build it again)."""
+    draft adopted, so a reader need not build it again); `places`: the pool index of each
+    node on the device, level by level (-1: dead). `choose`: where the read was queued under
+    one root, draft_rank's tree chosen on the device (`targetrows.hf.device_tree`)."""
 
     def __init__(self):
         self.wait: Callable[[], None] = _filled
         self.first_level: torch.Tensor | None = None
         self.tree: Tree | None = None
+        self.places: np.ndarray | None = None
+        self.on_device = None  # (the model, its levels, the root's token, the logq list)
 
     def __call__(self) -> None:
         self.wait()
+
+    @property
+    def choose(self) -> Callable[..., TreeOnDevice] | None:
+        return None if self.on_device is None else self._choose
+
+    def _choose(self, budget: int, select: Callable[[Tree, np.ndarray], np.ndarray]
+                ) -> TreeOnDevice:
+        """The top `budget` nodes, chosen on the device, their read queued with the pool's;
+        `select(tree, logq)`: the rule's own choice, which the device's is checked against."""
+        model, levels, root_token, logq = self.on_device
+
+        def pool_read() -> tuple[Tree, np.ndarray, np.ndarray]:
+            self.wait()
+            return self.tree, np.array(logq), self.places
+
+        return choose_on_device(levels, root_token, budget, model._read_later, pool_read,
+                                select)
 
 
 class _Level:
@@ -205,13 +226,15 @@ def _rank(pool_key: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
 
 
 def _read_into(levels: list[_Level], host: list[np.ndarray], roots: np.ndarray,
-               tokens: list[int], parents: list[int], logq: list[float]) -> list[np.ndarray]:
+               tokens: list[int], parents: list[int], logq: list[float]
+               ) -> tuple[list[np.ndarray], np.ndarray]:
     """Append the live nodes of every level, read (`host`: each level's select, kept, tokens
     and logq), to the pool's lists, numbered as `grow` numbers them: level by level, each
-    root's kept frontier nodes in order, each one's children best first. Returns, per level,
-    the pool index of each fed frontier node (-1: dead)."""
+    root's kept frontier nodes in order, each one's children best first. Returns (per level,
+    the pool index of each fed frontier node; the pool index of each node on the device,
+    level by level), -1 for a dead node."""
     last_ids = None  # each root's previous level: pool index of each node, -1 if not in it
-    fed = []
+    fed, places = [], []
     for i in range(len(levels)):
         select, kept, toks, lq = host[4 * i: 4 * i + 4]
         n_roots, width, k = toks.shape
@@ -225,5 +248,6 @@ def _read_into(levels: list[_Level], host: list[np.ndarray], roots: np.ndarray,
             parents.extend(np.repeat(front[r, live], k).tolist())
             logq.extend(lq[r, live].reshape(-1).tolist())
         fed.append(front.reshape(-1))
+        places.append(ids.reshape(-1))
         last_ids = ids.reshape(n_roots, -1)
-    return fed
+    return fed, np.concatenate(places)

@@ -222,7 +222,8 @@ class BatchedPasses:
         allowed[:, :, 0] = True  # a padding query sees one entry (its row is never read)
         on_gpu = []  # feeds made on the device (a pool grown there): written after the copy
         for i, (_, feed, region) in enumerate(items):
-            positions[i, : q[i]] = feed.positions
+            if isinstance(feed.positions, np.ndarray):  # else a tree chosen on the device
+                positions[i, : q[i]] = feed.positions
             allowed[i, : q[i], : feed.start] = True  # the committed prefix
             if isinstance(region, np.ndarray):
                 ids[i, : q[i]] = feed.ids
@@ -246,6 +247,10 @@ class BatchedPasses:
             ids_t[i, : q[i]] = feed.ids
             mask[i, 0, : q[i], feed.start : base[i] + q[i]].masked_fill_(region, 0.0)
         pos_t = host_to_device(positions, m.input_device)
+        for i in on_gpu:
+            feed = items[i][1]
+            if isinstance(feed.positions, torch.Tensor):
+                pos_t[i, : q[i]] = feed.positions
         engine = m.engine
         keep_t = host_to_device(keep, engine.keep_device)
         capture = {} if m.feature_layers else None

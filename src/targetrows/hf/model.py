@@ -26,6 +26,7 @@ from targetrows.core.passes import Pass, Passes, run_now
 from targetrows.core.tree import Tree
 from targetrows.hf.cache import cache_kwargs, growing_cache
 from targetrows.hf.device_pool import grow_pool_passes
+from targetrows.hf.device_tree import TreeOnDevice
 from targetrows.hf.engine import Engine, OwnPasses, capture_inputs
 from targetrows.hf.fed_tree import adopt, common_prefix, extends
 from targetrows.hf.feed import Feed, plan_feed, region, seen_by, tree_mask
@@ -234,6 +235,29 @@ class HFModel(TorchRows):
         self._adopt_tree(tree, len(ctx))
         return (yield from self._pass_rows(self._plan_feed(ctx, tree, nodes), ctx))
 
+    @torch.inference_mode()
+    def tree_on_device_passes(self, context: Sequence[int],
+                              tree: TreeOnDevice) -> Passes[torch.Tensor]:
+        """`logits_passes` at every node of a tree chosen on the device and not read yet
+        (`targetrows.hf.device_tree`): the pass is planned for a stand-in of its size (the
+        tail, the slots) and fed the tree's tokens, positions and ancestors from the device.
+        `settle_tree` makes the read tree this model's, before `commit`."""
+        ctx = np.asarray(context, dtype=np.int64).reshape(-1)
+        self._keep_prefix(ctx[:-1])  # the root is fed with the tree (a cached one, again)
+        self._drop_tree()
+        stand_in = Tree(np.full(tree.size, ctx[-1]), np.arange(-1, tree.size - 1))  # a chain
+        self._adopt_tree(stand_in, len(ctx))
+        feed = self._plan_feed(ctx, stand_in, np.arange(tree.size))
+        feed = tree.feed(feed, len(ctx) - 1, self.input_device)
+        return (yield from self._pass_rows(feed, ctx))
+
+    def settle_tree(self, tree: TreeOnDevice) -> Tree:
+        """The tree `tree_on_device_passes` fed, read (with the pool: after the pass's draws,
+        no further wait), made this model's tree in its stand-in's place."""
+        read = tree.read()
+        self._tree = read
+        return read
+
     def _pass_rows(self, feed: Feed, ctx: np.ndarray) -> Passes[torch.Tensor]:
         """Ask for `feed`'s pass; keep its features and committed tail; its requested rows."""
         try:
@@ -246,7 +270,7 @@ class HFModel(TorchRows):
         if len(feed.tail):
             self._prefix = ctx[: feed.start + len(feed.tail)].copy()
         rows = logits[0, :, : self.vocab_size]
-        self._check_finite(rows, feed.positions[feed.keep])
+        self._check_finite(rows, feed.positions, feed.keep)
         return rows
 
     def _plan_feed(self, ctx: np.ndarray, tree: Tree, nodes: np.ndarray) -> Feed:
@@ -268,7 +292,7 @@ class HFModel(TorchRows):
         """(logits of the kept rows, the feature layers' inputs captured) of one pass, through
         the lean forward where there is one."""
         ids = on_device(feed.ids, self.input_device)[None]
-        positions = host_to_device(feed.positions, self.input_device)[None]
+        positions = on_device(feed.positions, self.input_device)[None]
         engine = self.engine
         keep = host_to_device(feed.keep, engine.keep_device)  # the rows the last layer computes
         if self.feature_layers:

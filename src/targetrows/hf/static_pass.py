@@ -156,7 +156,8 @@ class StaticPasses(BatchedPasses):
         on_gpu = []  # feeds made on the device (a pool grown there): written after the copy
         for (lane, feed, region), n in zip(items, q, strict=True):
             r = lane._row
-            positions[r, :n] = feed.positions
+            if isinstance(feed.positions, np.ndarray):  # else a tree chosen on the device
+                positions[r, :n] = feed.positions
             sees = slots.place(r, n, feed.base)
             sees[:, : feed.start] = True  # the committed prefix
             if isinstance(region, np.ndarray):
@@ -169,6 +170,8 @@ class StaticPasses(BatchedPasses):
         for r, n, feed, region in on_gpu:
             inputs.ids[r, :n] = feed.ids
             inputs.allowed[r, :n, feed.start : feed.base + n] = region
+            if isinstance(feed.positions, torch.Tensor):
+                inputs.positions[r, :n] = feed.positions
         logits, capture = self.graphs.run(inputs, width, width in shape.buckets)
         out = []
         for (lane, feed, _), n in zip(items, q, strict=True):

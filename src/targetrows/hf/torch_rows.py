@@ -169,9 +169,10 @@ class TorchRows:
         _QUEUED.setdefault(device, []).append(entry)
         return entry
 
-    def _check_finite(self, rows: torch.Tensor, positions: np.ndarray) -> None:
+    def _check_finite(self, rows: torch.Tensor, positions, at=None) -> None:
         """Queue the check that `rows` are finite: read back with the next draw, top-k or
-        log-probs (no wait here); a NaN/inf row then names its sequence position."""
+        log-probs (no wait here); a NaN/inf row then names its sequence position, `positions`
+        (an array, or a tensor read only then) at the rows' places `at` (all by default)."""
         # a row's sum is finite only if every entry is, and over vocabulary-wide rows a sum
         # costs a small fraction of an elementwise isfinite, which only a failed sum needs
         sums_finite = torch.isfinite(rows.sum(dim=-1))
@@ -182,8 +183,11 @@ class TorchRows:
             finite = torch.isfinite(rows).all(dim=-1).cpu().numpy()
             if finite.all():  # finite entries whose sum overflowed
                 return None
+            where = np.asarray(positions.cpu() if isinstance(positions, torch.Tensor)
+                               else positions)
+            where = where if at is None else where[at]
             return (f"{self.name}: the logits after sequence position(s) "
-                    f"{positions[~finite].tolist()} (0-based, prompt included) contain NaN or "
+                    f"{where[~finite].tolist()} (0-based, prompt included) contain NaN or "
                     f"inf; the model overflows in {self.dtype}: try --dtype float32")
 
         self._check_later(sums_finite, verdict)

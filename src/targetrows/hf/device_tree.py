@@ -1,0 +1,149 @@
+"""draft_rank's tree chosen on the device, so the verify pass is queued before the pool is read.
+
+On a GPU a round of `draft_rank` (EAGLE-2) would read from the device twice: the drafted pool,
+to choose the tree, then the verify pass's draws. While the host reads the pool and plans the verify
+pass, the card idles. Here the tree is chosen where the pool is (`targetrows.hf.device_pool`),
+the target is fed from device tensors, and the pool comes to the host with the draws: one
+read a round, as in SGLang's EAGLE worker, whose draft tree also never leaves the card.
+
+The tree is the pool's top-B nodes by cumulative log-prob, ties to the lower pool index
+(`targetrows.core.rules.rule.Rule.select` for draft_rank): one stable sort of the pool's keys,
+a live node's its log-prob and a dead one's -inf (`LOWEST`), so live nodes come
+first. Its size is known without a read: min(B, the pool's nodes on the device, dead included).
+A node outside the top-B of the unpruned pool is the only kind the pruning kills, so that many
+live nodes always exist (the host checks it). Sorted by pool index, the chosen nodes are in
+the order `Tree.subtree` gives them, so the verify pass feeds them as it would have, and its
+rows, draws and samples are the two-read round's, row for row.
+
+After the read the host builds the tree from the pool as before, runs the rule's own selection
+on it and checks that the device chose the same nodes (`TreeOnDevice.read`): the NumPy rule
+stays the definition, and a disagreement is an error, never a different tree.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from targetrows.core.tree import Tree
+
+from .feed import Feed
+from .torch_rows import host_to_device
+
+# the lowest key of a live node: one whose log-prob is -inf still comes before every dead one
+LOWEST = torch.finfo(torch.float64).min
+
+
+class TreeOnDevice:
+    """A tree chosen on the device and not read yet: `size` nodes, the root first, in the
+    order `Tree.subtree` numbers them; `tokens`, `depth` [size] and `ancestors` [size, size]
+    (row i: node i and its ancestors) on the device. `read()` gives it as a `Tree` once the
+    pool's read has come (waiting for it if none has)."""
+
+    def __init__(self, size: int, tokens: torch.Tensor, depth: torch.Tensor,
+                 ancestors: torch.Tensor, read: Callable[[], Tree]):
+        self.size, self.tokens, self.depth, self.ancestors = size, tokens, depth, ancestors
+        self.read = read
+
+    def feed(self, feed: Feed, root_position: int, device: torch.device) -> Feed:
+        """`feed`, planned by `HFModel` for a stand-in of `size` nodes fed after the uncached
+        tail, with this tree's tokens, positions and what each fed token sees (the tail
+        causally; a node, the tail and its ancestors) made on `device`."""
+        m, q = len(feed.tail), len(feed.ids)
+        if feed.base != feed.start or not np.array_equal(feed.query, np.arange(self.size)):
+            raise RuntimeError("a tree chosen on the device is fed whole after the prefix")
+        ids, positions, seen = (t.to(device) for t in (self.tokens, self.depth, self.ancestors))
+        positions = positions + root_position
+        if m:
+            ids = torch.cat([host_to_device(feed.tail, device), ids])
+            positions = torch.cat([host_to_device(feed.positions[:m], device), positions])
+            rows, seen = seen, torch.zeros((q, q), dtype=torch.bool, device=device)
+            seen[:m, :m] = torch.ones((m, m), dtype=torch.bool, device=device).tril_()
+            seen[m:, :m].fill_(True)
+            seen[m:, m:] = rows
+        return Feed(feed.start, feed.base, feed.tail, feed.query, ids=ids, positions=positions,
+                    keep=feed.keep, seen=seen)
+
+
+def choose_on_device(levels, root_token: int, budget: int, read_later,
+                     pool_read: Callable[[], tuple[Tree, np.ndarray, np.ndarray]],
+                     select: Callable[[Tree, np.ndarray], np.ndarray]) -> TreeOnDevice:
+    """draft_rank's tree of `budget` nodes from a pool still on the device (one root): its
+    `levels` (`device_pool._Level`: each level's fed frontier, its `select`ed places in the
+    level before and whether `kept`, and its children's `tokens` and `logq` [1, F, k]).
+    `read_later(tensors, use)` queues the read of the chosen places with the pool's and
+    returns a function that waits for it; `pool_read()` gives the read pool (tree, logq, and
+    each device node's pool index, -1 for a dead one); `select(tree, logq)` is the rule's own
+    selection, which the device's must equal.
+
+    The pool is taken flat, the root at place 0 and each level's children after it; what
+    depends only on its shape (each place's frontier node and depth, each frontier node's
+    first place in the level before) comes in one copy from the host, with the root's token."""
+    structure = _Structure([lv.tokens.shape[1:] for lv in levels])
+    device = levels[0].tokens.device
+    block = host_to_device(structure.block(root_token), device)
+    to_front, offset, depth_at = structure.views(block)
+    tokens = torch.cat([block[:1], *(lv.tokens.reshape(-1) for lv in levels)])
+    front_place = torch.cat([lv.select.reshape(-1) for lv in levels]) + offset
+    alive = torch.cat([lv.kept.reshape(-1) for lv in levels])[to_front[1:]]
+    logq = torch.cat([lv.logq.reshape(-1) for lv in levels])
+    # the top-B children in draft_rank's order (ties to the lower place: a stable sort), then
+    # in pool order after the root
+    size = min(budget, len(logq))
+    keys = torch.where(alive, logq.clamp(min=LOWEST), -math.inf)
+    top = torch.sort(keys, descending=True, stable=True).indices[:size] + 1
+    chosen = torch.cat([depth_at[:1], torch.sort(top).values])  # depth_at[0]: 0, the root
+    node_of = torch.zeros(len(tokens), dtype=torch.int64, device=device)
+    node_of[chosen] = torch.arange(size + 1, device=device)
+    parent = node_of[front_place[to_front[chosen]]]  # the root's: itself
+    # a node's ancestor row is its own entry and its parent's row: one level a step
+    eye = torch.eye(size + 1, dtype=torch.bool, device=device)
+    ancestors = eye
+    for _ in levels:
+        ancestors = eye | ancestors[parent]
+    got = []
+    wait = read_later([chosen], got.extend)
+
+    def read() -> Tree:
+        pool, logq, places = pool_read()
+        wait()
+        nodes = np.concatenate([[0], places[got[0][1:] - 1]])
+        want = select(pool, logq)
+        if not np.array_equal(nodes, want):
+            raise RuntimeError(
+                f"the tree chosen on the device (pool nodes {nodes.tolist()}) is not the rule's "
+                f"({want.tolist()}): a bug in targetrows.hf.device_tree; run with --graphs off "
+                "and report it")
+        return pool.subtree(want)
+
+    return TreeOnDevice(size + 1, tokens[chosen], depth_at[chosen], ancestors, read)
+
+
+class _Structure:
+    """What a flat pool of levels shaped (F, k) holds where, as host arrays: `to_front`, the
+    frontier node each place is a child of (the root's own: the root, frontier node 0);
+    `offset`, each frontier node's first place in its level's level before (its `select` is
+    relative to it); `depth`, each place's."""
+
+    def __init__(self, shapes: list[tuple[int, int]]):
+        fronts = np.cumsum([0] + [f for f, _ in shapes])
+        sizes = [f * k for f, k in shapes]
+        starts = np.cumsum([1] + sizes)  # each level's first place
+        self.to_front = np.concatenate([[0]] + [
+            fronts[i] + np.arange(f * k) // k for i, (f, k) in enumerate(shapes)])
+        self.offset = np.concatenate([
+            np.full(f, 0 if i == 0 else starts[i - 1]) for i, (f, _) in enumerate(shapes)])
+        self.depth = np.concatenate([[0]] + [np.full(n, i + 1) for i, n in enumerate(sizes)])
+
+    def block(self, root_token: int) -> np.ndarray:
+        """One host array: the root's token, then `to_front`, `offset` and `depth`."""
+        return np.concatenate([[root_token], self.to_front, self.offset,
+                               self.depth]).astype(np.int64)
+
+    def views(self, block: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """`to_front`, `offset` and `depth` as views of `block` on the device."""
+        n, f = len(self.to_front), len(self.offset)
+        return block[1 : 1 + n], block[1 + n : 1 + n + f], block[1 + n + f :]
