@@ -14,8 +14,10 @@ with torch's sync debug mode. The goal is at most 3 a round.
 A read drains the GPU's queue, so the card then idles until the host asks for the next pass.
 The script also times that host work (`host_gaps`: from each read's return to the next pass or
 read, without the counting above, best of `--repeat` decodes): selection, the verify tree's
-feed, the walk and the commits. The part after a round's mid-round reads is what a round read
-once (trees chosen on the device, as SGLang's EAGLE worker does) would take off a GPU's round.
+feed, the walk and the commits. draft_rank and rerank read once a round: their trees are
+chosen on the device (`targetrows.hf.device_tree`, as SGLang's EAGLE worker does), and the host
+works only after the verify pass's read; for the others, the part after a round's mid-round
+reads is what such a round would take off a GPU's round.
 On the CPU the device work queued between a read and the next pass runs there and then, so it
 counts too (a draft-free decoder's top-k of the verify pass's rows, before its second read):
 the figures bound a GPU's host time from above, on this machine's CPU.

@@ -260,7 +260,7 @@ def test_the_targets_rows_at_the_pools_first_level_come_with_the_pool(weights, k
                                                          temperature), rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("decoder", ["rerank", "lrerank_stale", "fts", "fts_redraft"])
+@pytest.mark.parametrize("decoder", ["lrerank", "lrerank_stale", "fts", "fts_redraft"])
 def test_rounds_read_together_on_a_gpu_verify_the_trees_read_apart(weights, decoder,
                                                                   monkeypatch):
     """A decode with the GPU's branches (pools, rows and t0 queued into one read) verifies,
@@ -309,9 +309,9 @@ def test_first_token_redrafting_reads_twice_a_round_when_t0_is_a_guess(weights):
     assert len(reads) == 2 * rounds
 
 
-def _decode_draft_rank(target, draft, prompts, config, lanes: int, trees: list):
-    """draft_rank's tokens for each prompt over `lanes` lanes, and each round's verified tree
-    appended to `trees` as (tokens, parents), whichever way it was chosen."""
+def _decode(target, draft, prompts, config, lanes: int, trees: list):
+    """The tokens for each prompt over `lanes` lanes, and each round's verified tree appended
+    to `trees` as (tokens, parents), whichever way it was chosen."""
     from targetrows.decoding import loop
 
     def recorded_verify(target, ctx, tree, *args, **kw):
@@ -338,11 +338,12 @@ def _decode_draft_rank(target, draft, prompts, config, lanes: int, trees: list):
 
 @pytest.mark.parametrize("steps", ["alone", "lanes", "static lanes"])
 @pytest.mark.parametrize("kind", ["standalone", "eagle3"])
-def test_draft_rank_chosen_on_the_device_verifies_the_hosts_trees(weights, kind, steps,
-                                                                   monkeypatch):
-    """draft_rank with its tree chosen on the device (`targetrows.hf.device_tree`) verifies,
-    the trees the rule chooses on the host from the read pool, and commits
-    the same tokens, greedy and sampled (the same draws: the pass's rows are in the same
+@pytest.mark.parametrize("decoder", ["draft_rank", "rerank"])
+def test_trees_chosen_on_the_device_are_the_hosts(weights, decoder, kind, steps, monkeypatch):
+    """draft_rank and rerank with their trees chosen on the device
+    (`targetrows.hf.device_tree`) verify the trees the rule chooses on the host from the read
+    pool (and, for rerank, the root row's log-probs at its first level), and commit the same
+    tokens, greedy and sampled (the same draws: the pass's rows are in the same
     order), with the GPU's branches (the pool read with the draws) and without; the tokens,
     depths and ancestors fed from the device are the read tree's."""
     from replayed_graphs import gpu_branches
@@ -352,17 +353,16 @@ def test_draft_rank_chosen_on_the_device_verifies_the_hosts_trees(weights, kind,
 
     lanes = 1 if steps == "alone" else 3
     for temperature, gpu, pool in ((0.0, False, PoolShape(4, 4)), (0.8, True, PoolShape(2, 6))):
-        config = decode_config("draft_rank", budget=9, max_new_tokens=16, pool=pool,
+        config = decode_config(decoder, budget=9, max_new_tokens=16, pool=pool,
                                temperature=temperature, seed=3)
         runs = []
         for on_device in (True, False):
             if not on_device:
-                monkeypatch.setattr(planners, "_chosen_on_device", lambda r, read: None)
+                monkeypatch.setattr(planners, "_chosen_on_device", lambda *args: None)
             target, draft = _pair(weights, kind, static=steps == "static lanes")
             trees: list = []
             with gpu_branches() if gpu else nullcontext():
-                tokens = _decode_draft_rank(target, draft, CONTEXTS[:lanes], config, lanes,
-                                            trees)
+                tokens = _decode(target, draft, CONTEXTS[:lanes], config, lanes, trees)
             runs.append((tokens, sorted(trees)))  # lanes' rounds in the order they ran
         monkeypatch.undo()
         assert runs[0] == runs[1]
@@ -370,9 +370,10 @@ def test_draft_rank_chosen_on_the_device_verifies_the_hosts_trees(weights, kind,
         assert max(len(set(p)) for _, p in runs[0][1]) >= 4  # and depth
 
 
-def test_draft_rank_reads_once_a_round_on_a_gpu(weights):
-    """With the GPU's branches, a draft_rank round reads the device once: the verify pass's
-    draws, which bring the pool, and so the tree, with them."""
+@pytest.mark.parametrize("decoder", ["draft_rank", "rerank"])
+def test_trees_chosen_on_the_device_are_read_once_a_round_on_a_gpu(weights, decoder):
+    """With the GPU's branches, a draft_rank or rerank round reads the device once: the
+    verify pass's draws, which bring the pool, and so the tree, with them."""
     from replayed_graphs import gpu_branches
     from rerankers import decode_config
 
@@ -380,7 +381,7 @@ def test_draft_rank_reads_once_a_round_on_a_gpu(weights):
 
     for kind in ("standalone", "eagle3"):
         target, draft = _pair(weights, kind)
-        config = decode_config("draft_rank", budget=9, max_new_tokens=16, pool=PoolShape(4, 4))
+        config = decode_config(decoder, budget=9, max_new_tokens=16, pool=PoolShape(4, 4))
         with gpu_branches(), fetches() as reads:
             result = generate(target, draft, CONTEXTS[1], config)
         assert len(reads) == len(result.rounds), (kind, reads)

@@ -126,7 +126,7 @@ def _verified(target, context: list[int], plan, store: RowStore, config: DecodeC
     the plan's observer."""
     ctx = context + plan.prefix
     if plan.on_device is not None:
-        return (yield from _verify_on_device(target, ctx, plan.on_device, config, stats))
+        return (yield from _verify_on_device(target, ctx, plan.on_device, store, config, stats))
     if plan.tree is None:
         return []
     tokens, rows, nodes = yield from _verify(target, ctx, plan.tree, store, config, stats,
@@ -183,14 +183,17 @@ def _verify(target, ctx: list[int], tree: Tree, store: RowStore, config: DecodeC
     return accepted + [bonus], rows, nodes
 
 
-def _verify_on_device(target, ctx: list[int], tree, config: DecodeConfig,
+def _verify_on_device(target, ctx: list[int], tree, store: RowStore, config: DecodeConfig,
                       stats: RoundStats) -> Passes[list[int]]:
-    """One target pass over a tree chosen on the device (`Plan.on_device`), then the walk:
-    the accepted path's tokens + bonus. The pass's draws are the round's one read, and the
-    draft's pool, so the tree, comes with them."""
+    """One target pass over a tree chosen on the device (`Plan.on_device`; the root's row
+    from the store where the root pass gave it), then the walk: the accepted path's tokens +
+    bonus. The pass's draws are the round's one read, and the draft's pool, so the tree,
+    comes with them."""
     t = time.perf_counter()
-    rows = yield from target.tree_on_device_passes(ctx, tree)
-    draws = target.draw(rows, config.temperature)
+    root_logits = store.get(ctx)
+    rows = yield from target.tree_on_device_passes(ctx, tree, root=root_logits is None)
+    draws = target.draw(rows if root_logits is None else (root_logits, rows),
+                        config.temperature)
     stats.target_passes += 1
     stats.t_verify = time.perf_counter() - t
     read = target.settle_tree(tree)

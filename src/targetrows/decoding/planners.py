@@ -62,23 +62,32 @@ def _count_pool_passes(r: Round, cand: Tree) -> None:
     r.stats.draft_passes += cfg.pool_depth if drafts_full_depth(r.draft) else int(cand.depth.max())
 
 
-def _chosen_on_device(r: Round, read: PoolRead):
-    """draft_rank's tree chosen where the draft's pool is, not read yet
+# the root-pool rules whose tree a device can choose (`targetrows.hf.device_tree`), by the
+# rows they read: the draft's log-probs alone, or with the first level's from the root row
+ON_DEVICE = {"draft_rank": (), "target_rerank": ("root_row",)}
+
+
+def _chosen_on_device(r: Round, read: PoolRead, root_logits):
+    """The rule's tree chosen where the draft's pool is, not read yet
     (`targetrows.hf.device_tree`): the verify pass is fed from there, and the pool comes to
     the host with its draws, one read a round. None where the pool is read anyway (a draft
-    that grows it on the host), the rule is not draft_rank, or the target takes no such
-    tree."""
+    that grows it on the host), or the rule or the target cannot."""
     rule, budget = r.rule, r.config.budget
-    if (read.choose is None or rule.tree != "pool" or not rule.draft_ranked
-            or getattr(r.target, "tree_on_device_passes", None) is None
-            or r.store.get(r.context) is not None):
+    if (read.choose is None or ON_DEVICE.get(rule.name) != rule.reads or budget < 1
+            or getattr(r.target, "tree_on_device_passes", None) is None):
         return None
+    rescore = None
+    if "root_row" in rule.reads:
+        temperature = r.config.temperature
 
-    def select(cand: Tree, logq: np.ndarray) -> np.ndarray:
+        def rescore(tokens):  # the root row's log-probs at the first level's tokens
+            return r.target.logprobs_on_device(root_logits, tokens, temperature)
+
+    def select(cand: Tree, logq: np.ndarray, root_logp: np.ndarray | None = None) -> np.ndarray:
         _count_pool_passes(r, cand)
-        return rule.select(cand, logq, budget)
+        return rule.select(cand, logq, budget, root_logp=root_logp)
 
-    return read.choose(budget, select)
+    return read.choose(budget, select, rescore)
 
 
 def _rows_read(r: Round, read: PoolRead, root_logits) -> Callable[[Tree], dict]:
@@ -118,9 +127,9 @@ def plan_pool(r: Round) -> Passes[Plan]:
         root_logits, read = yield from root_pass_alongside(r, _root_pool(r))
     else:
         read = yield from timed_draft_work(r, _root_pool(r))
-        chosen = _chosen_on_device(r, read)
-        if chosen is not None:
-            return Plan([], None, on_device=chosen)
+    chosen = _chosen_on_device(r, read, root_logits)
+    if chosen is not None:
+        return Plan([], None, on_device=chosen)
     rows = _rows_read(r, read, root_logits)
     cand, logq = _read_pool(r, read)  # on a GPU the rows come with it: one wait
     chosen = r.rule.select(cand, logq, r.config.budget, reranker=r.config.reranker,

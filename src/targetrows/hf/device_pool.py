@@ -192,10 +192,11 @@ class _PoolWait:
     def choose(self) -> Callable[..., TreeOnDevice] | None:
         return None if self.on_device is None else self._choose
 
-    def _choose(self, budget: int, select: Callable[[Tree, np.ndarray], np.ndarray]
-                ) -> TreeOnDevice:
-        """The top `budget` nodes, chosen on the device, their read queued with the pool's;
-        `select(tree, logq)`: the rule's own choice, which the device's is checked against."""
+    def _choose(self, budget: int, select: Callable[..., np.ndarray],
+                rescore=None) -> TreeOnDevice:
+        """The top `budget` nodes, chosen on the device (`device_tree.choose_on_device`), their
+        read queued with the pool's; `select`: the rule's own choice, which the device's is
+        checked against."""
         model, levels, root_token, logq = self.on_device
 
         def pool_read() -> tuple[Tree, np.ndarray, np.ndarray]:
@@ -203,7 +204,7 @@ class _PoolWait:
             return self.tree, np.array(logq), self.places
 
         return choose_on_device(levels, root_token, budget, model._read_later, pool_read,
-                                select)
+                                select, rescore)
 
 
 class _Level:

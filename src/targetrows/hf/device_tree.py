@@ -50,12 +50,16 @@ class TreeOnDevice:
 
     def feed(self, feed: Feed, root_position: int, device: torch.device) -> Feed:
         """`feed`, planned by `HFModel` for a stand-in of `size` nodes fed after the uncached
-        tail, with this tree's tokens, positions and what each fed token sees (the tail
-        causally; a node, the tail and its ancestors) made on `device`."""
+        tail (all of them, or all but a committed root), with this tree's tokens, positions
+        and what each fed token sees (the tail causally; a node, the tail and its ancestors,
+        a committed root among the prefix) made on `device`."""
         m, q = len(feed.tail), len(feed.ids)
-        if feed.base != feed.start or not np.array_equal(feed.query, np.arange(self.size)):
+        first = self.size - len(feed.query)  # 1: the root is committed, not fed
+        if feed.base != feed.start or not np.array_equal(feed.query,
+                                                         np.arange(first, self.size)):
             raise RuntimeError("a tree chosen on the device is fed whole after the prefix")
-        ids, positions, seen = (t.to(device) for t in (self.tokens, self.depth, self.ancestors))
+        ids, positions = (t[first:].to(device) for t in (self.tokens, self.depth))
+        seen = self.ancestors[first:, first:].to(device)
         positions = positions + root_position
         if m:
             ids = torch.cat([host_to_device(feed.tail, device), ids])
@@ -70,14 +74,19 @@ class TreeOnDevice:
 
 def choose_on_device(levels, root_token: int, budget: int, read_later,
                      pool_read: Callable[[], tuple[Tree, np.ndarray, np.ndarray]],
-                     select: Callable[[Tree, np.ndarray], np.ndarray]) -> TreeOnDevice:
-    """draft_rank's tree of `budget` nodes from a pool still on the device (one root): its
-    `levels` (`device_pool._Level`: each level's fed frontier, its `select`ed places in the
-    level before and whether `kept`, and its children's `tokens` and `logq` [1, F, k]).
-    `read_later(tensors, use)` queues the read of the chosen places with the pool's and
-    returns a function that waits for it; `pool_read()` gives the read pool (tree, logq, and
-    each device node's pool index, -1 for a dead one); `select(tree, logq)` is the rule's own
-    selection, which the device's must equal.
+                     select: Callable[..., np.ndarray],
+                     rescore: Callable[[torch.Tensor], torch.Tensor] | None = None
+                     ) -> TreeOnDevice:
+    """The tree of `budget` nodes a root-pool rule chooses, from a pool still on the device
+    (one root): its `levels` (`device_pool._Level`: each level's fed frontier, its
+    `select`ed places in the level before and whether `kept`, and its children's `tokens`
+    and `logq` [1, F, k]). By the draft's log-probs (draft_rank), or with each first-level
+    log-prob replaced by `rescore(tokens)` [1, k], a target row's at the first level's tokens
+    (target_rerank). `read_later(tensors, use)` queues the read of the chosen places (and the
+    rescored log-probs) with the pool's and returns a function that waits for it;
+    `pool_read()` gives the read pool (tree, logq, and each device node's pool index, -1 for
+    a dead one); ``select(tree, logq[, first_logp])`` is the rule's own selection, which the
+    device's must equal.
 
     The pool is taken flat, the root at place 0 and each level's children after it; what
     depends only on its shape (each place's frontier node and depth, each frontier node's
@@ -90,7 +99,13 @@ def choose_on_device(levels, root_token: int, budget: int, read_later,
     front_place = torch.cat([lv.select.reshape(-1) for lv in levels]) + offset
     alive = torch.cat([lv.kept.reshape(-1) for lv in levels])[to_front[1:]]
     logq = torch.cat([lv.logq.reshape(-1) for lv in levels])
-    # the top-B children in draft_rank's order (ties to the lower place: a stable sort), then
+    reads = []
+    if rescore is not None:
+        first_logp = rescore(levels[0].tokens.reshape(1, -1))
+        logq = _rescored(logq, first_logp.reshape(-1), front_place[to_front], depth_at,
+                         len(levels))
+        reads.append(first_logp)
+    # the top-B children in the rule's order (ties to the lower place: a stable sort), then
     # in pool order after the root
     size = min(budget, len(logq))
     keys = torch.where(alive, logq.clamp(min=LOWEST), -math.inf)
@@ -105,21 +120,37 @@ def choose_on_device(levels, root_token: int, budget: int, read_later,
     for _ in levels:
         ancestors = eye | ancestors[parent]
     got = []
-    wait = read_later([chosen], got.extend)
+    wait = read_later([chosen, *reads], got.extend)
 
     def read() -> Tree:
         pool, logq, places = pool_read()
         wait()
         nodes = np.concatenate([[0], places[got[0][1:] - 1]])
-        want = select(pool, logq)
+        want = select(pool, logq, *(values.reshape(-1) for values in got[1:]))
         if not np.array_equal(nodes, want):
             raise RuntimeError(
                 f"the tree chosen on the device (pool nodes {nodes.tolist()}) is not the rule's "
-                f"({want.tolist()}): a bug in targetrows.hf.device_tree; run with --graphs off "
-                "and report it")
+                f"({want.tolist()}): a bug in targetrows.hf.device_tree; please report it with "
+                "the decoder, its settings and the models")
         return pool.subtree(want)
 
     return TreeOnDevice(size + 1, tokens[chosen], depth_at[chosen], ancestors, read)
+
+
+def _rescored(logq: torch.Tensor, first_logp: torch.Tensor, parent_place: torch.Tensor,
+              depth: torch.Tensor, n_levels: int) -> torch.Tensor:
+    """Each child's cumulative log-prob with its first-level ancestor's replaced by
+    `first_logp` (one per first-level place), as `targetrows.core.rules.batch.PoolBatch
+    .rescored_first` computes it: the first level's value plus the draft's log-prob below it
+    (-inf where that is -inf minus -inf)."""
+    # each place's first-level ancestor (the root's: the root), by pointer doubling
+    up = torch.where(depth <= 1, torch.arange(len(depth), device=depth.device), parent_place)
+    for _ in range(n_levels.bit_length()):
+        up = up[up]
+    full = torch.cat([torch.zeros(1, dtype=logq.dtype, device=logq.device), logq])
+    below = full - full[up]
+    below = torch.where(below.isnan(), -math.inf, below)
+    return (first_logp[(up - 1).clamp(min=0)] + below)[1:]
 
 
 class _Structure:

@@ -236,18 +236,19 @@ class HFModel(TorchRows):
         return (yield from self._pass_rows(self._plan_feed(ctx, tree, nodes), ctx))
 
     @torch.inference_mode()
-    def tree_on_device_passes(self, context: Sequence[int],
-                              tree: TreeOnDevice) -> Passes[torch.Tensor]:
-        """`logits_passes` at every node of a tree chosen on the device and not read yet
-        (`targetrows.hf.device_tree`): the pass is planned for a stand-in of its size (the
-        tail, the slots) and fed the tree's tokens, positions and ancestors from the device.
-        `settle_tree` makes the read tree this model's, before `commit`."""
+    def tree_on_device_passes(self, context: Sequence[int], tree: TreeOnDevice,
+                              root: bool = True) -> Passes[torch.Tensor]:
+        """`logits_passes` at the nodes of a tree chosen on the device and not read yet
+        (`targetrows.hf.device_tree`): all of them, or all but the `root` (its row known, from
+        the root pass that committed it). The pass is planned for a stand-in of the tree's size
+        (the tail, the slots) and fed the tree's tokens, positions and ancestors from the
+        device. `settle_tree` makes the read tree this model's, before `commit`."""
         ctx = np.asarray(context, dtype=np.int64).reshape(-1)
-        self._keep_prefix(ctx[:-1])  # the root is fed with the tree (a cached one, again)
+        self._keep_prefix(ctx if not root else ctx[:-1])  # a root asked for is fed again
         self._drop_tree()
         stand_in = Tree(np.full(tree.size, ctx[-1]), np.arange(-1, tree.size - 1))  # a chain
         self._adopt_tree(stand_in, len(ctx))
-        feed = self._plan_feed(ctx, stand_in, np.arange(tree.size))
+        feed = self._plan_feed(ctx, stand_in, np.arange(0 if root else 1, tree.size))
         feed = tree.feed(feed, len(ctx) - 1, self.input_device)
         return (yield from self._pass_rows(feed, ctx))
 

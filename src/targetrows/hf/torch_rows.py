@@ -263,7 +263,7 @@ class TorchRows:
     def logprobs(self, logits: torch.Tensor | tuple[torch.Tensor, ...], tokens: np.ndarray,
                  temperature: float) -> np.ndarray:
         tokens = np.atleast_2d(np.asarray(tokens, dtype=np.int64))
-        return self._fetch(self._gathered(logits, tokens, temperature))[0]
+        return self._fetch(self.logprobs_on_device(logits, tokens, temperature))[0]
 
     @torch.inference_mode()
     def logprobs_read_later(self, logits: torch.Tensor | tuple[torch.Tensor, ...],
@@ -273,16 +273,17 @@ class TorchRows:
         not read yet), read with the next read on the rows' device (the pool's, when it is
         there: one wait for both). Returns a function that gives them."""
         got = []
-        wait = self._read_later([self._gathered(logits, tokens, temperature)], got.extend)
+        wait = self._read_later([self.logprobs_on_device(logits, tokens, temperature)], got.extend)
 
         def value() -> np.ndarray:
             wait()
             return got[0]
         return value
 
-    def _gathered(self, logits, tokens: np.ndarray | torch.Tensor,
-                  temperature: float) -> torch.Tensor:
-        """The log-probs (float64, on the device) of rows `logits` (a tuple of blocks: their
+    @torch.inference_mode()
+    def logprobs_on_device(self, logits, tokens: np.ndarray | torch.Tensor,
+                           temperature: float) -> torch.Tensor:
+        """`logprobs` left on the device (float64): of rows `logits` (a tuple of blocks: their
         rows in order) at `tokens` [1 or rows, m]."""
         if isinstance(logits, tuple):
             logits = torch.cat(logits)
