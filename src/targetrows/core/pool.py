@@ -190,8 +190,8 @@ class PoolRead:
     children there [1, k], in pool order (what a read that should come with the pool's needs:
     `targetrows.hf.torch_rows.TorchRows.logprobs_read_later`); None otherwise. A device's
     pool comes with its `tree` built already (`targetrows.hf.device_pool`). `choose`: for a
-    pool still on a device under one root, ``choose(budget, select)`` chooses draft_rank's
-    tree there (`targetrows.hf.device_tree`); None otherwise."""
+    pool still on a device under one root, ``choose(budget, select, rescore)`` chooses a
+    root-pool rule's tree there (`targetrows.hf.device_tree`); None otherwise."""
 
     def __init__(self, wait: Callable[[], None], tokens: list[int], parents: list[int],
                  logq: list[float]):

@@ -27,7 +27,8 @@ from targetrows.core.pool import (
     pool_under,
 )
 from targetrows.core.recycle import TOKEN_RECYCLING_TEMPLATE, Recycler
-from targetrows.core.rules.rule import tree_after_t0
+from targetrows.core.rules.root_pool import root_row_scores
+from targetrows.core.rules.rule import draft_scores, tree_after_t0
 from targetrows.core.tree import Tree
 
 from .round import Plan, Round, root_pass_alongside, timed_draft_work
@@ -62,9 +63,9 @@ def _count_pool_passes(r: Round, cand: Tree) -> None:
     r.stats.draft_passes += cfg.pool_depth if drafts_full_depth(r.draft) else int(cand.depth.max())
 
 
-# the root-pool rules whose tree a device can choose (`targetrows.hf.device_tree`), by the
-# rows they read: the draft's log-probs alone, or with the first level's from the root row
-ON_DEVICE = {"draft_rank": (), "target_rerank": ("root_row",)}
+# the scores by which a device can choose a root-pool tree (`targetrows.hf.device_tree`): the
+# draft's own (draft_rank), or with the first level's from the exact root row (target_rerank)
+DEVICE_SCORES = (draft_scores, root_row_scores)
 
 
 def _chosen_on_device(r: Round, read: PoolRead, root_logits):
@@ -73,11 +74,12 @@ def _chosen_on_device(r: Round, read: PoolRead, root_logits):
     the host with its draws, one read a round. None where the pool is read anyway (a draft
     that grows it on the host), or the rule or the target cannot."""
     rule, budget = r.rule, r.config.budget
-    if (read.choose is None or ON_DEVICE.get(rule.name) != rule.reads or budget < 1
+    if (read.choose is None or rule.tree != "pool" or rule.shape is not None
+            or rule.scores not in DEVICE_SCORES or budget < 1
             or getattr(r.target, "tree_on_device_passes", None) is None):
         return None
     rescore = None
-    if "root_row" in rule.reads:
+    if rule.scores is root_row_scores:
         temperature = r.config.temperature
 
         def rescore(tokens):  # the root row's log-probs at the first level's tokens

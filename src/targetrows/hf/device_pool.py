@@ -176,7 +176,7 @@ class _PoolWait:
     was read at once (the CPU). `tree`: the pool's lists as a `Tree`, once read (the one the
     draft adopted, so a reader need not build it again); `places`: the pool index of each
     node on the device, level by level (-1: dead). `choose`: where the read was queued under
-    one root, draft_rank's tree chosen on the device (`targetrows.hf.device_tree`)."""
+    one root, a root-pool rule's tree chosen on the device (`targetrows.hf.device_tree`)."""
 
     def __init__(self):
         self.wait: Callable[[], None] = _filled

@@ -1,19 +1,22 @@
-"""draft_rank's tree chosen on the device, so the verify pass is queued before the pool is read.
+"""Root-pool trees chosen on the device, so the verify pass is queued before the pool is read.
 
-On a GPU a round of `draft_rank` (EAGLE-2) would read from the device twice: the drafted pool,
-to choose the tree, then the verify pass's draws. While the host reads the pool and plans the verify
-pass, the card idles. Here the tree is chosen where the pool is (`targetrows.hf.device_pool`),
-the target is fed from device tensors, and the pool comes to the host with the draws: one
-read a round, as in SGLang's EAGLE worker, whose draft tree also never leaves the card.
+On a GPU a round of `draft_rank` (EAGLE-2) or `rerank` would read from the device twice: the
+drafted pool (with the root row's log-probs at its first level, for rerank), to choose the
+tree, then the verify pass's draws. While the host reads the pool and plans the verify pass,
+the card idles. Here the tree is chosen where the pool is (`targetrows.hf.device_pool`), the
+target is fed from device tensors, and the pool comes to the host with the draws: one read a
+round, as in SGLang's EAGLE worker, whose draft tree also never leaves the card.
 
-The tree is the pool's top-B nodes by cumulative log-prob, ties to the lower pool index
-(`targetrows.core.rules.rule.Rule.select` for draft_rank): one stable sort of the pool's keys,
-a live node's its log-prob and a dead one's -inf (`LOWEST`), so live nodes come
-first. Its size is known without a read: min(B, the pool's nodes on the device, dead included).
-A node outside the top-B of the unpruned pool is the only kind the pruning kills, so that many
-live nodes always exist (the host checks it). Sorted by pool index, the chosen nodes are in
-the order `Tree.subtree` gives them, so the verify pass feeds them as it would have, and its
-rows, draws and samples are the two-read round's, row for row.
+The tree is the pool's top-B nodes by score, ties to the lower pool index
+(`targetrows.core.rules.rule.Rule.select`): the draft's cumulative log-prob (draft_rank), or
+that with each first-level log-prob replaced by the root row's (target_rerank). One stable sort
+of the pool's keys, a live node's its score and a dead one's -inf (`LOWEST`), so live nodes
+come first. The tree's size is known without a read: min(B, the pool's nodes on the device,
+dead included). A node outside the top-B of the unpruned pool is the only kind draft_rank's
+pruning kills (a rerank pool is not pruned), so that many live nodes always exist. Sorted by
+pool index, the chosen nodes are in the order `Tree.subtree` gives them, so the verify pass
+feeds them as it would have, and its rows, draws and samples are the two-read round's, row
+for row.
 
 After the read the host builds the tree from the pool as before, runs the rule's own selection
 on it and checks that the device chose the same nodes (`TreeOnDevice.read`): the NumPy rule

@@ -244,7 +244,7 @@ class HFModel(TorchRows):
         (the tail, the slots) and fed the tree's tokens, positions and ancestors from the
         device. `settle_tree` makes the read tree this model's, before `commit`."""
         ctx = np.asarray(context, dtype=np.int64).reshape(-1)
-        self._keep_prefix(ctx if not root else ctx[:-1])  # a root asked for is fed again
+        self._keep_prefix(ctx[:-1] if root else ctx)  # a root asked for is fed again
         self._drop_tree()
         stand_in = Tree(np.full(tree.size, ctx[-1]), np.arange(-1, tree.size - 1))  # a chain
         self._adopt_tree(stand_in, len(ctx))
