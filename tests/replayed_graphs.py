@@ -273,7 +273,7 @@ def gpu_branches(count_waits: bool = True):
     timing events); yields a Counter of the other host waits a GPU would have, by our line
     that made them (a model's `synchronize` among them). `count_waits` False: the operations
     are not counted (their dispatch mode costs host time, which a timing should not see)."""
-    from targetrows.hf import eagle3, model, torch_rows
+    from targetrows.hf import device_rounds, eagle3, torch_rows
 
     waits: Counter = Counter()
 
@@ -285,7 +285,7 @@ def gpu_branches(count_waits: bool = True):
                (torch_rows, "reads_are_free", lambda device: False),
                (torch_rows.TorchRows, "timing_event", lambda self: TimingEvent()),
                (torch_rows.TorchRows, "synchronize", synchronize)]
-    patches += [(module, "ranked", _sorted_topk) for module in (torch_rows, model, eagle3)]
+    patches += [(module, "ranked", _sorted_topk) for module in (torch_rows, device_rounds, eagle3)]
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
     for owner, name, value in patches:
         setattr(owner, name, value)

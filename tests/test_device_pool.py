@@ -4,6 +4,7 @@ the same, at batch 1, over batched lanes and with static passes; budget-pruned, 
 roots; read once; and the draft keeps what it fed."""
 
 from contextlib import contextmanager, nullcontext
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -328,12 +329,10 @@ def _decode(target, draft, prompts, config, lanes: int, trees: list):
         return read
 
     verify, settle = loop._verify, HFModel.settle_tree
-    loop._verify, HFModel.settle_tree = recorded_verify, recorded_settle
-    try:
+    with mock.patch.object(loop, "_verify", recorded_verify), \
+            mock.patch.object(HFModel, "settle_tree", recorded_settle):
         jobs = [lambda t, d, p=p: loop.decode_passes(t, d, p, config) for p in prompts]
         return [r.tokens for r in run_batched(target, draft, jobs, lanes)]
-    finally:
-        loop._verify, HFModel.settle_tree = verify, settle
 
 
 @pytest.mark.parametrize("steps", ["alone", "lanes", "static lanes"])

@@ -25,20 +25,19 @@ import torch
 from targetrows.core.passes import Pass, Passes, run_now
 from targetrows.core.tree import Tree
 from targetrows.hf.cache import cache_kwargs, growing_cache
-from targetrows.hf.device_pool import grow_pool_passes
-from targetrows.hf.device_tree import TreeOnDevice
+from targetrows.hf.device_rounds import DeviceRounds
 from targetrows.hf.engine import Engine, OwnPasses, capture_inputs
 from targetrows.hf.fed_tree import adopt, common_prefix, extends
-from targetrows.hf.feed import Feed, plan_feed, region, seen_by, tree_mask
+from targetrows.hf.feed import Feed, plan_feed, region, tree_mask
 from targetrows.hf.gqa_attention import NAME as GQA_ATTENTION
 from targetrows.hf.gqa_attention import use_gqa_kernel
 from targetrows.hf.kept_features import KeptFeatures
 from targetrows.hf.lean_forward import lean_forward
 from targetrows.hf.streams import SideStream
-from targetrows.hf.torch_rows import TorchRows, host_to_device, on_device, ranked
+from targetrows.hf.torch_rows import TorchRows, host_to_device, on_device
 
 
-class HFModel(TorchRows):
+class HFModel(DeviceRounds, TorchRows):
     """A Hugging Face causal LM seen as a source of rows (implements `targetrows.decoding.model.Model`).
 
     `vocab_size` (default: the model's logit width) is the tokenizer's vocabulary: rows are cut
@@ -235,30 +234,6 @@ class HFModel(TorchRows):
         self._adopt_tree(tree, len(ctx))
         return (yield from self._pass_rows(self._plan_feed(ctx, tree, nodes), ctx))
 
-    @torch.inference_mode()
-    def tree_on_device_passes(self, context: Sequence[int], tree: TreeOnDevice,
-                              root: bool = True) -> Passes[torch.Tensor]:
-        """`logits_passes` at the nodes of a tree chosen on the device and not read yet
-        (`targetrows.hf.device_tree`): all of them, or all but the `root` (its row known, from
-        the root pass that committed it). The pass is planned for a stand-in of the tree's size
-        (the tail, the slots) and fed the tree's tokens, positions and ancestors from the
-        device. `settle_tree` makes the read tree this model's, before `commit`."""
-        ctx = np.asarray(context, dtype=np.int64).reshape(-1)
-        self._keep_prefix(ctx[:-1] if root else ctx)  # a root asked for is fed again
-        self._drop_tree()
-        stand_in = Tree(np.full(tree.size, ctx[-1]), np.arange(-1, tree.size - 1))  # a chain
-        self._adopt_tree(stand_in, len(ctx))
-        feed = self._plan_feed(ctx, stand_in, np.arange(0 if root else 1, tree.size))
-        feed = tree.feed(feed, len(ctx) - 1, self.input_device)
-        return (yield from self._pass_rows(feed, ctx))
-
-    def settle_tree(self, tree: TreeOnDevice) -> Tree:
-        """The tree `tree_on_device_passes` fed, read (with the pool: after the pass's draws,
-        no further wait), made this model's tree in its stand-in's place."""
-        read = tree.read()
-        self._tree = read
-        return read
-
     def _pass_rows(self, feed: Feed, ctx: np.ndarray) -> Passes[torch.Tensor]:
         """Ask for `feed`'s pass; keep its features and committed tail; its requested rows."""
         try:
@@ -343,49 +318,6 @@ class HFModel(TorchRows):
             self.commit(ctx)
         return self._kept.read(start, end, len(self.feature_layers) * self.hidden_size,
                                self.dtype)
-
-    # -- pools grown on the device (`targetrows.hf.device_pool`) --------------------------------
-    grow_passes = grow_pool_passes
-
-    def _pool_width(self) -> int:
-        return self.vocab_size
-
-    def _root_position(self, n_ctx: int) -> int:
-        return n_ctx - 1
-
-    def _pool_first(self, context, tree: Tree, roots: np.ndarray) -> Passes[torch.Tensor]:
-        return self.logits_passes(context, tree, roots)
-
-    def _pool_topk(self, rows: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """`topk`'s (ids, float64 log-probs), left on the device."""
-        ids, vals = ranked(self._work(rows), k)
-        return ids, vals.double()
-
-    def _pool_seen(self, nodes: np.ndarray) -> torch.Tensor:
-        seen = seen_by(nodes, len(self._prefix), self._cache_len(), self._slot,
-                       self._tree.ancestor_mask())
-        return host_to_device(seen, self.input_device)
-
-    def _pool_entries(self) -> int:
-        return self._cache_len()
-
-    def _pool_feed(self, rows, parent, ids: torch.Tensor, positions: np.ndarray,
-                   seen: torch.Tensor) -> Passes[torch.Tensor]:
-        """One level of new tree nodes, their tokens and what they see given on the device."""
-        start, n = len(self._prefix), len(ids)
-        none = np.zeros(0, dtype=np.int64)
-        feed = Feed(start, self._cache_len(), tail=none, query=none, ids=ids,
-                     positions=positions, keep=np.arange(n), seen=seen[:, start:])
-        return (yield from self._pass_rows(feed, self._prefix))
-
-    def _pool_adopt(self, pool: Tree, n_ctx: int, fed) -> None:
-        """The pool becomes the model's tree, its live fed nodes at the entries they were fed
-        at (rows asked for at them later are not fed again; `commit` keeps the accepted
-        ones)."""
-        self._adopt_tree(pool, n_ctx)
-        for first_slot, _, nodes in fed:
-            live = np.flatnonzero(nodes >= 0)
-            self._slot[nodes[live]] = first_slot + live
 
     # -- commit --------------------------------------------------------------------------------
     @torch.inference_mode()
