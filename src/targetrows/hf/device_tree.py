@@ -60,7 +60,8 @@ class TreeOnDevice:
         first = self.size - len(feed.query)  # 1: the root is committed, not fed
         if feed.base != feed.start or not np.array_equal(feed.query,
                                                          np.arange(first, self.size)):
-            raise RuntimeError("a tree chosen on the device is fed whole after the prefix")
+            raise RuntimeError("a tree chosen on the device is fed right after the committed "
+                               "prefix, each node once: its caller planned otherwise (a bug)")
         ids, positions = (t[first:].to(device) for t in (self.tokens, self.depth))
         seen = self.ancestors[first:, first:].to(device)
         positions = positions + root_position
@@ -159,8 +160,8 @@ def _rescored(logq: torch.Tensor, first_logp: torch.Tensor, parent_place: torch.
 class _Structure:
     """What a flat pool of levels shaped (F, k) holds where, as host arrays: `to_front`, the
     frontier node each place is a child of (the root's own: the root, frontier node 0);
-    `offset`, each frontier node's first place in its level's level before (its `select` is
-    relative to it); `depth`, each place's."""
+    `offset`, the first place of the level each frontier node's `select` counts in (the
+    root's: 0); `depth`, each place's."""
 
     def __init__(self, shapes: list[tuple[int, int]]):
         fronts = np.cumsum([0] + [f for f, _ in shapes])
