@@ -342,9 +342,9 @@ def test_trees_chosen_on_the_device_are_the_hosts(weights, decoder, kind, steps,
     """draft_rank and rerank with their trees chosen on the device
     (`targetrows.hf.device_tree`) verify the trees the rule chooses on the host from the read
     pool (and, for rerank, the root row's log-probs at its first level), and commit the same
-    tokens, greedy and sampled (the same draws: the pass's rows are in the same
-    order), with the GPU's branches (the pool read with the draws) and without; the tokens,
-    depths and ancestors fed from the device are the read tree's."""
+    tokens, greedy and sampled (the same draws: the pass's rows are in the same order), with
+    the GPU's branches (the pool read with the draws) and without; the tokens, depths and
+    ancestors fed from the device are the read tree's."""
     from replayed_graphs import gpu_branches
     from rerankers import decode_config
 
