@@ -112,3 +112,18 @@ def test_the_readme_example_runs_without_torch():
     code = "import sys; sys.modules['torch'] = None\n" + example
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("command", ["decode", "record", "compare", "bench", "part-times"])
+def test_model_commands_answer_help_and_bad_options_without_torch(command):
+    """The commands that load models build their options with torch unavailable, so `--help`
+    and a mistyped option answer at once, not after torch and transformers load (seconds)."""
+    code = ("import sys; sys.modules['torch'] = None\n"  # any `import torch` now raises
+            "from targetrows.cli import main\n"
+            "main(sys.argv[1:])")
+    run = [sys.executable, "-c", code, command]
+    helped = subprocess.run([*run, "--help"], capture_output=True, text=True, timeout=120)
+    assert helped.returncode == 0 and "--dtype" in helped.stdout, helped.stderr
+    bad = subprocess.run([*run, "--target", "t", "--dtype", "fp8"], capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode == 2 and "invalid choice: 'fp8'" in bad.stderr, bad.stderr

@@ -183,8 +183,8 @@ def drop_unneeded_draft(args: argparse.Namespace, decoders) -> None:
 def add_model_arguments(parser: argparse.ArgumentParser, draft: bool = True) -> None:
     """--target --draft --draft-lookup --target-device --draft-device --dtype --draft-dtype
     --trust-remote-code --allow-pickle --graphs --max-context --plain-linears (no draft options when
-    ``draft=False``). Imports torch (the dtypes)."""
-    from targetrows.hf.loading import DTYPES, TRUST_CHOICES
+    ``draft=False``). Imports no torch: `--help` and a mistyped option answer at once."""
+    from targetrows.hf.choices import DTYPE_NAMES, GRAPH_MODES, TRUST_CHOICES
 
     parser.add_argument(
         "--target",
@@ -222,7 +222,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, draft: bool = True) -> 
     parser.add_argument(
         "--dtype",
         default="auto",
-        choices=["auto", *DTYPES],
+        choices=["auto", *DTYPE_NAMES],
         help="weights dtype; auto: bfloat16 wherever it is fast (a GPU of compute capability 8 "
         "or later, or a CPU with AMX or AVX512-BF16), float16 on an older GPU, else float32",
     )
@@ -230,7 +230,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, draft: bool = True) -> 
         parser.add_argument(
             "--draft-dtype",
             default=None,
-            choices=["auto", *DTYPES],
+            choices=["auto", *DTYPE_NAMES],
             help="the draft's weights dtype (a draft only proposes tokens, so its precision "
             "changes speed, never the output); default: --dtype's",
         )
@@ -249,7 +249,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, draft: bool = True) -> 
         help="allow pickle .bin weights, which can run code when loaded",
     )
     parser.add_argument(
-        "--graphs", choices=["auto", "on", "off"], default="off",
+        "--graphs", choices=GRAPH_MODES, default="off",
         help="run the models' passes at static shapes, each replayed as a CUDA graph: auto "
         "where they can run (one CUDA card, a Llama, Qwen2 or Qwen3 model; eager elsewhere), on "
         "(an error where they cannot), off (eager; the default until a GPU run has checked "

@@ -27,7 +27,6 @@ from .streams import device_module
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 DEFAULT_CAPACITY = 4096  # entries per sequence: prompt, answer and one round's tree
-GRAPH_MODES = ("auto", "on", "off")
 
 
 class CapacityError(ValueError):

@@ -14,19 +14,11 @@ import re
 
 import torch
 
+from .choices import DTYPE_NAMES, TRUST_CHOICES
 from .model import HFModel
 from .packed import pack_linears
 
-DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "float64": torch.float64,
-    "fp64": torch.float64,
-}
+DTYPES = {name: getattr(torch, attr) for name, attr in DTYPE_NAMES.items()}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _PICKLE_PATTERNS = ("*.bin", "*.pt", "*.pth", "*.ckpt")
 _PADDING = re.compile(r"^\[PAD\d+\]$")
@@ -268,9 +260,6 @@ def tokenizer_difference(a, b) -> str | None:
             token = min(mismatch, key=vocab.get)
             return f"token {token!r} has id {va.get(token)} vs {vb.get(token)}"
     return None
-
-
-TRUST_CHOICES = ("all", "target", "draft")
 
 
 def trusts(trust_remote_code: bool | str, role: str) -> bool:

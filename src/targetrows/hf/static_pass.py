@@ -47,11 +47,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from .choices import GRAPH_MODES
 from .eagle3 import Eagle3Draft
 from .graphs import (
     BUCKETS,
     DEFAULT_CAPACITY,
-    GRAPH_MODES,
     BucketGraphs,
     CapacityError,
     GroupPerCount,
