@@ -182,9 +182,11 @@ def dag_config() -> dict:
 def snakemake_slurm(work: Path, env: dict, *extra: str, config: str = "",
                     targets: tuple[str, ...] = ()) -> subprocess.Popen:
     """The command of config/README.md "On a cluster", on the test configuration (and
-    `config`, YAML, over it), for `targets` (the whole DAG by default)."""
+    `config`, YAML, over it), for `targets` (the whole DAG by default); Snakemake checks
+    the jobs at a steady interval (tests/slurm_steady_polling.py)."""
     (work / "small_dag.yaml").write_text(SMALL_DAG + config)
-    argv = [SNAKEMAKE, *targets, "-s", str(REPO / "Snakefile"), "--directory", str(work),
+    argv = [sys.executable, str(REPO / "tests" / "slurm_steady_polling.py"), *targets,
+            "-s", str(REPO / "Snakefile"), "--directory", str(work),
             "--workflow-profile", str(PROFILE), "--configfile", str(CONFIG),
             str(work / "small_dag.yaml"), *extra]
     full_env = snakemake_env(SLURM_CONF=env["SLURM_CONF"])
