@@ -354,6 +354,14 @@ def test_non_finite_logits_name_the_position():
     hf._check_finite(huge, np.arange(2))
     with pytest.raises(ValueError, match=r"position\(s\) \[1\]"):
         hf.draw(huge, 0)
+    # the check keeps what it needs when it is queued: rows overwritten before the read (as
+    # the next replay of a CUDA graph's bucket overwrites its outputs) cannot hide a NaN
+    rows = torch.zeros(2, 8)
+    rows[1, 2] = float("nan")
+    hf._check_finite(rows, np.arange(2))
+    rows.zero_()
+    with pytest.raises(ValueError, match=r"position\(s\) \[1\]"):
+        hf._fetch()
 
 
 def test_sliding_window_models_are_refused():

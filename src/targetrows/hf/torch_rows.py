@@ -144,14 +144,14 @@ class TorchRows:
     # wait, and a bad row is named at once, before anything computes on it); tests set True
     _defer_checks: bool | None = None
 
-    def _check_later(self, flags: torch.Tensor, verdict: Callable[[np.ndarray], str | None]):
-        """A check of a pass's rows: `flags` (one per row, on the device) go to the host with the
-        next fetch, and `verdict(flags)` there names the problem, if any, which is then raised.
-        On a CPU it runs at once (unless `_defer_checks`)."""
+    def _check_later(self, values: torch.Tensor, verdict: Callable[[np.ndarray], str | None]):
+        """A check of a pass's rows: `values` (one per row, on the device) go to the host, as
+        float64, with the next fetch, and `verdict(values)` there names the problem, if any,
+        which is then raised. On a CPU it runs at once (unless `_defer_checks`)."""
         defer = self._defer_checks
         if defer is None:
-            defer = flags.device.type != "cpu"
-        self._pending.append((flags, verdict))
+            defer = values.device.type != "cpu"
+        self._pending.append((values, verdict))
         if not defer:
             self._fetch()
 
@@ -173,15 +173,15 @@ class TorchRows:
         """Queue the check that `rows` are finite: read back with the next draw, top-k or
         log-probs (no wait here); a NaN/inf row then names its sequence position, `positions`
         (an array, or a tensor read only then) at the rows' places `at` (all by default)."""
-        # a row's sum is finite only if every entry is, and over vocabulary-wide rows a sum
-        # costs a small fraction of an elementwise isfinite, which only a failed sum needs
-        sums_finite = torch.isfinite(rows.sum(dim=-1))
+        # one launch a pass: a row's sum in float64 is finite exactly when its entries are
+        # (a vocabulary of float32 entries sums to far below float64's range), and over
+        # vocabulary-wide rows it costs a fraction of an elementwise isfinite. Nothing reads
+        # the rows later, which a graph's next replay of the same bucket may have overwritten.
+        sums = rows.sum(dim=-1, dtype=torch.float64)
 
-        def verdict(finite_sums: np.ndarray) -> str | None:
-            if finite_sums.all():
-                return None
-            finite = torch.isfinite(rows).all(dim=-1).cpu().numpy()
-            if finite.all():  # finite entries whose sum overflowed
+        def verdict(row_sums: np.ndarray) -> str | None:
+            finite = np.isfinite(row_sums)
+            if finite.all():
                 return None
             where = np.asarray(positions.cpu() if isinstance(positions, torch.Tensor)
                                else positions)
@@ -190,7 +190,7 @@ class TorchRows:
                     f"{where[~finite].tolist()} (0-based, prompt included) contain NaN or "
                     f"inf; the model overflows in {self.dtype}: try --dtype float32")
 
-        self._check_later(sums_finite, verdict)
+        self._check_later(sums, verdict)
 
     def _fetch(self, *tensors: torch.Tensor, device: torch.device | None = None
                ) -> list[np.ndarray]:
@@ -202,16 +202,17 @@ class TorchRows:
         queued = _QUEUED.pop(where, [])
         reads = [*tensors, *(t for q in queued for t in q.tensors)]
         parts = [t.reshape(-1).to(torch.float64) for t in reads]  # ids < 2**53: exact
-        parts += [flags.reshape(-1).to(device=where, dtype=torch.float64) for flags, _ in pending]
+        parts += [values.reshape(-1).to(device=where, dtype=torch.float64)
+                  for values, _ in pending]
         host = torch.cat(parts).cpu().numpy() if parts else np.zeros(0)
         out, at = [], 0
         for t in reads:
             n = t.numel()
             out.append(host[at:at + n].reshape(tuple(t.shape)).astype(_NUMPY[t.dtype]))
             at += n
-        for flags, verdict in pending:
-            n = flags.numel()
-            problem = verdict(host[at:at + n] != 0)
+        for values, verdict in pending:
+            n = values.numel()
+            problem = verdict(host[at:at + n])
             at += n
             if problem:
                 raise ValueError(problem)
