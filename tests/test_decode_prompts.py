@@ -1,13 +1,12 @@
 """`targetrows decode`: prompts JSONL in, Spec-Bench answers out; resumable; bad input named."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 pytest.importorskip("torch")
 
+from cli_in_process import run_cli
 from tiny_models import save_tiny_pair
 
 from targetrows.specbench.questions import read_questions
@@ -30,19 +29,17 @@ def prompts(tmp_path):
     return path
 
 
-def decode(pair, prompts, out, *extra):
+def decode(capsys, pair, prompts, out, *extra):
+    """`targetrows decode` of `prompts` into `out` (in this process: `cli_in_process`)."""
     target, draft = pair
-    return subprocess.run(
-        [sys.executable, "-m", "targetrows.cli", "decode", "--target", target, "--draft", draft,
-         "--prompts", str(prompts), "--out", str(out), "--max-new-tokens", "12", "--top-k", "4",
-         "--depth", "3", "--no-progress", *extra],
-        capture_output=True, text=True, timeout=300,
-    )
+    return run_cli(capsys, "decode", "--target", target, "--draft", draft, "--prompts",
+                   str(prompts), "--out", str(out), "--max-new-tokens", "12", "--top-k", "4",
+                   "--depth", "3", "--no-progress", *extra)
 
 
-def test_answers_are_spec_bench_records(pair, prompts, tmp_path):
+def test_answers_are_spec_bench_records(pair, prompts, tmp_path, capsys):
     out = tmp_path / "fts.jsonl"
-    proc = decode(pair, prompts, out, "--decoder", "fts", "--budgets", "8", "4")
+    proc = decode(capsys, pair, prompts, out, "--decoder", "fts", "--budgets", "8", "4")
     assert proc.returncode == 0, proc.stderr
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(r["question_id"], r["budget"]) for r in records] == [("q1", 8), (2, 8), ("q1", 4), (2, 4)]
@@ -59,7 +56,7 @@ def test_answers_are_spec_bench_records(pair, prompts, tmp_path):
     assert not (tmp_path / "fts.jsonl.partial").exists()
     # ar's answers carry the same tokens: every decoder is lossless at temperature 0
     ar = tmp_path / "ar.jsonl"
-    assert decode(pair, prompts, ar, "--decoder", "ar").returncode == 0
+    assert decode(capsys, pair, prompts, ar, "--decoder", "ar").returncode == 0
     ar_tokens = {r["question_id"]: r["token_ids"] for r in map(json.loads, ar.read_text().splitlines())}
     for r in records:
         assert r["token_ids"][0] == ar_tokens[r["question_id"]][0]
@@ -74,14 +71,14 @@ def _split(record):
     return out
 
 
-def test_answers_at_batch_size_3_are_the_batch_1_answers(pair, prompts, tmp_path):
+def test_answers_at_batch_size_3_are_the_batch_1_answers(pair, prompts, tmp_path, capsys):
     """--batch-size 3 at temperature 1: the questions (one of two turns) at both budgets run
     three at a time, each answer with its batch-1 tokens (each its own derived seed), in the
     same order."""
     lines = {}
     for batch in ("1", "3"):
         out = tmp_path / f"batch{batch}.jsonl"
-        proc = decode(pair, prompts, out, "--decoder", "recycle", "--budgets", "8", "4",
+        proc = decode(capsys, pair, prompts, out, "--decoder", "recycle", "--budgets", "8", "4",
                       "--temperature", "1", "--batch-size", batch, "--dtype", "float32")
         assert proc.returncode == 0, proc.stderr
         lines[batch] = [json.loads(line) for line in out.read_text().splitlines()]
@@ -93,27 +90,27 @@ def test_answers_at_batch_size_3_are_the_batch_1_answers(pair, prompts, tmp_path
 @pytest.mark.parametrize("batch", [["--batch-size", "1"],
                                    ["--batch-size", "3", "--dtype", "bfloat16"]],
                          ids=["batch1", "batch3-bf16"])
-def test_resume_gives_identical_answers(pair, prompts, tmp_path, batch):
+def test_resume_gives_identical_answers(pair, prompts, tmp_path, batch, capsys):
     """In a batch, in bfloat16 too: the resumed run batches its answers as the full run did."""
     full = tmp_path / "full.jsonl"
     options = ["--decoder", "rerank", "--budgets", "6", "3", "--temperature", "1", *batch]
-    assert decode(pair, prompts, full, *options).returncode == 0
+    assert decode(capsys, pair, prompts, full, *options).returncode == 0
     # an interrupted run: the first answer finished, the second torn mid-line
     resumed = tmp_path / "resumed.jsonl"
     first = full.read_text().splitlines()[0]
     (tmp_path / "resumed.jsonl.partial").write_text(first + "\n" + first[: len(first) // 2])
-    assert decode(pair, prompts, resumed, *options).returncode == 0
+    assert decode(capsys, pair, prompts, resumed, *options).returncode == 0
     strip = lambda text: [  # noqa: E731 - wall times differ between runs, tokens must not
         (r["question_id"], r["token_ids"]) for r in map(json.loads, text.splitlines())
     ]
     assert strip(resumed.read_text()) == strip(full.read_text())
 
 
-def test_resume_keeps_the_budget_auto_chose(pair, prompts, tmp_path):
+def test_resume_keeps_the_budget_auto_chose(pair, prompts, tmp_path, capsys):
     """`--budgets auto` times the machine, so two runs may choose differently: a resumed run
     takes the interrupted run's choice and keeps its answers."""
     full = tmp_path / "full.jsonl"
-    proc = decode(pair, prompts, full, "--decoder", "fts", "--budgets", "auto")
+    proc = decode(capsys, pair, prompts, full, "--decoder", "fts", "--budgets", "auto")
     assert proc.returncode == 0, proc.stderr
     records = [json.loads(line) for line in full.read_text().splitlines()]
     chosen, depth = records[0]["budget"], records[0]["depth"]
@@ -129,7 +126,7 @@ def test_resume_keeps_the_budget_auto_chose(pair, prompts, tmp_path):
     first = dict(records[0], budget=other, depth=depth)
     resumed = tmp_path / "resumed.jsonl"
     (tmp_path / "resumed.jsonl.partial").write_text(json.dumps(first) + "\n")
-    proc = decode(pair, prompts, resumed, "--decoder", "fts", "--budgets", "auto")
+    proc = decode(capsys, pair, prompts, resumed, "--decoder", "fts", "--budgets", "auto")
     assert proc.returncode == 0, proc.stderr
     said = f"budget auto -> {other} at depth {depth}, as chosen by the interrupted run"
     assert said in proc.stderr
@@ -139,16 +136,15 @@ def test_resume_keeps_the_budget_auto_chose(pair, prompts, tmp_path):
 
 
 def test_several_prompts_files_load_the_models_once_and_share_one_auto_pick(pair, prompts,
-                                                                           tmp_path):
+                                                                           tmp_path, capsys):
     other = tmp_path / "other.jsonl"
     other.write_text(json.dumps({"question_id": 7, "category": "qa", "turns": ["Why?"]}) + "\n")
     target, draft = pair
     outs = [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]
-    argv = [sys.executable, "-m", "targetrows.cli", "decode", "--target", target, "--draft", draft,
-            "--prompts", str(prompts), str(other), "--max-new-tokens", "8", "--top-k", "4",
-            "--depth", "3", "--no-progress", "--decoder", "draft_rank", "--budgets", "5", "auto"]
-    proc = subprocess.run(argv + ["--out", *map(str, outs)], capture_output=True, text=True,
-                          timeout=300)
+    argv = ["decode", "--target", target, "--draft", draft, "--prompts", str(prompts), str(other),
+            "--max-new-tokens", "8", "--top-k", "4", "--depth", "3", "--no-progress",
+            "--decoder", "draft_rank", "--budgets", "5", "auto"]
+    proc = run_cli(capsys, *argv, "--out", *map(str, outs))
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.count("budget auto ->") == 1  # one pick for both files
     a, b = ([json.loads(line) for line in out.read_text().splitlines()] for out in outs)
@@ -156,8 +152,7 @@ def test_several_prompts_files_load_the_models_once_and_share_one_auto_pick(pair
     picks = {(r["budget"], r["depth"]) for r in a + b if r["budget_auto"]}
     runs = {(r["budget"], r["depth"]) for r in a}  # (one, should auto pick budget 5 at depth 3)
     assert len(picks) == 1 and len(a) == 2 * len(runs) and len(b) == len(runs)
-    proc = subprocess.run(argv + ["--out", str(outs[0])], capture_output=True, text=True,
-                          timeout=300)
+    proc = run_cli(capsys, *argv, "--out", str(outs[0]))
     assert proc.returncode != 0 and "one answers file per prompts file" in proc.stderr
 
 
@@ -178,19 +173,19 @@ def test_bad_prompt_files_are_named(tmp_path, line, message):
         read_questions(str(path))
 
 
-def test_bad_prompts_fail_before_writing(pair, tmp_path):
+def test_bad_prompts_fail_before_writing(pair, tmp_path, capsys):
     path = tmp_path / "bad.jsonl"
     path.write_text("not json\n")
     out = tmp_path / "out.jsonl"
-    proc = decode(pair, path, out, "--decoder", "ar")
+    proc = decode(capsys, pair, path, out, "--decoder", "ar")
     assert proc.returncode == 2 and "bad.jsonl:1" in proc.stderr
     assert not out.exists() and not (tmp_path / "out.jsonl.partial").exists()
 
 
-def test_prompt_longer_than_the_context_window(pair, tmp_path):
+def test_prompt_longer_than_the_context_window(pair, tmp_path, capsys):
     path = tmp_path / "long.jsonl"
     path.write_text(json.dumps({"question_id": "long", "turns": ["x" * 1100]}) + "\n")
-    proc = decode(pair, path, tmp_path / "o.jsonl", "--decoder", "ar")
+    proc = decode(capsys, pair, path, tmp_path / "o.jsonl", "--decoder", "ar")
     assert proc.returncode == 2 and "'long'" in proc.stderr and "context window" in proc.stderr
 
 

@@ -14,6 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from cli_in_process import run_cli
 from rerankers import decode_config
 from sampling_check import assert_first_tokens_follow_the_target
 from tiny_models import ARCHS, save_tiny_pair, tiny_model, tiny_tokenizer
@@ -158,7 +159,7 @@ def saved_pair(tmp_path_factory):
     return save_tiny_pair(tmp_path_factory.mktemp("pair"), "llama")
 
 
-def test_compare_end_to_end(saved_pair, tmp_path):
+def test_compare_end_to_end(saved_pair, tmp_path, capsys):
     """Every registered decoder, the learned ones with the rerankers given (--reranker)."""
     from rerankers import RERANKERS
 
@@ -168,9 +169,9 @@ def test_compare_end_to_end(saved_pair, tmp_path):
     for rule, model in RERANKERS.items():
         files.append(str(tmp_path / f"{rule}.json"))
         model.save(files[-1])
-    proc = _cli("compare", "--target", target, "--draft", draft, "--prompt", "Tell me a story",
-                "--budget", "8", "--max-new-tokens", "24", "--reranker", *files,
-                "--json", str(out))
+    proc = run_cli(
+        capsys, "compare", "--target", target, "--draft", draft, "--prompt", "Tell me a story",
+        "--budget", "8", "--max-new-tokens", "24", "--reranker", *files, "--json", str(out))
     assert proc.returncode == 0, proc.stderr
     assert "every decoder reproduced ar's tokens exactly" in proc.stdout
     for name in DECODERS:
@@ -184,15 +185,15 @@ def test_compare_end_to_end(saved_pair, tmp_path):
     assert doc["budget"] == 8 and doc["depth"] == 6  # --depth's default
 
 
-def test_compare_at_batch_size_3(saved_pair, tmp_path):
+def test_compare_at_batch_size_3(saved_pair, tmp_path, capsys):
     """--batch-size 3: three copies of the prompt at once per decoder, each the same as the
     first (compare checks), and every decoder's tokens ar's."""
     target, draft = saved_pair
     out = tmp_path / "compare.json"
-    proc = _cli("compare", "--target", target, "--draft", draft, "--prompt", "Tell me a story",
-                "--decoders", "ar", "fts", "pearl", "racer", "--budget", "6",
-                "--max-new-tokens", "12", "--batch-size", "3", "--dtype", "float32",
-                "--json", str(out))
+    proc = run_cli(
+        capsys, "compare", "--target", target, "--draft", draft, "--prompt", "Tell me a story",
+        "--decoders", "ar", "fts", "pearl", "racer", "--budget", "6", "--max-new-tokens", "12",
+        "--batch-size", "3", "--dtype", "float32", "--json", str(out))
     assert proc.returncode == 0, proc.stderr
     assert "every decoder reproduced ar's tokens exactly" in proc.stdout
     doc = json.loads(out.read_text())
@@ -219,12 +220,13 @@ def test_a_batched_copy_that_parts_beyond_rounding_is_an_error(monkeypatch, dtyp
         compare.batched_copies(target, None, prompt, cfg, 3)
 
 
-def test_compare_budget_auto_runs_at_the_depth_it_picks(saved_pair, tmp_path):
+def test_compare_budget_auto_runs_at_the_depth_it_picks(saved_pair, tmp_path, capsys):
     target, draft = saved_pair
     out = tmp_path / "compare.json"
-    proc = _cli("compare", "--target", target, "--draft", draft, "--prompt", "Tell me a story",
-                "--budget", "auto", "--decoders", "ar", "draft_rank", "--top-k", "4", "--depth",
-                "3", "--max-new-tokens", "12", "--json", str(out))
+    proc = run_cli(
+        capsys, "compare", "--target", target, "--draft", draft, "--prompt", "Tell me a story",
+        "--budget", "auto", "--decoders", "ar", "draft_rank", "--top-k", "4", "--depth", "3",
+        "--max-new-tokens", "12", "--json", str(out))
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(out.read_text())
     assert doc["budget_auto"]
@@ -338,19 +340,20 @@ def test_help_lists_the_commands():
         (["--prompt", "  "], "--prompt is empty"),
     ],
 )
-def test_compare_bad_input(saved_pair, extra, message):
+def test_compare_bad_input(saved_pair, extra, message, capsys):
     target, draft = saved_pair
     args = ["compare", "--target", target, "--draft", draft, "--prompt", "hi", *extra]
-    proc = _cli(*args)
+    proc = run_cli(capsys, *args)
     assert proc.returncode != 0 and message in proc.stderr
 
 
-def test_compare_unknown_model_and_vocab_mismatch(saved_pair, tmp_path):
+def test_compare_unknown_model_and_vocab_mismatch(saved_pair, tmp_path, capsys):
     from tiny_models import save_tiny
 
     target, _ = saved_pair
-    proc = _cli("compare", "--target", str(tmp_path / "nope"), "--draft", target, "--prompt", "hi")
+    proc = run_cli(capsys, "compare", "--target", str(tmp_path / "nope"), "--draft", target,
+                   "--prompt", "hi")
     assert proc.returncode != 0 and "nope" in proc.stderr
     other = save_tiny(tmp_path / "other", "llama", tokenizer=tiny_tokenizer(("<extra>",)))
-    proc = _cli("compare", "--target", target, "--draft", other, "--prompt", "hi")
+    proc = run_cli(capsys, "compare", "--target", target, "--draft", other, "--prompt", "hi")
     assert proc.returncode != 0 and "tokenizer" in proc.stderr.lower()

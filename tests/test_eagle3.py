@@ -3,8 +3,6 @@ no-cache reference, every decoder lossless with heads in both checkpoint layouts
 
 import itertools
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -12,6 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from cli_in_process import run_cli
 from rerankers import decode_config
 from sampling_check import assert_first_tokens_follow_the_target
 from tiny_heads import save_tiny_head, tiny_head_tensors
@@ -367,11 +366,6 @@ def test_unknown_tensors_and_unsafe_pickles_are_refused(llama_target, tmp_path):
         _draft(llama_target, folder)
 
 
-def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "targetrows.cli", *args], capture_output=True,
-                          text=True, timeout=300)
-
-
 @pytest.fixture(scope="module")
 def saved_target_and_head(tmp_path_factory):
     root = tmp_path_factory.mktemp("pair")
@@ -380,11 +374,11 @@ def saved_target_and_head(tmp_path_factory):
     return target, save_tiny_head(root / "head", config, layout="speculators", draft_vocab_size=200)
 
 
-def test_compare_and_record_with_a_head(saved_target_and_head, tmp_path):
+def test_compare_and_record_with_a_head(saved_target_and_head, tmp_path, capsys):
     target, head = saved_target_and_head
     out = tmp_path / "compare.json"
-    proc = _cli("compare", "--target", target, "--draft", head, "--prompt", "Tell me a story",
-                "--budget", "8", "--max-new-tokens", "16", "--json", str(out))
+    proc = run_cli(capsys, "compare", "--target", target, "--draft", head, "--prompt",
+                   "Tell me a story", "--budget", "8", "--max-new-tokens", "16", "--json", str(out))
     assert proc.returncode == 0, proc.stderr
     assert "every decoder reproduced ar's tokens exactly" in proc.stdout
     rows = {r["decoder"]: r for r in json.loads(out.read_text())["decoders"]}
@@ -392,8 +386,8 @@ def test_compare_and_record_with_a_head(saved_target_and_head, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"question_id": 1, "category": "x", "turns": ["Hello"]}) + "\n")
     log = tmp_path / "rows.npz"
-    proc = _cli("record", "--target", target, "--draft", head, "--prompts", str(prompts),
-                "--out", str(log), "--max-new-tokens", "6", "--quiet")
+    proc = run_cli(capsys, "record", "--target", target, "--draft", head, "--prompts",
+                   str(prompts), "--out", str(log), "--max-new-tokens", "6", "--quiet")
     assert proc.returncode == 0, proc.stderr
     from tiny_heads import draft_vocab
 
