@@ -13,12 +13,13 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach a model hub
 
 # The files that take minutes on 2 cores, longest first (seconds per file from `pytest
-# --durations` on 2 workers, 2026-12-06: about 370, 340, 310, 290, 110, 105, 90). pytest-xdist
-# hands each worker one file at a time in collection order (`--dist loadfile
-# --no-loadscope-reorder`), so these start first and the short files fill in beside them,
-# instead of a long file starting last.
+# --durations` on 2 workers, 2026-12-07, in this order: about 350, 255, 265, 140, 130, 95, 80 and
+# 70). pytest-xdist hands each worker one file at a time in collection order (`--dist loadfile
+# --no-loadscope-reorder`), so these start first and the short files fill in beside them, instead
+# of a long file starting last.
 LONGEST_FIRST = ("test_lossless_toy.py", "test_slurm.py", "test_pipeline.py",
-                 "test_decoders_hf.py", "test_hub.py", "test_reliability.py", "test_eagle3.py")
+                 "test_decoders_hf.py", "test_hub.py", "test_bench.py", "test_reliability.py",
+                 "test_eagle3.py")
 
 
 def pytest_collection_modifyitems(config, items):
