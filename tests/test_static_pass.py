@@ -323,7 +323,9 @@ def test_compaction_after_acceptance_equals_a_fresh_prefill(llama):
     """A tree pass, then a commit of a path through it that is not where the nodes were fed:
     the entries moved into place equal those a fresh prefill of the committed context makes."""
     target_hf, _ = llama
-    lane = static_model(target_hf, feature_layers=[0, 1]).lanes(2)[1]
+    other, lane = static_model(target_hf, feature_layers=[0, 1]).lanes(2)
+    other.logits([9, 7, 3, 1, 4, 2, 6, 5], Tree.root_only(5), [0])  # the row beside it
+    beside = [(layer.keys.clone(), layer.values.clone()) for layer in other.kv_cache.layers]
     ctx = [5, 17, 42, 8]
     lane.logits(ctx, Tree.root_only(ctx[-1]), [0])
     lane.commit(ctx)
@@ -331,6 +333,8 @@ def test_compaction_after_acceptance_equals_a_fresh_prefill(llama):
     lane.logits(ctx, tree, range(len(tree)))
     committed = ctx + [2, 3, 4]
     lane.commit(committed)
+    for layer, (keys, values) in zip(other.kv_cache.layers, beside, strict=True):
+        assert torch.equal(layer.keys, keys) and torch.equal(layer.values, values)
     fresh = HFModel(target_hf, name="fresh", feature_layers=[0, 1])
     fresh.logits(committed, Tree.root_only(committed[-1]), [0])
     assert lane.kv_cache.get_seq_length() == len(committed)
@@ -338,6 +342,23 @@ def test_compaction_after_acceptance_equals_a_fresh_prefill(llama):
         torch.testing.assert_close(layer.keys, ref.keys, rtol=1e-10, atol=1e-10)
         torch.testing.assert_close(layer.values, ref.values, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(lane._kept.rows, fresh._kept.rows, rtol=1e-10, atol=1e-10)
+
+
+@torch.inference_mode()
+def test_a_commit_moves_the_path_in_every_layer_at_once():
+    """On a GPU a commit's compaction is launches the host makes one by one, after the verify
+    pass's read: it must not take a copy per layer (a 36-layer 8B's would be 144)."""
+    launched = []
+    for n_layers in (1, 4):
+        lane = static_model(tiny_model("llama", seed=0, n_layers=n_layers)).lanes(2)[1]
+        ctx = [5, 17, 42, 8]
+        lane.logits(ctx, Tree.root_only(ctx[-1]), [0])
+        lane.commit(ctx)
+        lane.logits(ctx, Tree([8, 1, 2, 3], [-1, 0, 0, 2]), range(4))
+        with counting_launches() as counts:
+            lane.commit(ctx + [2, 3])  # nodes 2 and 3, fed after node 1: moved
+        launched.append(sum(counts.values()))
+    assert launched[0] == launched[1] <= 4, launched
 
 
 @torch.inference_mode()

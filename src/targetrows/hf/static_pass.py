@@ -8,7 +8,8 @@ The engines users compare us with (SGLang, vLLM, gpt-fast) capture their passes 
 graphs, which replay a whole pass as one launch. A graph replays fixed kernels on fixed
 addresses, so everything a pass reads or writes must have a fixed shape and place:
 
-- **the cache** (`StaticKV`): one buffer per layer [lanes, kv_heads, capacity + 1, head_dim],
+- **the cache** (`StaticKV`): [lanes, kv_heads, capacity + 1, head_dim] per layer, keys and
+  values, all views of one buffer (a commit moves an accepted path in every layer at once),
   allocated when the model is set up, never grown. Entry `capacity` is a scratch entry that
   padding writes to and nothing real reads. A context past the capacity is an error that names
   the limit and the setting that raises it, never a silent reallocation;
@@ -70,24 +71,34 @@ __all__ = ["DEFAULT_CAPACITY", "GRAPH_MODES", "CapacityError", "StaticShape", "S
 
 
 class StaticKV(BatchedKV):
-    """A `BatchedKV` allocated once: per layer [rows, kv_heads, capacity + 1, head_dim] on the
-    layer's device, zeroed (a masked entry still enters attention's products with weight 0),
-    entry `capacity` the scratch entry padding writes to."""
+    """A `BatchedKV` allocated once and zeroed (a masked entry still enters attention's
+    products with weight 0): each layer's keys and values [rows, kv_heads, capacity + 1,
+    head_dim] are views of one buffer [2, layers, rows, ...] on the model's one device, entry
+    `capacity` the scratch entry padding writes to. One buffer, so that a commit moves a
+    sequence's accepted path in every layer at once: two launches, where a copy per layer,
+    keys and values apart, took 4 x layers (144 for a 36-layer 8B, in every round that
+    accepts a path of two nodes or more)."""
 
     def __init__(self, model, rows: int, capacity: int):
         decoder = model.model.get_decoder()
         super().__init__(len(decoder.layers), rows, capacity)
         config = model.model.config
         kv_heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
-        for i, layer in enumerate(decoder.layers):
-            attn = layer.self_attn
-            weight = attn.k_proj.weight
-            shape = (rows, kv_heads, capacity + 1, int(attn.head_dim))
-            self.keys[i] = torch.zeros(shape, dtype=weight.dtype, device=weight.device)
-            self.values[i] = torch.zeros_like(self.keys[i])
+        attn = decoder.layers[0].self_attn
+        shape = (2, len(decoder.layers), rows, kv_heads, capacity + 1, int(attn.head_dim))
+        weight = attn.k_proj.weight
+        self.entries = torch.zeros(shape, dtype=weight.dtype, device=weight.device)
+        self.keys, self.values = list(self.entries[0]), list(self.entries[1])
 
     def _reserve(self, layer: int, like: torch.Tensor, needed: int) -> None:
         raise CapacityError("a static cache does not grow")  # every write checks first
+
+    def keep_entries(self, row: int, index: torch.Tensor, start: int) -> None:
+        """`BatchedKV.keep_entries` in every layer at once."""
+        entries = self.entries[:, :, row]  # [2, layers, kv_heads, capacity + 1, head_dim]
+        index = index.to(entries.device)
+        entries[:, :, :, start : start + len(index)] = entries.index_select(3, index)
+        self.lengths[row] = start + len(index)
 
 
 class _Inputs:
@@ -226,6 +237,9 @@ def use_static(model, shape: StaticShape) -> None:
                          f"with sdpa attention, not {arch!r}; run it with --graphs off")
     if getattr(model, "_is_lane", False):
         raise ValueError(f"{model.name}: set up the model, not a lane, for static passes")
+    if not model.engine.one_device:
+        raise ValueError(f"{model.name}: static-shape passes need the model on one device, "
+                         "and it is spread over several; run it with --graphs off")
     model.engine.lean = lean
     model.engine.static_entries = shape.capacity  # the feature buffer, allocated once too
     model.engine.lane_group = GroupPerCount(lambda lead, n: static_passes(lead, n, shape))
