@@ -257,11 +257,19 @@ class Eagle3Draft(TorchRows):
         """The pool becomes the head's tree, its live fed nodes at their entries with their g
         (rows asked for at them later are not fed again)."""
         self._adopt_tree(pool, n_ctx)
+        if not fed:
+            return
+        node, row, rows = [], [], 0  # each live fed node, and its row of the levels' g
         for first_slot, g, nodes in fed:
             live = np.flatnonzero(nodes >= 0)
             self._slot[nodes[live]] = first_slot + live
-            self._g[host_to_device(nodes[live], self.device)] = g[
-                host_to_device(live, self.device)]
+            node.append(nodes[live])
+            row.append(rows + live)
+            rows += len(g)
+        # every level at once: on a GPU four launches, not four a level
+        index = host_to_device(np.stack([np.concatenate(node), np.concatenate(row)]),
+                               self.device)
+        self._g[index[0]] = torch.cat([g for _, g, _ in fed])[index[1]]
 
     def _node_g(self, context: Sequence[int], tree: Tree,
                 nodes: Sequence[int]) -> Passes[torch.Tensor]:
