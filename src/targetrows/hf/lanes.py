@@ -267,7 +267,7 @@ class BatchedPasses:
         self.kv.lengths[rows] = base + q
         out = []
         for i, (_, feed, _) in enumerate(items):
-            picked = torch.from_numpy(np.searchsorted(keep, feed.keep)).to(logits.device)
+            picked = host_to_device(np.searchsorted(keep, feed.keep), logits.device)
             layer_inputs = None if capture is None else {
                 layer: x[i : i + 1, : q[i]] for layer, x in capture.items()}
             out.append((logits[i : i + 1].index_select(1, picked), layer_inputs))
