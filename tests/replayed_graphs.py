@@ -225,24 +225,42 @@ class _Launches(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__
         if not ReplayedPass.inside and not func.is_view and name not in _NO_KERNEL:
-            ours = [f for f in traceback.extract_stack() if "/targetrows/" in f.filename]
-            where = "not ours" if not ours else (
-                f"{ours[-1].filename.split('/targetrows/')[-1]}:{ours[-1].lineno} {ours[-1].name}")
-            self.counts[where] += 1
+            self.counts[_our_line()] += 1
         return func(*args, **(kwargs or {}))
+
+
+def _our_line(skip: tuple[str, ...] = ()) -> str:
+    """The innermost line of our package on the stack (functions named in `skip` left out),
+    as file:line name; "not ours" where there is none."""
+    ours = [f for f in traceback.extract_stack()
+            if "/targetrows/" in f.filename and f.name not in skip]
+    return "not ours" if not ours else (
+        f"{ours[-1].filename.split('/targetrows/')[-1]}:{ours[-1].lineno} {ours[-1].name}")
 
 
 @contextmanager
 def counting_launches():
     """Inside the block, counts what a GPU would launch one by one (`_Launches`): yields a
-    Counter by line, the replays of captured passes under `REPLAY`. A CPU count:
-    an operation here may be a few kernels there, and a fused one fewer."""
+    Counter by line, the replays of captured passes under `REPLAY`, and each copy in from the
+    host (`torch_rows.host_to_device`, which on the CPU copies nothing). A CPU count: an
+    operation here may be a few kernels there, and a fused one fewer."""
+    from targetrows.hf import torch_rows
+
     counts: Counter = Counter()
+    pinned = torch_rows.pinned
+
+    def copied_in(array, device):  # a copy in that the CPU does not make: `host_to_device`'s
+        if not ReplayedPass.inside:
+            counts[_our_line(skip=("pinned", "copied_in", "host_to_device"))] += 1
+        return pinned(array, device)
+
     _Launches.active.append(counts)
+    torch_rows.pinned = copied_in
     try:
         with _Launches(counts):
             yield counts
     finally:
+        torch_rows.pinned = pinned
         _Launches.active.remove(counts)
 
 
