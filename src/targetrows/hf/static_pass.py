@@ -64,7 +64,6 @@ from .lanes import BatchedKV, BatchedPasses, LaneCache
 from .lean_forward import lean_forward
 from .model import HFModel
 from .static_head import use_static_head
-from .torch_rows import host_to_device
 
 __all__ = ["DEFAULT_CAPACITY", "GRAPH_MODES", "CapacityError", "StaticShape", "StaticKV",
            "StaticPasses", "apply_graphs", "use_static"]
@@ -106,10 +105,12 @@ class _Inputs:
 
     def __init__(self, rows: int, width: int, capacity: int, device: torch.device):
         index = ((rows, width), torch.int64)
-        self.host = HostInputs(device, ids=index, positions=index, at=index,
+        # `picked`: each row's queries whose rows the pass hands back (read after the pass)
+        self.host = HostInputs(device, ids=index, positions=index, at=index, picked=index,
                                allowed=((rows, width, capacity + 1), torch.bool))
         h = self.host
         self.ids, self.positions, self.at, self.allowed = h.ids, h.positions, h.at, h.allowed
+        self.picked = h.picked
         self.lanes = torch.arange(rows, device=device)
         self.keep = torch.arange(width, device=device)
 
@@ -163,12 +164,14 @@ class StaticPasses(BatchedPasses):
             shape.check_room(m.name, feed.base + len(feed.ids))
         ids = np.zeros((rows, width), dtype=np.int64)
         positions = np.zeros((rows, width), dtype=np.int64)
+        picked = np.zeros((rows, width), dtype=np.int64)
         slots = PaddedSlots(rows, width, kv.capacity)
         on_gpu = []  # feeds made on the device (a pool grown there): written after the copy
         for (lane, feed, region), n in zip(items, q, strict=True):
             r = lane._row
             if isinstance(feed.positions, np.ndarray):  # else a tree chosen on the device
                 positions[r, :n] = feed.positions
+            picked[r, : len(feed.keep)] = feed.keep
             sees = slots.place(r, n, feed.base)
             sees[:, : feed.start] = True  # the committed prefix
             if isinstance(region, np.ndarray):
@@ -177,7 +180,8 @@ class StaticPasses(BatchedPasses):
             else:
                 on_gpu.append((r, n, feed, region))
         inputs = self.graphs.inputs(width)
-        inputs.host.send(ids=ids, positions=positions, at=slots.at, allowed=slots.allowed)
+        inputs.host.send(ids=ids, positions=positions, at=slots.at, picked=picked,
+                         allowed=slots.allowed)
         for r, n, feed, region in on_gpu:
             inputs.ids[r, :n] = feed.ids
             inputs.allowed[r, :n, feed.start : feed.base + n] = region
@@ -188,11 +192,12 @@ class StaticPasses(BatchedPasses):
         for (lane, feed, _), n in zip(items, q, strict=True):
             r = lane._row
             kv.lengths[r] = feed.base + n
-            # copies: the next replay of this bucket overwrites the pass's outputs
-            picked = host_to_device(feed.keep, logits.device)
+            # copies: the next replay of this bucket overwrites the pass's outputs (and the
+            # next send `picked`: it is copied in after these are taken, on the same stream)
             layer_inputs = None if not m.feature_layers else {
                 layer: x[r : r + 1, :n] for layer, x in capture.items()}
-            out.append((logits[r : r + 1].index_select(1, picked), layer_inputs))
+            keep = inputs.picked[r, : len(feed.keep)]
+            out.append((logits[r : r + 1].index_select(1, keep), layer_inputs))
         return out
 
     def _compute(self, inputs: _Inputs):
