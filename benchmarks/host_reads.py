@@ -22,6 +22,10 @@ On the CPU the device work queued between a read and the next pass runs there an
 counts too (a draft-free decoder's top-k of the verify pass's rows, before its second read):
 the figures bound a GPU's host time from above, on this machine's CPU.
 
+Launches: what a GPU would launch one by one on `--graphs` (graph replays, and each device
+operation outside a captured pass), counted as `tests/replayed_graphs.py` does; again with
+every drafted path accepted, at an 8B's depth (`--deep-layers`), for what runs only then.
+
     python benchmarks/host_reads.py --out benchmarks/results/host_reads.md
 """
 
@@ -153,9 +157,32 @@ def launches(target, draft, prompt, config) -> Counter:
     with replayed_in_place(), gpu_branches(count_waits=False):
         generate(target, draft, prompt, config)
         with counting_launches() as counts:
-            rounds = len(generate(target, draft, prompt, config).rounds)
-    counts["rounds"] = rounds
+            result = generate(target, draft, prompt, config)
+    counts["rounds"], counts["tokens"] = len(result.rounds), len(result.tokens)
     return counts
+
+
+def accepting_launches(args, pool: PoolShape, shape: StaticShape, prompt) -> list[str]:
+    """The launches table's rows where every drafted path is accepted, at an 8B's depth: a
+    `--deep-layers` target drafted by a twin of itself (greedy, a draft equal to the target
+    proposes what it accepts). Random weights accept almost nothing, so the main table misses
+    what runs only after an accepted path (a commit's compaction of the cache, per model)."""
+    deep = tiny_model("llama", seed=0, n_layers=args.deep_layers)
+    target, draft = (HFModel(deep, name=name) for name in ("deep target", "its twin"))
+    for model in (target, draft):
+        use_static(model, shape)
+    rows = []
+    for name in decoder_names():
+        config = decode_config(name, budget=args.budget, max_new_tokens=args.max_new_tokens,
+                               pool=pool)
+        if not config.decoder.needs_draft:
+            continue
+        ops = launches(target, draft, prompt, config)
+        rounds, tokens = ops.pop("rounds"), ops.pop("tokens")
+        replays = ops.pop(REPLAY, 0)
+        rows.append(f"| {name} | {rounds} | {tokens / rounds:.1f} | {replays / rounds:.1f} | "
+                    f"{sum(ops.values()) / rounds:.0f} |")
+    return rows
 
 
 def on_graphs(models: dict, head_folder: str, shape: StaticShape) -> dict:
@@ -182,6 +209,8 @@ def main(argv=None) -> int:
     p.add_argument("--prompt-tokens", type=int, default=3,
                    help="prompt length (random tokens past the first 3): host work that grows "
                    "with the context shows")
+    p.add_argument("--deep-layers", type=int, default=36,
+                   help="layers of the target drafted by its twin (a Qwen3-8B has 36)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     torch.manual_seed(0)
@@ -193,8 +222,9 @@ def main(argv=None) -> int:
               "eagle3": load_eagle3(head, target)}
     pool = PoolShape(args.top_k, args.depth)
     widths = pass_widths(decoder_names(), pool, [args.budget])
-    graphs = on_graphs({"target": target, **drafts}, head, StaticShape(
-        capacity=512, buckets=tuple(sorted({*BUCKETS, *widths})), graphs=True))
+    graphs_shape = StaticShape(capacity=512, buckets=tuple(sorted({*BUCKETS, *widths})),
+                               graphs=True)
+    graphs = on_graphs({"target": target, **drafts}, head, graphs_shape)
     rng = np.random.default_rng(0)
     prompt = [5, 17, 42] + rng.integers(target.vocab_size, size=args.prompt_tokens - 3).tolist()
     lines = ["# Host reads per round (CPU count: a floor under a GPU's syncs)", "",
@@ -208,7 +238,8 @@ def main(argv=None) -> int:
              "round's first pass); device work in between counts too (it runs on the CPU)",
              "- launches per round: on `--graphs`, what a GPU would launch one by one: graph "
              "replays, and other device operations (a CPU count of the operations that run a "
-             "kernel outside captured passes)",
+             "kernel outside captured passes, and of the copies in from the host); random "
+             "weights accept almost nothing, so the second table has every path accepted",
              "", "| draft | decoder | rounds | reads per round | other waits per round | "
              "host ms before verify | host ms after verify | graph replays per round | "
              "other launches per round |", "|---|---|---|---|---|---|---|---|---|"]
@@ -227,6 +258,7 @@ def main(argv=None) -> int:
             before, after = gap_ms(target, used, prompt, config, args.repeat)
             ops = launches(graphs["target"], graphs[kind] if drafted else None, prompt, config)
             per_round = ops.pop("rounds")
+            ops.pop("tokens")
             replays = ops.pop(REPLAY, 0)
             lines.append(f"| {kind if drafted else '-'} | {name} | {rounds} | "
                          f"{sum(reads.values()) / rounds:.1f} | "
@@ -235,6 +267,11 @@ def main(argv=None) -> int:
             sites.update(reads)
             other.update(waits)
             launched.update(ops)
+    lines += ["", f"Launches per round where every drafted path is accepted: a {args.deep_layers}"
+              "-layer target, drafted by a twin of itself (standalone, on graphs):", "",
+              "| decoder | rounds | tokens per round | graph replays per round | "
+              "other launches per round |", "|---|---|---|---|---|"]
+    lines += accepting_launches(args, pool, graphs_shape, prompt)
     lines += ["", "Where the reads come from (all runs above):", "", "| reads | line |",
               "|---|---|"]
     lines += [f"| {n} | `{site}` |" for site, n in sites.most_common(12)]
