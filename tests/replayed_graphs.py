@@ -223,10 +223,20 @@ class _Launches(TorchDispatchMode):
             counts[REPLAY] += 1
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
         name = func.overloadpacket.__name__
-        if not ReplayedPass.inside and not func.is_view and name not in _NO_KERNEL:
+        if not ReplayedPass.inside and name not in _NO_KERNEL and (
+                not func.is_view or _copied(args, out)):
             self.counts[_our_line()] += 1
-        return func(*args, **(kwargs or {}))
+        return out
+
+
+def _copied(args, out) -> bool:
+    """Whether an operation that may return a view of its input (`to`, `reshape`, which
+    inference mode hands to a dispatch mode whole) made a copy: an output in new memory."""
+    inputs = {x.untyped_storage().data_ptr() for x in _flat(args) if isinstance(x, torch.Tensor)}
+    return any(isinstance(x, torch.Tensor) and x.untyped_storage().data_ptr() not in inputs
+               for x in _flat(out))
 
 
 def _our_line(skip: tuple[str, ...] = ()) -> str:
