@@ -329,6 +329,32 @@ def test_row_blocks_read_as_one_give_the_log_probs_of_each_block():
             np.testing.assert_array_equal(model.logprobs(rows, tokens, temperature), apart)
 
 
+def test_a_fetch_reads_every_dtype_exactly_into_arrays_of_its_own():
+    """`_fetch` brings tensors of mixed dtypes (a pool's ids, flags and log-probs, a queued
+    read's, a check's) in one copy: each comes back in its dtype and shape, every value
+    exact (int64 ids past 2**53 too), in arrays that later writes to the tensors leave alone
+    (the next replay of a CUDA graph's bucket overwrites its outputs)."""
+    hf = wrap(tiny_model("llama", dtype=torch.float32))
+    rng = np.random.default_rng(0)
+    host = [rng.integers(-2**62, 2**62, size=(2, 3)), rng.random(5) < 0.5,
+            rng.standard_normal((4, 1)), rng.standard_normal(3).astype(np.float32),
+            rng.integers(-2**31, 2**31, size=7).astype(np.int32), np.zeros((0, 2))]
+    tensors = [torch.from_numpy(a.copy()) for a in host]
+    hf._defer_checks = True
+    hf._check_finite(torch.tensor([[1.0, 2.0], [3.0, float("nan")]]), np.array([6, 9]))
+    with pytest.raises(ValueError, match=r"position\(s\) \[9\]"):
+        hf._fetch(*tensors)
+    queued = []
+    hf._read_later([tensors[0][:, ::2]], queued.extend)  # a strided view
+    hf._check_finite(torch.ones(2, 3), np.arange(2))
+    out = [*hf._fetch(*tensors), *hf._fetch(tensors[2])]  # many tensors, and one alone
+    for tensor in tensors:
+        tensor.zero_() if tensor.dtype != torch.bool else tensor.fill_(True)
+    for got, want in zip([*out, *queued], [*host, host[2], host[0][:, ::2]], strict=True):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+
+
 def test_non_finite_logits_name_the_position():
     model = tiny_model("llama", seed=4, dtype=torch.float32)
     with torch.no_grad():

@@ -53,6 +53,26 @@ class QueuedRead:
             self.owner._fetch(device=self.device)
 
 
+def _in_one_copy(tensors: list[torch.Tensor]) -> list[np.ndarray]:
+    """`tensors` (on one device) as NumPy arrays of their own dtypes, in one copy to the
+    host: their bytes in one buffer, widest elements first so that each array starts
+    aligned. A read of a pool's two dozen tensors is two launches (the gather, the copy),
+    not a conversion to one dtype each."""
+    if not tensors:
+        return []
+    order = sorted(range(len(tensors)), key=lambda i: -tensors[i].element_size())  # stable
+    parts = [tensors[i].reshape(-1).contiguous().view(torch.uint8) for i in order]
+    host = torch.cat(parts).cpu().numpy()  # new memory, also on the CPU: nothing aliases
+    out: list[np.ndarray | None] = [None] * len(tensors)
+    at = 0
+    for i in order:
+        t = tensors[i]
+        n = t.numel() * t.element_size()
+        out[i] = host[at:at + n].view(_NUMPY[t.dtype]).reshape(tuple(t.shape))
+        at += n
+    return out
+
+
 # reads queued per device, for whichever model fetches there next
 _QUEUED: dict[torch.device, list[QueuedRead]] = {}
 
@@ -145,9 +165,9 @@ class TorchRows:
     _defer_checks: bool | None = None
 
     def _check_later(self, values: torch.Tensor, verdict: Callable[[np.ndarray], str | None]):
-        """A check of a pass's rows: `values` (one per row, on the device) go to the host, as
-        float64, with the next fetch, and `verdict(values)` there names the problem, if any,
-        which is then raised. On a CPU it runs at once (unless `_defer_checks`)."""
+        """A check of a pass's rows: `values` (one per row, on the device) go to the host with
+        the next fetch, and `verdict(values)` there names the problem, if any, which is then
+        raised. On a CPU it runs at once (unless `_defer_checks`)."""
         defer = self._defer_checks
         if defer is None:
             defer = values.device.type != "cpu"
@@ -201,19 +221,10 @@ class TorchRows:
         where = _key(tensors[0].device if tensors else device or self.device)
         queued = _QUEUED.pop(where, [])
         reads = [*tensors, *(t for q in queued for t in q.tensors)]
-        parts = [t.reshape(-1).to(torch.float64) for t in reads]  # ids < 2**53: exact
-        parts += [values.reshape(-1).to(device=where, dtype=torch.float64)
-                  for values, _ in pending]
-        host = torch.cat(parts).cpu().numpy() if parts else np.zeros(0)
-        out, at = [], 0
-        for t in reads:
-            n = t.numel()
-            out.append(host[at:at + n].reshape(tuple(t.shape)).astype(_NUMPY[t.dtype]))
-            at += n
-        for values, verdict in pending:
-            n = values.numel()
-            problem = verdict(host[at:at + n])
-            at += n
+        checks = [values.to(where) for values, _ in pending]
+        out = _in_one_copy([*reads, *checks])
+        for (_, verdict), values in zip(pending, out[len(reads):], strict=True):
+            problem = verdict(values.reshape(-1))
             if problem:
                 raise ValueError(problem)
         at = len(tensors)
