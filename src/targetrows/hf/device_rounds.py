@@ -41,9 +41,11 @@ class DeviceRounds:
         return self.logits_passes(context, tree, roots)
 
     def _pool_topk(self, rows: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """`topk`'s (ids, float64 log-probs), left on the device."""
+        """`topk`'s (ids, float64 log-probs), left on the device, each in memory of its own:
+        a GPU's ids are the first k columns of a sort, which the level's gathers, the pool's
+        read and a tree chosen on the device would each copy out again."""
         ids, vals = ranked(self._work(rows), k)
-        return ids, vals.double()
+        return ids.contiguous(), vals.double()
 
     def _pool_seen(self, nodes: np.ndarray) -> torch.Tensor:
         seen = seen_by(nodes, len(self._prefix), self._cache_len(), self._slot,
