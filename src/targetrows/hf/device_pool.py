@@ -101,6 +101,7 @@ def grow_on_device(model, context, tokens: list[int], parents: list[int], logq: 
                      logq=children.reshape(n_roots, 1, first_k))]
     pool_key = None  # with a budget: the keys of every level so far, flat (`_rank`)
     own = {}  # [n, n] identity: each fed node sees its own entry (made once per width)
+    all_kept = {}  # without a budget, every selected node is kept: made once per shape
     for level in range(1, depth + (1 if guesses else 0)):
         last = levels[-1]
         n_front, last_k = last.tokens.shape[1:]
@@ -108,17 +109,21 @@ def grow_on_device(model, context, tokens: list[int], parents: list[int], logq: 
         flat_logq = last.logq.reshape(n_roots, width)
         if budget is None:  # nothing dies: every node is live, and its key its logq
             key = flat_logq
-        else:  # the live ones first: a dead node's key is below every live one's
-            alive = last.kept[:, :, None].expand(-1, -1, last_k).reshape(n_roots, width)
-            key = torch.where(alive, flat_logq.clamp(min=LOWEST), -math.inf)
+        else:  # the live ones first: a dead node's key (-inf) is below every live one's
+            key = torch.where(last.kept[:, :, None], last.logq.clamp(min=LOWEST),
+                              -math.inf).reshape(n_roots, width)
             pool_key = key[0] if pool_key is None else torch.cat([pool_key, key[0]])
         # ties to the lower index: a stable sort
-        select = torch.sort(key, dim=1, descending=True, stable=True).indices[:, : min(k, width)]
+        ranked = torch.sort(key, dim=1, descending=True, stable=True)
+        select = ranked.indices[:, : min(k, width)]
         if budget is None:
-            kept = torch.ones_like(select, dtype=torch.bool)
-        else:
-            at = select[0] + (len(pool_key) - width)  # places in the whole pool
-            kept = alive.gather(1, select) & (_rank(pool_key, at) < budget - 1)
+            if select.shape not in all_kept:
+                all_kept[select.shape] = torch.ones_like(select, dtype=torch.bool)
+            kept = all_kept[select.shape]
+        else:  # among the pool's top budget - 1 so far: never a dead node, which ranks
+            # after every live one, and a node died only where budget - 1 live ones outranked
+            # it (or its parent), which stay in the pool
+            kept = (_rank(pool_key, select[0], len(pool_key) - width) < budget - 1)[None]
             if torch_rows.reads_are_free(device) and not bool(kept.any()):
                 break  # where `grow` stops, not a pass later
         n = select.numel()
@@ -137,7 +142,10 @@ def grow_on_device(model, context, tokens: list[int], parents: list[int], logq: 
         out = yield from model._pool_feed(out, parent, ids, step_positions, seen)
         rows = seen
         tok, lp = model._pool_topk(out, k)
-        chosen_logq = flat_logq.gather(1, select).reshape(-1)
+        # without a budget the sort's values are the chosen nodes' logq (with one, a dead
+        # node's are -inf, and a node's logq of -inf is LOWEST)
+        chosen_logq = (ranked.values[:, : select.shape[1]] if budget is None
+                       else flat_logq.gather(1, select)).reshape(-1)
         levels.append(_Level(select=select, kept=kept,
                              tokens=tok.view(n_roots, -1, k),
                              logq=(chosen_logq[:, None] + lp).view(n_roots, -1, k),
@@ -218,12 +226,12 @@ class _Level:
         self.first_slot, self.out = first_slot, out
 
 
-def _rank(pool_key: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
-    """The place of each node at `at` among the pool's live nodes in draft_rank's order
-    (cumulative log-prob, ties to the lower pool index): its place in a stable sort of the
-    pool's keys, where every dead node comes after the live ones."""
+def _rank(pool_key: torch.Tensor, at: torch.Tensor, offset: int) -> torch.Tensor:
+    """The place of each node at `offset` + `at` among the pool's live nodes in draft_rank's
+    order (cumulative log-prob, ties to the lower pool index): its place in a stable sort of
+    the pool's keys, where every dead node comes after the live ones."""
     order = torch.sort(pool_key, descending=True, stable=True).indices
-    return order.argsort()[at]
+    return order.argsort()[offset:][at]
 
 
 def _read_into(levels: list[_Level], host: list[np.ndarray], roots: np.ndarray,
