@@ -164,6 +164,22 @@ def test_a_pool_grown_on_the_device_is_read_once(weights, kind, monkeypatch):
 
 
 @pytest.mark.parametrize("kind", ["standalone", "eagle3"])
+def test_a_pruned_pool_drafted_to_full_depth_on_a_gpu_is_the_hosts(weights, kind):
+    """A GPU has no read to stop a pruned pool on, so it drafts to the full depth, feeding the
+    dead nodes (their keys -inf, their children dead); what it reads is still `grow`'s pool,
+    node for node, down to a budget of 1."""
+    from replayed_graphs import gpu_branches
+
+    target, draft = _pair(weights, kind)
+    _, reference = _pair(weights, kind)
+    for shape in [*SHAPES[1:], (5, 5, 2), (1, 4, 1), (4, 5, 14)]:
+        for context in CONTEXTS:
+            with gpu_branches(count_waits=False):
+                got = run_now(pool_passes(draft, context, *shape))
+            _same_pool(got, _on_host(reference, context, *shape))
+
+
+@pytest.mark.parametrize("kind", ["standalone", "eagle3"])
 def test_a_pool_grown_on_a_gpu_waits_for_nothing_before_its_one_read(weights, kind):
     """The GPU's branches (one sort for each top-k, no early stop), run on the CPU under a
     dispatch mode that flags each operation that makes a GPU's host wait
