@@ -23,8 +23,9 @@ counts too (a draft-free decoder's top-k of the verify pass's rows, before its s
 the figures bound a GPU's host time from above, on this machine's CPU.
 
 Launches: what a GPU would launch one by one on `--graphs` (graph replays, and each device
-operation outside a captured pass), counted as `tests/replayed_graphs.py` does; again with
-every drafted path accepted, at an 8B's depth (`--deep-layers`), for what runs only then.
+operation outside a captured pass), counted as `tests/replayed_graphs.py` does; again with a
+draft that accepts, at an 8B's depth (`--deep-layers`), for what runs only after an accepted
+path.
 
     python benchmarks/host_reads.py --out benchmarks/results/host_reads.md
 """
@@ -163,10 +164,11 @@ def launches(target, draft, prompt, config) -> Counter:
 
 
 def accepting_launches(args, pool: PoolShape, shape: StaticShape, prompt) -> list[str]:
-    """The launches table's rows where every drafted path is accepted, at an 8B's depth: a
-    `--deep-layers` target drafted by a twin of itself (greedy, a draft equal to the target
-    proposes what it accepts). Random weights accept almost nothing, so the main table misses
-    what runs only after an accepted path (a commit's compaction of the cache, per model)."""
+    """The launches table's rows with a draft that accepts, at an 8B's depth: a
+    `--deep-layers` target drafted by a twin of itself (at T=0 its tree holds the target's
+    greedy path as deep as the rule's tree reaches it, and all of that is accepted). Random
+    weights accept almost nothing, so the main table misses what runs only after an accepted
+    path (a commit's compaction of the cache, per model)."""
     deep = tiny_model("llama", seed=0, n_layers=args.deep_layers)
     target, draft = (HFModel(deep, name=name) for name in ("deep target", "its twin"))
     for model in (target, draft):
@@ -239,7 +241,7 @@ def main(argv=None) -> int:
              "- launches per round: on `--graphs`, what a GPU would launch one by one: graph "
              "replays, and other device operations (a CPU count of the operations that run a "
              "kernel outside captured passes, and of the copies in from the host); random "
-             "weights accept almost nothing, so the second table has every path accepted",
+             "weights accept almost nothing, so the second table's draft is the target's twin",
              "", "| draft | decoder | rounds | reads per round | other waits per round | "
              "host ms before verify | host ms after verify | graph replays per round | "
              "other launches per round |", "|---|---|---|---|---|---|---|---|---|"]
@@ -267,8 +269,8 @@ def main(argv=None) -> int:
             sites.update(reads)
             other.update(waits)
             launched.update(ops)
-    lines += ["", f"Launches per round where every drafted path is accepted: a {args.deep_layers}"
-              "-layer target, drafted by a twin of itself (standalone, on graphs):", "",
+    lines += ["", f"Launches per round with a draft that accepts: a {args.deep_layers}-layer "
+              "target drafted by a twin of itself (standalone, on graphs):", "",
               "| decoder | rounds | tokens per round | graph replays per round | "
               "other launches per round |", "|---|---|---|---|---|"]
     lines += accepting_launches(args, pool, graphs_shape, prompt)

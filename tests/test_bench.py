@@ -526,10 +526,14 @@ def test_host_reads_a_round_stay_within_the_gpu_goal(tmp_path, monkeypatch):
     out = tmp_path / "reads.md"
     assert _benchmark("host_reads").main(["--max-new-tokens", "8", "--budget", "8", "--top-k",
                                           "4", "--depth", "4", "--repeat", "1",
-                                          "--out", str(out)]) == 0
-    rows = [line.split("|")[1:-1] for line in out.read_text().splitlines()
+                                          "--deep-layers", "2", "--out", str(out)]) == 0
+    lines = out.read_text().splitlines()
+    rows = [line.split("|")[1:-1] for line in lines
             if line.startswith("| ") and line.count("|") == 10 and "decoder" not in line]
     assert len(rows) == 19
+    twin = [line.split("|")[1:-1] for line in lines  # the target's twin drafting: it accepts
+            if line.startswith("| ") and line.count("|") == 6 and "decoder" not in line]
+    assert len(twin) == 8 and all(float(row[2]) > 1 for row in twin), twin
     three = ("fts_redraft", "racer", "recycle")
     for draft, decoder, _, reads, waits, before, after, replays, launches in rows:
         assert float(replays) >= 1 and int(launches) > 0, (draft, decoder, replays, launches)
