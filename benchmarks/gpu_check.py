@@ -10,10 +10,11 @@ rewritten after every stage, so a run cut short keeps what it measured; a stage 
 left cannot hold is skipped and says so):
 
 1. graphs: static-shape passes replayed as CUDA graphs against eager on the Qwen3-8B shape
-   with a Qwen3-0.6B-shaped draft (pass costs 1-128 nodes, the draft's pass, an EAGLE-3
-   head's step, ar / draft_rank / fts tokens/s against the weight-streaming bound, capture
-   time and memory), and every decoder's tokens with graphs against eager in float32 with the
-   syncs per round (`gpu_graphs`).
+   with a Qwen3-0.6B-shaped draft, in parts that each write their section (`gpu_graphs`):
+   pass costs 1-128 nodes and the draft's pass; the kernels a pass spends its time in; every
+   decoder's tokens with graphs against eager in float32, with the syncs per round; an
+   EAGLE-3 head's step; ar / draft_rank / fts tokens/s against the weight-streaming bound;
+   capture time and memory, and the issue's goals.
 2. identity: every decoder against HF greedy generate, float64, standalone drafts
    (`gpu_exactness.identity`), root pass alongside.
 3. syncs: host syncs per round and the lines that cause them, and the host's ms after reads at
@@ -142,8 +143,9 @@ def main(argv=None) -> int:
     def stage(key: str, need_s: float, fn, render):
         """Run `fn` if `need_s` seconds (a guess at its length) fit in what is left."""
         left = args.time_limit - (time.perf_counter() - start)
-        if key in args.skip or (left < need_s and not args.smoke):
-            why = "skipped (--skip)" if key in args.skip else f"skipped: {left:.0f} s left"
+        skipped = key.split(":")[0] in args.skip or key in args.skip  # graphs: all its parts
+        if skipped or (left < need_s and not args.smoke):
+            why = "skipped (--skip)" if skipped else f"skipped: {left:.0f} s left"
             report.add(f"## Stage {key}: {why}")
             return None
         t = time.perf_counter()
@@ -172,14 +174,19 @@ def main(argv=None) -> int:
         found["failed"] |= not all(r["same_tokens"] for r in rows)
         return overlap_markdown(rows, title)
 
-    def graphs_render(rep):  # graphs must give eager's tokens
-        found["failed"] |= not all(r["same"] for r in rep["identity"])
-        found["failed"] |= not all(s["same"] for s in rep["speed"].values())
-        return graphs.markdown(rep)
-
     # graphs first: what the next GPU run most needs to show (issue: passes at the hardware's
-    # speed); the stages after it were measured once already (gpu_20261204.md)
-    stage("graphs", 90, lambda: graphs.graphs(args, device, keep), graphs_render)
+    # speed); the stages after it were measured once already (gpu_20261204.md). Its parts are
+    # stages of their own, so a part that fails or runs out of time loses only its section
+    graphs_stage = stage("graphs", 30, lambda: graphs.GraphsStage(args, device, keep),
+                         lambda g: g.setup_markdown())
+
+    def graphs_part(text):  # graphs must give eager's tokens
+        found["failed"] |= not graphs_stage.same_tokens()
+        return text
+
+    for part, need_s in graphs.PARTS if graphs_stage is not None else ():
+        stage(f"graphs:{part}", need_s, getattr(graphs_stage, part), graphs_part)
+    graphs_stage = None  # its twins' caches go before the next stages build theirs
     stage("identity", 60, lambda: exact.identity(device, args.smoke),
           identity_render("Greedy identity (tiny random models, float64, root pass alongside)"))
     stage("syncs", 40, lambda: speed.syncs(device, args.smoke), speed.syncs_markdown)

@@ -1,16 +1,21 @@
 """The GPU check's graphs stage (`benchmarks/gpu_check.py`): static-shape passes replayed as CUDA
 graphs (`targetrows.hf.static_pass`, `--graphs`) against the eager passes, on random weights at
-the paper's shapes.
+the paper's shapes. `GraphsStage` sets up the models, then measures in parts (`PARTS`), each of
+which hands back its report section, so that a run cut short or a part that fails keeps the
+others:
 
-- the weight-streaming bound: the target's weight bytes over a measured device copy bandwidth
-  (a pass cannot take less; `ar` cannot make more tokens/s than its inverse);
-- one target pass over 1-128 tree nodes, eager and with graphs (`time_passes`), the
-  0.6B-shaped draft's pass of 1 and 8 tokens, and the step of an EAGLE-3 head of a Qwen3-8B
-  head's shape feeding 1 and 10 nodes;
-- `ar`, `draft_rank` and `fts` tokens/s, eager and with graphs, against that bound;
-- every decoder's tokens with graphs against eager on tiny float32 models, with a standalone
-  draft and with an EAGLE-3 head (they must be equal), and the host syncs per round on graphs;
-- capture time and the graphs' memory.
+- passes: one target pass over 1-128 tree nodes, eager and with graphs (`time_passes`), and
+  the 0.6B-shaped draft's pass of 1 and 8 tokens; the weight-streaming bound (the target's
+  weight bytes over a measured device copy bandwidth: a pass cannot take less, `ar` cannot
+  make more tokens/s than its inverse) comes with the setup;
+- kernels: where a static pass's device time goes, kernel by kernel (`kernel_profile`);
+- identity: every decoder's tokens with graphs against eager on tiny float32 models, with a
+  standalone draft and with an EAGLE-3 head (they must be equal), and the host syncs per round
+  on graphs;
+- head: the step of an EAGLE-3 head of a Qwen3-8B head's shape feeding 1 and 10 nodes;
+- speed: `ar`, `draft_rank` and `fts` tokens/s, eager and with graphs, against that bound, and
+  Hugging Face's `generate()`;
+- goals: capture time and the graphs' memory, and the issue's goals against what was measured.
 
 With --smoke the same code runs tiny on the CPU, eagerly (static shapes without graphs).
 """
@@ -18,10 +23,12 @@ With --smoke the same code runs tiny on the CPU, eagerly (static shapes without 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
 import torch
 from gpu_speed import _prompts, pair_models
+from kernel_profile import kernel_breakdown, kernels_markdown
 from rerankers import decode_config
 
 from targetrows.bench.syncs import counting_syncs
@@ -83,54 +90,149 @@ def _tokens_per_s(target, draft, prompts, config) -> tuple[float, list[list[int]
     return sum(map(len, tokens)) / (time.perf_counter() - start), tokens
 
 
+class GraphsStage:
+    """The stage's models and measurements, taken part by part (`PARTS`): each part returns
+    its report section, so the GPU check writes it before the next part starts, and a part
+    that fails costs only its own section. `rep` holds what the parts measured, for `goals`."""
+
+    def __init__(self, args, device: str, keep: dict):
+        self.smoke, self.device, self.args = args.smoke, device, args
+        self.use_graphs = graphs_on(device)
+        self.rep: dict = {"graphs": self.use_graphs}
+        bandwidth = copy_bandwidth(device, self.smoke)
+        self.target, self.draft = pair_models(keep, device, self.smoke)
+        self.rep["bound_s"] = weight_bytes(self.target) / bandwidth
+        self.rep["bandwidth_gbs"] = bandwidth / 1e9
+        self.pool, self.budget = ((PoolShape(4, 3), 8) if self.smoke
+                                  else (PoolShape(), int(args.budget)))
+        widths = pass_widths(SPEED_DECODERS, self.pool, [self.budget])  # as `--graphs` does
+        capacity = 256 if self.smoke else args.prompt_len + args.max_new_tokens + 2 * 128
+        self.shape = StaticShape(capacity, tuple(sorted({*BUCKETS, *widths})),
+                                 graphs=self.use_graphs)
+        self.start = time.perf_counter()
+        self.static_target = on_graphs(self.target, "qwen3-8b (graphs)", self.shape)
+        self.static_draft = on_graphs(self.draft, "qwen3-0.6b (graphs)", self.shape)
+        rng = np.random.default_rng(0)
+        self.ctx = rng.integers(self.target.vocab_size,
+                                size=64 if self.smoke else args.prompt_len).tolist()
+        self.repeats = 2 if self.smoke else 5
+
+    def setup_markdown(self) -> str:
+        bound = self.rep["bound_s"]
+        mode = "CUDA graphs" if self.use_graphs else "static shapes, eager (no CUDA device)"
+        return (f"## Graphs: static-shape passes ({mode}) against eager\n\nDevice copy "
+                f"bandwidth {self.rep['bandwidth_gbs']:.0f} GB/s; the Qwen3-8B-shaped target's "
+                f"weights stream in {bound * 1e3:.2f} ms (the weight-streaming bound of one pass; "
+                f"ar at most {1 / bound:.0f} tokens/s). Buckets "
+                f"{', '.join(map(str, self.shape.buckets))} (the powers of two and the speed "
+                "decoders' pass widths, as `--graphs` sets them).")
+
+    def passes(self) -> str:
+        """One target pass over 1-128 nodes and the draft's pass of 1 and 8, eager and static."""
+        sizes = (1, 2, 4, 8) if self.smoke else (1, 2, 4, 8, 16, 32, 64, 128)
+        runs = [(self.target, self.static_target, sizes), (self.draft, self.static_draft, (1, 8))]
+        (self.rep["target_passes"], self.rep["draft_pass"]) = (
+            {"eager": time_passes(eager, self.ctx, widths, self.repeats),
+             "graphs": time_passes(static, self.ctx, widths, self.repeats)}
+            for eager, static, widths in runs)
+        curves, d = self.rep["target_passes"], self.rep["draft_pass"]
+        lines = ["### Pass costs", "", "One target pass feeding n tree nodes on a cached "
+                 "context, median ms:", "",
+                 "| passes | " + " | ".join(f"n={n}" for n in sizes) + " |",
+                 "|---|" + "---|" * len(sizes)]
+        lines += [f"| {kind} | " + " | ".join(f"{s * 1e3:.2f}" for s in c.seconds) + " |"
+                  for kind, c in curves.items()]
+        lines += ["", "Qwen3-0.6B-shaped draft pass, 1 / 8 tokens, ms: eager "
+                  f"{_ms(d['eager'])}, graphs {_ms(d['graphs'])}."]
+        return "\n".join(lines)
+
+    def kernels(self) -> str:
+        """Where a static pass's device time goes (`kernel_breakdown`), at 1 and 64 nodes."""
+        eager_static = on_graphs(self.target, "qwen3-8b (static, eager)",
+                                 replace(self.shape, graphs=False))
+        sizes = (1, 8) if self.smoke else (1, 64)
+        self.rep["kernels"] = {n: kernel_breakdown(eager_static, self.ctx, n) for n in sizes}
+        return kernels_markdown(self.rep["kernels"], self.use_graphs or self.device != "cpu")
+
+    def head(self) -> str:
+        """A Qwen3-8B-shaped EAGLE-3 head's step, eager and static."""
+        self.rep["head_step"] = h = head_steps(self.target, self.smoke, self.ctx, self.repeats,
+                                               self.shape)
+        return (f"### EAGLE-3 head step\n\nA Qwen3-8B head's shape, {_widths(h)} nodes, ms: "
+                f"eager {_ms(h['eager'])}, graphs {_ms(h['graphs'])}.")
+
+    def speed(self) -> str:
+        """ar, draft_rank and fts tokens/s, eager and static, and HF `generate()`'s."""
+        args, speed = self.args, {}
+        prompts = [p.ids for p in _prompts(self.target.vocab_size,
+                                           1 if self.smoke else args.prompts,
+                                           16 if self.smoke else args.prompt_len)]
+        new = 8 if self.smoke else args.max_new_tokens
+        for name in SPEED_DECODERS:
+            config = decode_config(name, budget=self.budget, max_new_tokens=new, pool=self.pool)
+            drafts = config.decoder.needs_draft
+            eager_tps, eager_tokens = _tokens_per_s(self.target, self.draft if drafts else None,
+                                                    prompts, config)
+            graph_tps, graph_tokens = _tokens_per_s(
+                self.static_target, self.static_draft if drafts else None, prompts, config)
+            speed[name] = {"eager": eager_tps, "graphs": graph_tps,
+                           "same": graph_tokens == eager_tokens}
+        self.rep["speed"] = speed
+        self.rep["hf_tps"] = _hf_tokens_per_s(self.target, prompts, new)
+        bound = self.rep["bound_s"]
+        lines = ["### Tokens/s", "",
+                 "| decoder | eager tokens/s | graphs tokens/s | graphs / bound | same tokens |",
+                 "|---|---|---|---|---|"]
+        lines += [f"| {name} | {s['eager']:.1f} | {s['graphs']:.1f} | {s['graphs'] * bound:.2f} "
+                  f"| {s['same']} |" for name, s in speed.items()]
+        lines += ["", f"HF `generate()` on the target alone: {self.rep['hf_tps']:.1f} tokens/s."]
+        return "\n".join(lines)
+
+    def identity(self) -> str:
+        """Every decoder's tokens, static against eager, and syncs per round on graphs."""
+        self.rep.update(_identity_and_syncs(self.device, self.smoke, self.use_graphs))
+        lines = ["### Tokens with graphs", "",
+                 "Every decoder on tiny float32 models, static passes against eager:", "",
+                 "| draft | decoder | same tokens | rounds | syncs per round |",
+                 "|---|---|---|---|---|"]
+        for r in self.rep["identity"]:
+            syncs = "-" if r["syncs"] is None else f"{r['syncs']:.1f}"
+            lines.append(f"| {r['draft']} | {r['decoder']} | {r['same']} | {r['rounds']} | "
+                         f"{syncs} |")
+        return "\n".join(lines)
+
+    def same_tokens(self) -> bool:
+        """Whether every decoder run so far gave eager's tokens on graphs."""
+        return (all(r["same"] for r in self.rep.get("identity", []))
+                and all(s["same"] for s in self.rep.get("speed", {}).values()))
+
+    def goals(self) -> str:
+        """The capture's cost, and the issue's goals against what the parts measured."""
+        passes = (self.static_target._passes.stats, self.static_draft._passes.stats)
+        self.rep["capture"] = c = {
+            "captured": sum(s.captured for s in passes),
+            "capture_s": sum(s.capture_s for s in passes),
+            "graph_gb": sum(s.graph_bytes for s in passes) / 2**30,
+            "stage_s": time.perf_counter() - self.start}
+        lines = ["### Goals", "", f"Graphs captured (target and draft): {c['captured']} in "
+                 f"{c['capture_s']:.1f} s, {c['graph_gb']:.2f} GiB; parts {c['stage_s']:.0f} s.",
+                 "", "| goal (graphs on a GPU) | measured | met |", "|---|---|---|"]
+        lines += [f"| {goal} | {got} | {'-' if met is None else ('yes' if met else 'no')} |"
+                  for goal, got, met in goals(self.rep)]
+        return "\n".join(lines)
+
+
+# the stage's parts after its setup, in the order they run, each with the seconds it needs
+PARTS = (("passes", 30), ("kernels", 10), ("identity", 40), ("head", 15), ("speed", 60),
+         ("goals", 0))
+
+
 def graphs(args, device: str, keep: dict) -> dict:
-    """The stage's measurements (see the module docstring)."""
-    smoke = args.smoke
-    use_graphs = graphs_on(device)
-    capacity = 256 if smoke else args.prompt_len + args.max_new_tokens + 2 * 128
-    out: dict = {"graphs": use_graphs}
-    bandwidth = copy_bandwidth(device, smoke)
-    target, draft = pair_models(keep, device, smoke)
-    out["bound_s"] = weight_bytes(target) / bandwidth
-    out["bandwidth_gbs"] = bandwidth / 1e9
-    pool, budget = (PoolShape(4, 3), 8) if smoke else (PoolShape(), int(args.budget))
-    widths = pass_widths(SPEED_DECODERS, pool, [budget])  # as `--graphs` buckets them
-    shape = StaticShape(capacity, tuple(sorted({*BUCKETS, *widths})), graphs=use_graphs)
-    out["buckets"] = shape.buckets
-    t = time.perf_counter()
-    static_target = on_graphs(target, "qwen3-8b (graphs)", shape)
-    static_draft = on_graphs(draft, "qwen3-0.6b (graphs)", shape)
-    rng = np.random.default_rng(0)
-    ctx = rng.integers(target.vocab_size, size=64 if smoke else args.prompt_len).tolist()
-    sizes = (1, 2, 4, 8) if smoke else (1, 2, 4, 8, 16, 32, 64, 128)
-    repeats = 2 if smoke else 5
-    out["target_passes"] = {"eager": time_passes(target, ctx, sizes, repeats),
-                            "graphs": time_passes(static_target, ctx, sizes, repeats)}
-    out["draft_pass"] = {"eager": time_passes(draft, ctx, (1, 8), repeats),
-                         "graphs": time_passes(static_draft, ctx, (1, 8), repeats)}
-    prompts = [p.ids for p in _prompts(target.vocab_size, 1 if smoke else args.prompts,
-                                       16 if smoke else args.prompt_len)]
-    speed = {}
-    for name in SPEED_DECODERS:
-        config = decode_config(name, budget=budget,
-                               max_new_tokens=8 if smoke else args.max_new_tokens, pool=pool)
-        drafts = config.decoder.needs_draft
-        eager_tps, eager_tokens = _tokens_per_s(target, draft if drafts else None, prompts,
-                                                config)
-        graph_tps, graph_tokens = _tokens_per_s(static_target, static_draft if drafts else None,
-                                                prompts, config)
-        speed[name] = {"eager": eager_tps, "graphs": graph_tps,
-                       "same": graph_tokens == eager_tokens}
-    out["speed"] = speed
-    out["hf_tps"] = _hf_tokens_per_s(target, prompts, 8 if smoke else args.max_new_tokens)
-    out["head_step"] = head_steps(target, smoke, ctx, repeats, shape)
-    passes = static_target._passes.stats, static_draft._passes.stats
-    out["capture"] = {"captured": sum(s.captured for s in passes),
-                      "capture_s": sum(s.capture_s for s in passes),
-                      "graph_gb": sum(s.graph_bytes for s in passes) / 2**30,
-                      "stage_s": time.perf_counter() - t}
-    out.update(_identity_and_syncs(device, smoke, use_graphs))
-    return out
+    """Every part of the stage at once: its measurements (what a test reads)."""
+    stage = GraphsStage(args, device, keep)
+    for part, _ in PARTS:
+        getattr(stage, part)()
+    return stage.rep
 
 
 def _hf_tokens_per_s(target: HFModel, prompts, max_new_tokens: int) -> float:
@@ -151,32 +253,49 @@ def _hf_tokens_per_s(target: HFModel, prompts, max_new_tokens: int) -> float:
 
 def goals(rep: dict) -> list[tuple[str, str, bool | None]]:
     """The issue's goals for graphs on a GPU, each (goal, what was measured, met): None where
-    this run cannot say (syncs are counted on CUDA only)."""
-    passes = rep["target_passes"]["graphs"]
-    sizes, seconds = list(passes.sizes), passes.seconds
-    one, bound = seconds[0], rep["bound_s"]
-    wide = max(n for n in sizes if n <= 64)
-    head = rep["head_step"]["graphs"]
-    draft = rep["draft_pass"]["graphs"]
-    ar = rep["speed"]["ar"]["graphs"]
-    syncs = [r["syncs"] for r in rep["identity"] if r["syncs"] is not None]
-    same = (all(r["same"] for r in rep["identity"])
-            and all(s["same"] for s in rep["speed"].values()))
-    return [
-        ("target's 1-token pass <= 2x its weight-streaming time",
-         f"{one * 1e3:.2f} ms, {one / bound:.1f}x", one <= 2 * bound),
-        (f"a {wide}-node pass <= 1.3x the 1-token pass",
-         f"{seconds[sizes.index(wide)] / one:.2f}x", seconds[sizes.index(wide)] <= 1.3 * one),
-        (f"head step < 1 ms ({head.sizes[-1]} nodes)", f"{head.seconds[-1] * 1e3:.2f} ms",
-         head.seconds[-1] < 1e-3),
-        (f"0.6B draft pass < 2 ms ({draft.sizes[-1]} tokens)",
-         f"{draft.seconds[-1] * 1e3:.2f} ms", draft.seconds[-1] < 2e-3),
-        ("ar >= 4x HF generate", f"{ar / rep['hf_tps']:.2f}x", ar >= 4 * rep["hf_tps"]),
-        ("<= 3 host syncs a round, every decoder",
-         f"at most {max(syncs):.1f}" if syncs else "not counted (no CUDA)",
-         max(syncs) <= 3 if syncs else None),
-        ("tokens with graphs = eager, every decoder", str(same), same),
-    ]
+    this run cannot say (syncs are counted on CUDA only; a part that did not run)."""
+    out = []
+    if "target_passes" in rep:
+        passes = rep["target_passes"]["graphs"]
+        sizes, seconds = list(passes.sizes), passes.seconds
+        one, wide = seconds[0], max(n for n in sizes if n <= 64)
+        out += [("target's 1-token pass <= 2x its weight-streaming time",
+                 f"{one * 1e3:.2f} ms, {one / rep['bound_s']:.1f}x", one <= 2 * rep["bound_s"]),
+                (f"a {wide}-node pass <= 1.3x the 1-token pass",
+                 f"{seconds[sizes.index(wide)] / one:.2f}x",
+                 seconds[sizes.index(wide)] <= 1.3 * one)]
+        draft = rep["draft_pass"]["graphs"]
+        out.append((f"0.6B draft pass < 2 ms ({draft.sizes[-1]} tokens)",
+                    f"{draft.seconds[-1] * 1e3:.2f} ms", draft.seconds[-1] < 2e-3))
+    else:
+        out.append(("pass costs", "not measured (the part did not finish)", None))
+    if "head_step" in rep:
+        head = rep["head_step"]["graphs"]
+        out.append((f"head step < 1 ms ({head.sizes[-1]} nodes)",
+                    f"{head.seconds[-1] * 1e3:.2f} ms", head.seconds[-1] < 1e-3))
+    else:
+        out.append(("head step < 1 ms", "not measured (the part did not finish)", None))
+    if "speed" in rep:
+        ar = rep["speed"]["ar"]["graphs"]
+        out.append(("ar >= 4x HF generate", f"{ar / rep['hf_tps']:.2f}x",
+                    ar >= 4 * rep["hf_tps"]))
+    else:
+        out.append(("ar >= 4x HF generate", "not measured (the part did not finish)", None))
+    if "identity" in rep:
+        syncs = [r["syncs"] for r in rep["identity"] if r["syncs"] is not None]
+        out.append(("<= 3 host syncs a round, every decoder",
+                    f"at most {max(syncs):.1f}" if syncs else "not counted (no CUDA)",
+                    max(syncs) <= 3 if syncs else None))
+    else:
+        out.append(("<= 3 host syncs a round", "not measured (the part did not finish)", None))
+    if "identity" in rep or "speed" in rep:
+        same = (all(r["same"] for r in rep.get("identity", []))
+                and all(s["same"] for s in rep.get("speed", {}).values()))
+        whole = "identity" in rep and "speed" in rep
+        out.append(("tokens with graphs = eager, every decoder",
+                    str(same) + ("" if whole else " (of the parts that ran)"),
+                    same if whole or not same else None))
+    return out
 
 
 def head_steps(target: HFModel, smoke: bool, ctx: list[int], repeats: int,
@@ -257,51 +376,6 @@ def _identity_and_syncs(device: str, smoke: bool, use_graphs: bool) -> dict:
                          "rounds": len(result.rounds),
                          "syncs": count.per(len(result.rounds)) if count.counted else None})
     return {"identity": rows}
-
-
-def markdown(rep: dict) -> str:
-    mode = "CUDA graphs" if rep["graphs"] else "static shapes, eager (no CUDA device)"
-    bound = rep["bound_s"]
-    lines = [f"## Graphs: static-shape passes ({mode}) against eager", "",
-             f"Device copy bandwidth {rep['bandwidth_gbs']:.0f} GB/s; the Qwen3-8B-shaped "
-             f"target's weights stream in {bound * 1e3:.2f} ms (the weight-streaming bound of "
-             f"one pass; ar at most {1 / bound:.0f} tokens/s).", "",
-             "One target pass feeding n tree nodes on a cached context, median ms:", ""]
-    curves = rep["target_passes"]
-    sizes = curves["eager"].sizes
-    lines.append("| passes | " + " | ".join(f"n={n}" for n in sizes) + " |")
-    lines.append("|---|" + "---|" * len(sizes))
-    for kind, c in curves.items():
-        lines.append(f"| {kind} | " + " | ".join(f"{s * 1e3:.2f}" for s in c.seconds) + " |")
-    d = rep["draft_pass"]
-    lines += ["", "Qwen3-0.6B-shaped draft pass, 1 / 8 tokens, ms: eager "
-              f"{d['eager'].seconds[0] * 1e3:.2f} / {d['eager'].seconds[-1] * 1e3:.2f}, graphs "
-              f"{d['graphs'].seconds[0] * 1e3:.2f} / {d['graphs'].seconds[-1] * 1e3:.2f}.", "",
-              f"EAGLE-3 head step (a Qwen3-8B head's shape), {_widths(rep['head_step'])} nodes, "
-              f"ms: eager {_ms(rep['head_step']['eager'])}, graphs "
-              f"{_ms(rep['head_step']['graphs'])}.", "",
-              "| decoder | eager tokens/s | graphs tokens/s | graphs / bound | same tokens |",
-              "|---|---|---|---|---|"]
-    for name, s in rep["speed"].items():
-        lines.append(f"| {name} | {s['eager']:.1f} | {s['graphs']:.1f} | "
-                     f"{s['graphs'] * bound:.2f} | {s['same']} |")
-    lines += ["", f"HF `generate()` on the target alone: {rep['hf_tps']:.1f} tokens/s.", "",
-              "| goal (graphs on a GPU) | measured | met |", "|---|---|---|"]
-    lines += [f"| {goal} | {got} | {'-' if met is None else ('yes' if met else 'no')} |"
-              for goal, got, met in goals(rep)]
-    c = rep["capture"]
-    lines += ["", f"Graphs captured: {c['captured']} in {c['capture_s']:.1f} s, "
-              f"{c['graph_gb']:.2f} GiB; stage {c['stage_s']:.0f} s. Buckets "
-              f"{', '.join(map(str, rep['buckets']))} (the powers of two and the speed "
-              "decoders' pass widths, as `--graphs` sets them).", "",
-              "Every decoder on tiny float32 models, static passes against eager:", "",
-              "| draft | decoder | same tokens | rounds | syncs per round |",
-              "|---|---|---|---|---|"]
-    for r in rep["identity"]:
-        syncs = "-" if r["syncs"] is None else f"{r['syncs']:.1f}"
-        lines.append(f"| {r['draft']} | {r['decoder']} | {r['same']} | {r['rounds']} | "
-                     f"{syncs} |")
-    return "\n".join(lines)
 
 
 def _widths(curves: dict) -> str:

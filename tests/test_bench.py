@@ -480,20 +480,20 @@ def test_gpu_check_smoke(tmp_path):
     assert {r["method"] for r in rows} >= {"hf_generate", "hf_assisted", "fts", "eagle3:fts"}
 
 
-def test_gpu_check_graphs_stage_on_graphs_stood_in_on_the_cpu(monkeypatch):
+def test_gpu_check_graphs_stage_on_graphs_stood_in_on_the_cpu(monkeypatch, tmp_path):
     """The graphs stage with graphs on, replayed by the CPU stand-in that fails where a CUDA
     graph would (tests/replayed_graphs.py), and with the code's other GPU branches taken
     (pools drafted to full depth and read with t0 or the root row, checks queued, part times
     from timing events): every pass it captures replays as captured, tokens on graphs equal
-    eager ones for every decoder, and nothing else makes the host wait."""
-    from argparse import Namespace
-
+    eager ones for every decoder, and nothing else makes the host wait. Each part writes its
+    own section: one that fails (here the head's, made to) leaves the others, and the goals
+    say what it did not measure."""
     from replayed_graphs import gpu_branches, replay_in_place
 
-    stage = _benchmark("gpu_check").graphs
+    gpu_check = _benchmark("gpu_check")
+    stage = gpu_check.graphs
     replay_in_place(monkeypatch)
     monkeypatch.setattr(stage, "graphs_on", lambda device: True)
-    args = Namespace(smoke=True, prompt_len=16, max_new_tokens=8, prompts=1, budget=8)
     generate, during = stage.generate, Counter()
 
     def decode(*args, **kwargs):  # the waits of decoding (not of loading, nor HF's generate)
@@ -503,14 +503,31 @@ def test_gpu_check_graphs_stage_on_graphs_stood_in_on_the_cpu(monkeypatch):
         finally:
             during.update(Counter(waits) - before)
 
+    def head(self):
+        raise RuntimeError("a part that fails")
+
     monkeypatch.setattr(stage, "generate", decode)
+    monkeypatch.setattr(stage.GraphsStage, "head", head)
+    others = ["identity", "syncs", "pass_costs", "bench", "overlap", "batched",
+              "eagle3_identity", "eagle3_bench", "drift", "pipeline"]
+    argv = ["--smoke", "--prompt-len", "16", "--max-new-tokens", "8", "--prompts", "1",
+            "--budget", "8", "--skip", *others, "--out-dir", str(tmp_path), "--name", "g"]
     with gpu_branches() as waits:
-        rep = stage.graphs(args, "cpu", {})
+        assert gpu_check.main(argv) == 1  # the head's part failed
     assert not during, during
-    assert rep["graphs"] and rep["capture"]["captured"] > 0
-    assert all(r["same"] for r in rep["identity"]) and len(rep["identity"]) > 10
-    assert all(s["same"] for s in rep["speed"].values())
-    assert "| tokens with graphs = eager, every decoder | True | yes |" in stage.markdown(rep)
+    report = (tmp_path / "g.md").read_text()
+    assert "static shapes, eager" not in report  # graphs were on (stood in)
+    assert int(re.search(r"Graphs captured \(target and draft\): (\d+) in", report)[1]) > 0
+    identity = re.findall(r"^\| (standalone|eagle3) \| \w+ \| (\w+) \|", report, re.M)
+    assert len(identity) > 10 and {same for _, same in identity} == {"True"}
+    assert "| tokens with graphs = eager, every decoder | True | yes |" in report
+    assert "## Stage graphs:head: FAILED" in report and "a part that fails" in report
+    assert "| head step < 1 ms | not measured (the part did not finish) | - |" in report
+    assert "### Tokens/s" in report and "### Pass costs" in report
+    # the kernels part: the CPU's operations, the products among the busiest
+    kernels = report.split("### Where a pass's time goes")[1].split("(stage")[0]
+    assert re.search(r"n=1: wall [\d.]+ ms, busy [\d.]+ ms", kernels)
+    assert "aten::" in kernels and ("linear" in kernels or "mm" in kernels)
 
 
 def test_host_reads_a_round_stay_within_the_gpu_goal(tmp_path, monkeypatch):
