@@ -23,6 +23,7 @@ With --smoke the same code runs tiny on the CPU, eagerly (static shapes without 
 from __future__ import annotations
 
 import time
+import traceback
 from dataclasses import replace
 
 import numpy as np
@@ -197,8 +198,13 @@ class GraphsStage:
                  "|---|---|---|---|---|"]
         for r in self.rep["identity"]:
             syncs = "-" if r["syncs"] is None else f"{r['syncs']:.1f}"
-            lines.append(f"| {r['draft']} | {r['decoder']} | {r['same']} | {r['rounds']} | "
+            same = f"failed: {r['error']}".replace("|", "/") if "error" in r else r["same"]
+            lines.append(f"| {r['draft']} | {r['decoder']} | {same} | {r['rounds']} | "
                          f"{syncs} |")
+        failed = [r for r in self.rep["identity"] if "error" in r]
+        if failed:
+            lines += ["", f"The first failure ({failed[0]['draft']}, {failed[0]['decoder']}):",
+                      "", "```", failed[0]["trace"].rstrip(), "```"]
         return "\n".join(lines)
 
     def same_tokens(self) -> bool:
@@ -366,15 +372,22 @@ def _identity_and_syncs(device: str, smoke: bool, use_graphs: bool) -> dict:
             drafts = config.decoder.needs_draft
             if kind == "eagle3" and not drafts:
                 continue
-            want = [generate(eager[0], eager[1] if drafts else None, p, config).tokens
-                    for p in prompts]
-            got = [generate(static[0], static[1] if drafts else None, p, config).tokens
-                   for p in prompts]
-            with counting_syncs() as count:
-                result = generate(static[0], static[1] if drafts else None, prompts[0], config)
-            rows.append({"draft": kind, "decoder": name, "same": got == want,
-                         "rounds": len(result.rounds),
-                         "syncs": count.per(len(result.rounds)) if count.counted else None})
+            row = {"draft": kind, "decoder": name, "same": False, "rounds": 0, "syncs": None}
+            rows.append(row)
+            try:  # a decoder that fails is a row saying how, and the others still run
+                want = [generate(eager[0], eager[1] if drafts else None, p, config).tokens
+                        for p in prompts]
+                got = [generate(static[0], static[1] if drafts else None, p, config).tokens
+                       for p in prompts]
+                with counting_syncs() as count:
+                    result = generate(static[0], static[1] if drafts else None, prompts[0],
+                                      config)
+            except Exception as err:
+                row["error"] = f"{type(err).__name__}: {err}"[:300]
+                row["trace"] = traceback.format_exc()[-3000:]
+                continue
+            row.update(same=got == want, rounds=len(result.rounds),
+                       syncs=count.per(len(result.rounds)) if count.counted else None)
     return {"identity": rows}
 
 

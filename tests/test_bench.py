@@ -487,8 +487,10 @@ def test_gpu_check_graphs_stage_on_graphs_stood_in_on_the_cpu(monkeypatch, tmp_p
     from timing events): every pass it captures replays as captured, tokens on graphs equal
     eager ones for every decoder, and nothing else makes the host wait. Each part writes its
     own section: one that fails (here the head's, made to) leaves the others, and the goals
-    say what it did not measure."""
+    say what it did not measure; a decoder that fails (made to) is a row naming the error."""
     from replayed_graphs import gpu_branches, replay_in_place
+
+    from targetrows.hf.eagle3 import Eagle3Draft
 
     gpu_check = _benchmark("gpu_check")
     stage = gpu_check.graphs
@@ -496,10 +498,13 @@ def test_gpu_check_graphs_stage_on_graphs_stood_in_on_the_cpu(monkeypatch, tmp_p
     monkeypatch.setattr(stage, "graphs_on", lambda device: True)
     generate, during = stage.generate, Counter()
 
-    def decode(*args, **kwargs):  # the waits of decoding (not of loading, nor HF's generate)
+    def decode(target, draft, prompt, config):  # the waits of decoding (not of loading, nor
+        # HF's generate); one decoder made to fail, with a head
+        if config.decoder.name == "sequoia" and isinstance(draft, Eagle3Draft):
+            raise RuntimeError("a decoder that fails")
         before = Counter(waits)
         try:
-            return generate(*args, **kwargs)
+            return generate(target, draft, prompt, config)
         finally:
             during.update(Counter(waits) - before)
 
@@ -518,9 +523,13 @@ def test_gpu_check_graphs_stage_on_graphs_stood_in_on_the_cpu(monkeypatch, tmp_p
     report = (tmp_path / "g.md").read_text()
     assert "static shapes, eager" not in report  # graphs were on (stood in)
     assert int(re.search(r"Graphs captured \(target and draft\): (\d+) in", report)[1]) > 0
-    identity = re.findall(r"^\| (standalone|eagle3) \| \w+ \| (\w+) \|", report, re.M)
-    assert len(identity) > 10 and {same for _, same in identity} == {"True"}
-    assert "| tokens with graphs = eager, every decoder | True | yes |" in report
+    identity = re.findall(r"^\| (standalone|eagle3) \| (\w+) \| ([^|]+) \|", report, re.M)
+    assert len(identity) > 10
+    assert {same for draft, decoder, same in identity
+            if (draft, decoder) != ("eagle3", "sequoia")} == {"True"}
+    assert ("eagle3", "sequoia", "failed: RuntimeError: a decoder that fails") in identity
+    assert "The first failure (eagle3, sequoia):" in report
+    assert "| tokens with graphs = eager, every decoder | False | no |" in report
     assert "## Stage graphs:head: FAILED" in report and "a part that fails" in report
     assert "| head step < 1 ms | not measured (the part did not finish) | - |" in report
     assert "### Tokens/s" in report and "### Pass costs" in report
