@@ -40,8 +40,10 @@ def kernel_breakdown(model, ctx: list[int], n: int, top: int = 8) -> dict:
 
     one_pass()  # warm-up
     wall = float(np.median([one_pass() for _ in range(3)]))
-    activity = ProfilerActivity.CUDA if on_gpu else ProfilerActivity.CPU
-    with profile(activities=[activity]) as prof:
+    # the CPU's activity too on a GPU, as torch's own examples profile: kernels are recorded
+    # with the launches that made them
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+    with profile(activities=activities) as prof:
         one_pass()
     totals: dict[str, list[float]] = {}
     for e in prof.key_averages():
