@@ -14,7 +14,8 @@ left cannot hold is skipped and says so):
    pass costs 1-128 nodes and the draft's pass; the kernels a pass spends its time in; every
    decoder's tokens with graphs against eager in float32, with the syncs per round; an
    EAGLE-3 head's step; ar / draft_rank / fts tokens/s against the weight-streaming bound;
-   capture time and memory, and the issue's goals.
+   rerank and fts with the root pass replayed beside drafting against after it; capture
+   time and memory, and the issue's goals.
 2. identity: every decoder against HF greedy generate, float64, standalone drafts
    (`gpu_exactness.identity`), root pass alongside.
 3. syncs: host syncs per round and the lines that cause them, and the host's ms after reads at

@@ -15,6 +15,8 @@ others:
 - head: the step of an EAGLE-3 head of a Qwen3-8B head's shape feeding 1 and 10 nodes;
 - speed: `ar`, `draft_rank` and `fts` tokens/s, eager and with graphs, against that bound, and
   Hugging Face's `generate()`;
+- overlap: `rerank` and `fts` on graphs with the root pass replayed on a stream of its own
+  beside the draft's passes, against one after the other;
 - goals: capture time and the graphs' memory, and the issue's goals against what was measured.
 
 With --smoke the same code runs tiny on the CPU, eagerly (static shapes without graphs).
@@ -29,34 +31,19 @@ from dataclasses import replace
 import numpy as np
 import torch
 from gpu_speed import _prompts, pair_models
-from kernel_profile import kernel_breakdown, kernels_markdown
+from kernel_profile import copy_bandwidth, kernel_breakdown, kernels_markdown, weight_bytes
 from rerankers import decode_config
 
 from targetrows.bench.syncs import counting_syncs
 from targetrows.core.pool import PoolShape
 from targetrows.cost.parttimes import time_passes
+from targetrows.decoding.config import DecodeConfig
 from targetrows.decoding.loop import generate
 from targetrows.decoding.registry import decoder_names, pass_widths
 from targetrows.hf.model import HFModel
 from targetrows.hf.static_pass import BUCKETS, StaticShape, use_static
 
 SPEED_DECODERS = ("ar", "draft_rank", "fts")
-
-
-def copy_bandwidth(device: str, smoke: bool) -> float:
-    """Bytes/s of a device-to-device copy of a large buffer (read + write counted)."""
-    n = (1 << 20) if smoke else (1 << 30)
-    src = torch.empty(n, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    _sync(device)
-    times = []
-    for _ in range(5):
-        t = time.perf_counter()
-        dst.copy_(src)
-        _sync(device)
-        times.append(time.perf_counter() - t)
-    return 2 * n / float(np.median(times))
 
 
 def graphs_on(device: str) -> bool:
@@ -68,10 +55,6 @@ def graphs_on(device: str) -> bool:
 def _sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
-
-
-def weight_bytes(model: HFModel) -> int:
-    return sum(p.numel() * p.element_size() for p in model.model.parameters())
 
 
 def on_graphs(model: HFModel, name: str, shape: StaticShape) -> HFModel:
@@ -189,6 +172,21 @@ class GraphsStage:
         lines += ["", f"HF `generate()` on the target alone: {self.rep['hf_tps']:.1f} tokens/s."]
         return "\n".join(lines)
 
+    def overlap(self) -> str:
+        """rerank and fts on graphs, the root pass replayed on a stream of its own beside the
+        draft's passes against one after the other, on one GPU (`measure_overlap`): whether
+        it now pays on one card, where two Python threads taking turns made it cost."""
+        from targetrows.bench.overlap import measure_overlap, overlap_markdown
+
+        prompts = [p.ids for p in _prompts(self.target.vocab_size, 1,
+                                           16 if self.smoke else self.args.prompt_len)]
+        config = DecodeConfig(budget=self.budget, pool=self.pool,
+                              max_new_tokens=8 if self.smoke else self.args.max_new_tokens)
+        self.rep["overlap"] = rows = measure_overlap(self.static_target, self.static_draft,
+                                                     prompts, config, ("rerank", "fts"))
+        return overlap_markdown(rows, "Root pass beside drafting with graphs, one GPU").replace(
+            "## ", "### ", 1)
+
     def identity(self) -> str:
         """Every decoder's tokens, static against eager, and syncs per round on graphs."""
         self.rep.update(_identity_and_syncs(self.device, self.smoke, self.use_graphs))
@@ -208,9 +206,11 @@ class GraphsStage:
         return "\n".join(lines)
 
     def same_tokens(self) -> bool:
-        """Whether every decoder run so far gave eager's tokens on graphs."""
+        """Whether every decoder run so far gave eager's tokens on graphs (and the same
+        tokens with the root pass beside drafting as after it)."""
         return (all(r["same"] for r in self.rep.get("identity", []))
-                and all(s["same"] for s in self.rep.get("speed", {}).values()))
+                and all(s["same"] for s in self.rep.get("speed", {}).values())
+                and all(r["same_tokens"] for r in self.rep.get("overlap", [])))
 
     def goals(self) -> str:
         """The capture's cost, and the issue's goals against what the parts measured."""
@@ -230,7 +230,7 @@ class GraphsStage:
 
 # the stage's parts after its setup, in the order they run, each with the seconds it needs
 PARTS = (("passes", 30), ("kernels", 10), ("identity", 40), ("head", 15), ("speed", 60),
-         ("goals", 0))
+         ("overlap", 40), ("goals", 0))
 
 
 def graphs(args, device: str, keep: dict) -> dict:

@@ -1,8 +1,10 @@
-"""Where a pass's device time goes, kernel by kernel: a profile of one pass, for the GPU check's
-graphs stage (`benchmarks/gpu_graphs.py`). A pass that misses its weight-streaming bound does
-so in its kernels (which ones: the products, attention, the elementwise rest) or between them
-(the device idle while the host launches): the busy time against the wall time tells which,
-and the kernels' names which attention backend ran.
+"""What a pass costs the hardware, for the GPU check's graphs stage (`benchmarks/gpu_graphs.py`):
+the weight-streaming bound (a pass reads every weight once, so it cannot take less than their
+bytes over the device's copy bandwidth), and where a pass's device time goes, kernel by
+kernel. A pass that misses its bound does so in its kernels (which ones: the products,
+attention, the elementwise rest) or between them (the device idle while the host launches):
+the busy time against the wall time tells which, and the kernels' names which attention
+backend ran.
 """
 
 from __future__ import annotations
@@ -15,6 +17,29 @@ from torch.profiler import ProfilerActivity, profile
 
 from targetrows.core.tree import Tree
 from targetrows.decoding.model import synchronize
+
+
+def copy_bandwidth(device: str, smoke: bool) -> float:
+    """Bytes/s of a device-to-device copy of a large buffer (read + write counted)."""
+    n = (1 << 20) if smoke else (1 << 30)
+    src = torch.empty(n, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    times = []
+    for _ in range(5):
+        t = time.perf_counter()
+        dst.copy_(src)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    return 2 * n / float(np.median(times))
+
+
+def weight_bytes(model) -> int:
+    """The bytes of an `HFModel`'s weights: what one pass reads at least once."""
+    return sum(p.numel() * p.element_size() for p in model.model.parameters())
 
 
 def kernel_breakdown(model, ctx: list[int], n: int, top: int = 8) -> dict:

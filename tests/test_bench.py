@@ -533,6 +533,10 @@ def test_gpu_check_graphs_stage_on_graphs_stood_in_on_the_cpu(monkeypatch, tmp_p
     assert "## Stage graphs:head: FAILED" in report and "a part that fails" in report
     assert "| head step < 1 ms | not measured (the part did not finish) | - |" in report
     assert "### Tokens/s" in report and "### Pass costs" in report
+    # the root pass beside drafting on graphs: the same tokens as after it
+    beside = report.split("### Root pass beside drafting with graphs")[1].split("(stage")[0]
+    assert len(re.findall(r"^\| (rerank|fts) \| (True|False) \|.* \| True \|$", beside,
+                          re.M)) == 4
     # the kernels part: the CPU's operations, the products among the busiest
     kernels = report.split("### Where a pass's time goes")[1].split("(stage")[0]
     assert re.search(r"n=1: wall [\d.]+ ms, busy [\d.]+ ms", kernels)
