@@ -17,6 +17,8 @@ others:
   Hugging Face's `generate()`;
 - overlap: `rerank` and `fts` on graphs with the root pass replayed on a stream of its own
   beside the draft's passes, against one after the other;
+- bench: `targetrows bench` on graphs (every decoder, part times and bound on the static
+  passes), which the GPU check writes as the bench stage's section and CSV rows;
 - goals: capture time and the graphs' memory, and the issue's goals against what was measured.
 
 With --smoke the same code runs tiny on the CPU, eagerly (static shapes without graphs).
@@ -172,6 +174,24 @@ class GraphsStage:
         lines += ["", f"HF `generate()` on the target alone: {self.rep['hf_tps']:.1f} tokens/s."]
         return "\n".join(lines)
 
+    def bench(self) -> tuple:
+        """`targetrows bench` on graphs, as the bench stage runs it eagerly: every decoder on
+        the pair, with the part times and the bound taken on the static passes (the cost
+        model's inputs from the path that runs). Returns what the GPU check's bench section
+        takes."""
+        from targetrows.bench import run as bench
+        from targetrows.bench.plan import BenchSettings
+
+        settings = BenchSettings(
+            decode=DecodeConfig(max_new_tokens=8 if self.smoke else self.args.max_new_tokens,
+                                pool=self.pool),
+            temperatures=(0.0,), budget=self.budget, repeats=2 if self.smoke else 3, hf=False)
+        prompts = _prompts(self.target.vocab_size, 1 if self.smoke else self.args.prompts,
+                           16 if self.smoke else self.args.prompt_len)
+        rows, context = bench.run_bench(self.static_target, self.static_draft, prompts,
+                                        settings)
+        return rows, context, settings, (self.static_target, self.static_draft), 0.0
+
     def overlap(self) -> str:
         """rerank and fts on graphs, the root pass replayed on a stream of its own beside the
         draft's passes against one after the other, on one GPU (`measure_overlap`): whether
@@ -230,7 +250,7 @@ class GraphsStage:
 
 # the stage's parts after its setup, in the order they run, each with the seconds it needs
 PARTS = (("passes", 30), ("kernels", 10), ("identity", 40), ("head", 15), ("speed", 60),
-         ("overlap", 40), ("goals", 0))
+         ("overlap", 40), ("bench", 60), ("goals", 0))
 
 
 def graphs(args, device: str, keep: dict) -> dict:
