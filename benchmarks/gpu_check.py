@@ -15,7 +15,8 @@ left cannot hold is skipped and says so):
    decoder's tokens with graphs against eager in float32, with the syncs per round; an
    EAGLE-3 head's step; ar / draft_rank / fts tokens/s against the weight-streaming bound;
    rerank and fts with the root pass replayed beside drafting against after it; the bench on
-   graphs (rows named graphs:...); capture time and memory, and the issue's goals.
+   graphs with the draft and with the head (rows named graphs:...); capture time and memory,
+   and the issue's goals.
 2. identity: every decoder against HF greedy generate, float64, standalone drafts
    (`gpu_exactness.identity`), root pass alongside.
 3. syncs: host syncs per round and the lines that cause them, and the host's ms after reads at
@@ -185,13 +186,17 @@ def main(argv=None) -> int:
         found["failed"] |= not graphs_stage.same_tokens()
         return text
 
-    def graphs_bench(out):
-        return bench_section("Bench with graphs: Qwen3-8B shape, Qwen3-0.6B-shaped draft, T=0",
-                             out, report, "graphs:") or ""
+    benches = {"bench": ("Qwen3-0.6B-shaped draft", "graphs:"),
+               "head_bench": ("a random Qwen3-8B-shaped EAGLE-3 head", "graphs:eagle3:")}
+
+    def graphs_bench(part):
+        draft, prefix = benches[part]
+        return lambda out: bench_section(f"Bench with graphs: Qwen3-8B shape, {draft}, T=0",
+                                         out, report, prefix) or ""
 
     for part, need_s in graphs.PARTS if graphs_stage is not None else ():
         stage(f"graphs:{part}", need_s, getattr(graphs_stage, part),
-              graphs_bench if part == "bench" else graphs_part)
+              graphs_bench(part) if part in benches else graphs_part)
     graphs_stage = None  # its twins' caches go before the next stages build theirs
     stage("identity", 60, lambda: exact.identity(device, args.smoke),
           identity_render("Greedy identity (tiny random models, float64, root pass alongside)"))

@@ -17,8 +17,9 @@ others:
   Hugging Face's `generate()`;
 - overlap: `rerank` and `fts` on graphs with the root pass replayed on a stream of its own
   beside the draft's passes, against one after the other;
-- bench: `targetrows bench` on graphs (every decoder, part times and bound on the static
-  passes), which the GPU check writes as the bench stage's section and CSV rows;
+- bench, head_bench: `targetrows bench` on graphs (every decoder, part times and bound on the
+  static passes), with the standalone draft and with the head, which the GPU check writes as
+  the bench stages' sections and CSV rows;
 - goals: capture time and the graphs' memory, and the issue's goals against what was measured.
 
 With --smoke the same code runs tiny on the CPU, eagerly (static shapes without graphs).
@@ -32,7 +33,7 @@ from dataclasses import replace
 
 import numpy as np
 import torch
-from gpu_speed import _prompts, pair_models
+from gpu_speed import _prompts, pair_models, random_head_folder
 from kernel_profile import copy_bandwidth, kernel_breakdown, kernels_markdown, weight_bytes
 from rerankers import decode_config
 
@@ -42,7 +43,9 @@ from targetrows.cost.parttimes import time_passes
 from targetrows.decoding.config import DecodeConfig
 from targetrows.decoding.loop import generate
 from targetrows.decoding.registry import decoder_names, pass_widths
+from targetrows.hf.eagle3_checkpoint import load_eagle3
 from targetrows.hf.model import HFModel
+from targetrows.hf.static_head import use_static_head
 from targetrows.hf.static_pass import BUCKETS, StaticShape, use_static
 
 SPEED_DECODERS = ("ar", "draft_rank", "fts")
@@ -102,6 +105,7 @@ class GraphsStage:
         self.ctx = rng.integers(self.target.vocab_size,
                                 size=64 if self.smoke else args.prompt_len).tolist()
         self.repeats = 2 if self.smoke else 5
+        self._head = None  # (folder, its target, the head): `static_head`
 
     def setup_markdown(self) -> str:
         bound = self.rep["bound_s"]
@@ -140,10 +144,28 @@ class GraphsStage:
         self.rep["kernels"] = {n: kernel_breakdown(eager_static, self.ctx, n) for n in sizes}
         return kernels_markdown(self.rep["kernels"], self.use_graphs or self.device != "cpu")
 
+    def static_head(self):
+        """(folder, its target, the head): a random EAGLE-3 head of a Qwen3-8B head's shape on
+        static steps, reading a twin of the target on static passes, so that no other part's
+        target keeps features (made on first use)."""
+        if self._head is None:
+            folder = random_head_folder(self.target, self.smoke)
+            twin = on_graphs(self.target, "qwen3-8b (head, graphs)", self.shape)
+            head = load_eagle3(folder, twin)
+            use_static_head(head, self.shape)
+            self._head = folder, twin, head
+        return self._head
+
     def head(self) -> str:
-        """A Qwen3-8B-shaped EAGLE-3 head's step, eager and static."""
-        self.rep["head_step"] = h = head_steps(self.target, self.smoke, self.ctx, self.repeats,
-                                               self.shape)
+        """The head's step feeding 1 and 10 nodes (a level of the default pool) on the cached
+        context, eager and static."""
+        folder, _, static = self.static_head()
+        eager = load_eagle3(folder, HFModel(self.target.model, vocab_size=self.target.vocab_size,
+                                            name="qwen3-8b (head, eager)"))
+        widths = (1, 4) if self.smoke else (1, 10)
+        self.rep["head_step"] = h = {
+            "eager": time_passes(eager, self.ctx, widths, self.repeats),
+            "graphs": time_passes(static, self.ctx, widths, self.repeats)}
         return (f"### EAGLE-3 head step\n\nA Qwen3-8B head's shape, {_widths(h)} nodes, ms: "
                 f"eager {_ms(h['eager'])}, graphs {_ms(h['graphs'])}.")
 
@@ -179,6 +201,14 @@ class GraphsStage:
         the pair, with the part times and the bound taken on the static passes (the cost
         model's inputs from the path that runs). Returns what the GPU check's bench section
         takes."""
+        return self._bench(self.static_target, self.static_draft)
+
+    def head_bench(self) -> tuple:
+        """The bench on graphs with the head (`static_head`) drafting: the paper's setting."""
+        _, target, head = self.static_head()
+        return self._bench(target, head)
+
+    def _bench(self, target, draft) -> tuple:
         from targetrows.bench import run as bench
         from targetrows.bench.plan import BenchSettings
 
@@ -188,9 +218,8 @@ class GraphsStage:
             temperatures=(0.0,), budget=self.budget, repeats=2 if self.smoke else 3, hf=False)
         prompts = _prompts(self.target.vocab_size, 1 if self.smoke else self.args.prompts,
                            16 if self.smoke else self.args.prompt_len)
-        rows, context = bench.run_bench(self.static_target, self.static_draft, prompts,
-                                        settings)
-        return rows, context, settings, (self.static_target, self.static_draft), 0.0
+        rows, context = bench.run_bench(target, draft, prompts, settings)
+        return rows, context, settings, (target, draft), 0.0
 
     def overlap(self) -> str:
         """rerank and fts on graphs, the root pass replayed on a stream of its own beside the
@@ -250,7 +279,7 @@ class GraphsStage:
 
 # the stage's parts after its setup, in the order they run, each with the seconds it needs
 PARTS = (("passes", 30), ("kernels", 10), ("identity", 40), ("head", 15), ("speed", 60),
-         ("overlap", 40), ("bench", 60), ("goals", 0))
+         ("overlap", 40), ("bench", 60), ("head_bench", 45), ("goals", 0))
 
 
 def graphs(args, device: str, keep: dict) -> dict:
@@ -322,35 +351,6 @@ def goals(rep: dict) -> list[tuple[str, str, bool | None]]:
                     str(same) + ("" if whole else " (of the parts that ran)"),
                     same if whole or not same else None))
     return out
-
-
-def head_steps(target: HFModel, smoke: bool, ctx: list[int], repeats: int,
-               shape: StaticShape) -> dict:
-    """One step of a random EAGLE-3 head of a Qwen3-8B head's shape, feeding 1 and 10 nodes
-    (a level of the default pool) on the cached `ctx`, eager and static (graphs on a GPU). Each
-    head reads a twin of `target` over the same weights, so that no other stage's target keeps
-    features."""
-    import os
-    import tempfile
-
-    from gpu_speed import QWEN3_8B_HEAD
-    from tiny_heads import save_tiny_head
-
-    from targetrows.hf.eagle3_checkpoint import load_eagle3
-    from targetrows.hf.static_head import use_static_head
-
-    sizes = dict(hidden=None, n_heads=4, n_kv=2, head_dim=16, intermediate=128,
-                 draft_vocab_size=256) if smoke else QWEN3_8B_HEAD
-    with torch.random.fork_rng(devices=[]):
-        folder = save_tiny_head(os.path.join(tempfile.mkdtemp(), "qwen3-8b-head"),
-                                target.model.config, scale=0.02, **sizes)
-    eager = load_eagle3(folder, HFModel(target.model, vocab_size=target.vocab_size,
-                                        name="qwen3-8b (head, eager)"))
-    static = load_eagle3(folder, on_graphs(target, "qwen3-8b (head, graphs)", shape))
-    use_static_head(static, shape)
-    widths = (1, 4) if smoke else (1, 10)
-    return {"eager": time_passes(eager, ctx, widths, repeats),
-            "graphs": time_passes(static, ctx, widths, repeats)}
 
 
 def _identity_and_syncs(device: str, smoke: bool, use_graphs: bool) -> dict:

@@ -231,23 +231,28 @@ def pair_models(keep: dict, device: str, smoke: bool, draft: bool = True):
     return keep["target"], keep.get("draft")
 
 
+def random_head_folder(target: HFModel, smoke: bool) -> str:
+    """A checkpoint folder of a random EAGLE-3 head of a Qwen3-8B head's shape (tiny with
+    `smoke`) for `target`, made without touching the random state of anything else."""
+    from tiny_heads import save_tiny_head
+
+    sizes = dict(hidden=None, n_heads=4, n_kv=2, head_dim=16, intermediate=128,
+                 draft_vocab_size=256) if smoke else QWEN3_8B_HEAD
+    with torch.random.fork_rng(devices=[]):
+        return save_tiny_head(os.path.join(tempfile.mkdtemp(), "qwen3-8b-head"),
+                              target.model.config, scale=0.02, **sizes)
+
+
 def bench_pair(args, device: str, keep: dict, head: bool = False):
     """`run_bench` on the Qwen3-8B-shaped target (from `keep`, or built) with a Qwen3-0.6B-shaped
     draft, or with a random head of a Qwen3-8B head's shape (`head`)."""
-    from tiny_heads import save_tiny_head
-
     from targetrows.hf.eagle3_checkpoint import load_eagle3
 
     smoke = args.smoke
     t = time.perf_counter()
     target = pair_models(keep, device, smoke, draft=not head)[0]
     if head:
-        sizes = dict(hidden=None, n_heads=4, n_kv=2, head_dim=16, intermediate=128,
-                     draft_vocab_size=256) if smoke else QWEN3_8B_HEAD
-        with torch.random.fork_rng(devices=[]):
-            folder = save_tiny_head(os.path.join(tempfile.mkdtemp(), "qwen3-8b-head"),
-                                    target.model.config, scale=0.02, **sizes)
-        draft = keep["head"] = load_eagle3(folder, target)
+        draft = keep["head"] = load_eagle3(random_head_folder(target, smoke), target)
     else:
         draft = keep["draft"]
     build_s = time.perf_counter() - t

@@ -533,9 +533,10 @@ def test_gpu_check_graphs_stage_on_graphs_stood_in_on_the_cpu(monkeypatch, tmp_p
     assert "## Stage graphs:head: FAILED" in report and "a part that fails" in report
     assert "| head step < 1 ms | not measured (the part did not finish) | - |" in report
     assert "### Tokens/s" in report and "### Pass costs" in report
-    # the bench on graphs: every decoder's rows, named graphs:<method> in the CSV
+    # the benches on graphs: every decoder's rows, named graphs:[eagle3:]<method> in the CSV
     methods = {r["method"] for r in csv.DictReader(open(tmp_path / "g.csv"))}
-    assert methods >= {"graphs:ar", "graphs:draft_rank", "graphs:fts", "graphs:fts_redraft"}
+    assert methods >= {"graphs:ar", "graphs:draft_rank", "graphs:fts", "graphs:fts_redraft",
+                       "graphs:eagle3:draft_rank", "graphs:eagle3:fts"}
     # the root pass beside drafting on graphs: the same tokens as after it
     beside = report.split("### Root pass beside drafting with graphs")[1].split("(stage")[0]
     assert len(re.findall(r"^\| (rerank|fts) \| (True|False) \|.* \| True \|$", beside,
