@@ -94,7 +94,9 @@ class GraphsStage:
         self.rep["bandwidth_gbs"] = bandwidth / 1e9
         self.pool, self.budget = ((PoolShape(4, 3), 8) if self.smoke
                                   else (PoolShape(), int(args.budget)))
-        widths = pass_widths(SPEED_DECODERS, self.pool, [self.budget])  # as `--graphs` does
+        # the bench's decoders' pass widths as buckets besides the powers of two, as `--graphs`
+        # sets them for a job that runs them all
+        widths = pass_widths(decoder_names(learned=False), self.pool, [self.budget])
         capacity = 256 if self.smoke else args.prompt_len + args.max_new_tokens + 2 * 128
         self.shape = StaticShape(capacity, tuple(sorted({*BUCKETS, *widths})),
                                  graphs=self.use_graphs)
@@ -114,7 +116,7 @@ class GraphsStage:
                 f"bandwidth {self.rep['bandwidth_gbs']:.0f} GB/s; the Qwen3-8B-shaped target's "
                 f"weights stream in {bound * 1e3:.2f} ms (the weight-streaming bound of one pass; "
                 f"ar at most {1 / bound:.0f} tokens/s). Buckets "
-                f"{', '.join(map(str, self.shape.buckets))} (the powers of two and the speed "
+                f"{', '.join(map(str, self.shape.buckets))} (the powers of two and the bench "
                 "decoders' pass widths, as `--graphs` sets them).")
 
     def passes(self) -> str:
@@ -143,6 +145,24 @@ class GraphsStage:
         sizes = (1, 8) if self.smoke else (1, 64)
         self.rep["kernels"] = {n: kernel_breakdown(eager_static, self.ctx, n) for n in sizes}
         return kernels_markdown(self.rep["kernels"], self.use_graphs or self.device != "cpu")
+
+    def identity(self) -> str:
+        """Every decoder's tokens, static against eager, and syncs per round on graphs."""
+        self.rep.update(_identity_and_syncs(self.device, self.smoke, self.use_graphs))
+        lines = ["### Tokens with graphs", "",
+                 "Every decoder on tiny float32 models, static passes against eager:", "",
+                 "| draft | decoder | same tokens | rounds | syncs per round |",
+                 "|---|---|---|---|---|"]
+        for r in self.rep["identity"]:
+            syncs = "-" if r["syncs"] is None else f"{r['syncs']:.1f}"
+            same = f"failed: {r['error']}".replace("|", "/") if "error" in r else r["same"]
+            lines.append(f"| {r['draft']} | {r['decoder']} | {same} | {r['rounds']} | "
+                         f"{syncs} |")
+        failed = [r for r in self.rep["identity"] if "error" in r]
+        if failed:
+            lines += ["", f"The first failure ({failed[0]['draft']}, {failed[0]['decoder']}):",
+                      "", "```", failed[0]["trace"].rstrip(), "```"]
+        return "\n".join(lines)
 
     def static_head(self):
         """(folder, its target, the head): a random EAGLE-3 head of a Qwen3-8B head's shape on
@@ -196,6 +216,21 @@ class GraphsStage:
         lines += ["", f"HF `generate()` on the target alone: {self.rep['hf_tps']:.1f} tokens/s."]
         return "\n".join(lines)
 
+    def overlap(self) -> str:
+        """rerank and fts on graphs, the root pass replayed on a stream of its own beside the
+        draft's passes against one after the other, on one GPU (`measure_overlap`): whether
+        it now pays on one card, where two Python threads taking turns made it cost."""
+        from targetrows.bench.overlap import measure_overlap, overlap_markdown
+
+        prompts = [p.ids for p in _prompts(self.target.vocab_size, 1,
+                                           16 if self.smoke else self.args.prompt_len)]
+        config = DecodeConfig(budget=self.budget, pool=self.pool,
+                              max_new_tokens=8 if self.smoke else self.args.max_new_tokens)
+        self.rep["overlap"] = rows = measure_overlap(self.static_target, self.static_draft,
+                                                     prompts, config, ("rerank", "fts"))
+        return overlap_markdown(rows, "Root pass beside drafting with graphs, one GPU").replace(
+            "## ", "### ", 1)
+
     def bench(self) -> tuple:
         """`targetrows bench` on graphs, as the bench stage runs it eagerly: every decoder on
         the pair, with the part times and the bound taken on the static passes (the cost
@@ -220,39 +255,6 @@ class GraphsStage:
                            16 if self.smoke else self.args.prompt_len)
         rows, context = bench.run_bench(target, draft, prompts, settings)
         return rows, context, settings, (target, draft), 0.0
-
-    def overlap(self) -> str:
-        """rerank and fts on graphs, the root pass replayed on a stream of its own beside the
-        draft's passes against one after the other, on one GPU (`measure_overlap`): whether
-        it now pays on one card, where two Python threads taking turns made it cost."""
-        from targetrows.bench.overlap import measure_overlap, overlap_markdown
-
-        prompts = [p.ids for p in _prompts(self.target.vocab_size, 1,
-                                           16 if self.smoke else self.args.prompt_len)]
-        config = DecodeConfig(budget=self.budget, pool=self.pool,
-                              max_new_tokens=8 if self.smoke else self.args.max_new_tokens)
-        self.rep["overlap"] = rows = measure_overlap(self.static_target, self.static_draft,
-                                                     prompts, config, ("rerank", "fts"))
-        return overlap_markdown(rows, "Root pass beside drafting with graphs, one GPU").replace(
-            "## ", "### ", 1)
-
-    def identity(self) -> str:
-        """Every decoder's tokens, static against eager, and syncs per round on graphs."""
-        self.rep.update(_identity_and_syncs(self.device, self.smoke, self.use_graphs))
-        lines = ["### Tokens with graphs", "",
-                 "Every decoder on tiny float32 models, static passes against eager:", "",
-                 "| draft | decoder | same tokens | rounds | syncs per round |",
-                 "|---|---|---|---|---|"]
-        for r in self.rep["identity"]:
-            syncs = "-" if r["syncs"] is None else f"{r['syncs']:.1f}"
-            same = f"failed: {r['error']}".replace("|", "/") if "error" in r else r["same"]
-            lines.append(f"| {r['draft']} | {r['decoder']} | {same} | {r['rounds']} | "
-                         f"{syncs} |")
-        failed = [r for r in self.rep["identity"] if "error" in r]
-        if failed:
-            lines += ["", f"The first failure ({failed[0]['draft']}, {failed[0]['decoder']}):",
-                      "", "```", failed[0]["trace"].rstrip(), "```"]
-        return "\n".join(lines)
 
     def same_tokens(self) -> bool:
         """Whether every decoder run so far gave eager's tokens on graphs (and the same
@@ -280,14 +282,6 @@ class GraphsStage:
 # the stage's parts after its setup, in the order they run, each with the seconds it needs
 PARTS = (("passes", 30), ("kernels", 10), ("identity", 40), ("head", 15), ("speed", 60),
          ("overlap", 40), ("bench", 60), ("head_bench", 45), ("goals", 0))
-
-
-def graphs(args, device: str, keep: dict) -> dict:
-    """Every part of the stage at once: its measurements (what a test reads)."""
-    stage = GraphsStage(args, device, keep)
-    for part, _ in PARTS:
-        getattr(stage, part)()
-    return stage.rep
 
 
 def _hf_tokens_per_s(target: HFModel, prompts, max_new_tokens: int) -> float:
