@@ -303,48 +303,52 @@ def _hf_tokens_per_s(target: HFModel, prompts, max_new_tokens: int) -> float:
 def goals(rep: dict) -> list[tuple[str, str, bool | None]]:
     """The issue's goals for graphs on a GPU, each (goal, what was measured, met): None where
     this run cannot say (syncs are counted on CUDA only; a part that did not run)."""
-    out = []
-    if "target_passes" in rep:
-        passes = rep["target_passes"]["graphs"]
-        sizes, seconds = list(passes.sizes), passes.seconds
-        one, wide = seconds[0], max(n for n in sizes if n <= 64)
-        out += [("target's 1-token pass <= 2x its weight-streaming time",
-                 f"{one * 1e3:.2f} ms, {one / rep['bound_s']:.1f}x", one <= 2 * rep["bound_s"]),
-                (f"a {wide}-node pass <= 1.3x the 1-token pass",
-                 f"{seconds[sizes.index(wide)] / one:.2f}x",
-                 seconds[sizes.index(wide)] <= 1.3 * one)]
-        draft = rep["draft_pass"]["graphs"]
-        out.append((f"0.6B draft pass < 2 ms ({draft.sizes[-1]} tokens)",
-                    f"{draft.seconds[-1] * 1e3:.2f} ms", draft.seconds[-1] < 2e-3))
-    else:
-        out.append(("pass costs", "not measured (the part did not finish)", None))
-    if "head_step" in rep:
-        head = rep["head_step"]["graphs"]
-        out.append((f"head step < 1 ms ({head.sizes[-1]} nodes)",
-                    f"{head.seconds[-1] * 1e3:.2f} ms", head.seconds[-1] < 1e-3))
-    else:
-        out.append(("head step < 1 ms", "not measured (the part did not finish)", None))
-    if "speed" in rep:
-        ar = rep["speed"]["ar"]["graphs"]
-        out.append(("ar >= 4x HF generate", f"{ar / rep['hf_tps']:.2f}x",
-                    ar >= 4 * rep["hf_tps"]))
-    else:
-        out.append(("ar >= 4x HF generate", "not measured (the part did not finish)", None))
-    if "identity" in rep:
-        syncs = [r["syncs"] for r in rep["identity"] if r["syncs"] is not None]
-        out.append(("<= 3 host syncs a round, every decoder",
-                    f"at most {max(syncs):.1f}" if syncs else "not counted (no CUDA)",
-                    max(syncs) <= 3 if syncs else None))
-    else:
-        out.append(("<= 3 host syncs a round", "not measured (the part did not finish)", None))
-    if "identity" in rep or "speed" in rep:
-        same = (all(r["same"] for r in rep.get("identity", []))
-                and all(s["same"] for s in rep.get("speed", {}).values()))
+
+    def curve(kind: str) -> tuple[list[int], tuple[float, ...]]:
+        return list(rep[kind]["graphs"].sizes), rep[kind]["graphs"].seconds
+
+    def one_token():
+        one = curve("target_passes")[1][0]
+        return f"{one * 1e3:.2f} ms, {one / rep['bound_s']:.1f}x", one <= 2 * rep["bound_s"]
+
+    def wide():
+        sizes, seconds = curve("target_passes")
+        n = max(x for x in sizes if x <= 64)
+        ratio = seconds[sizes.index(n)] / seconds[0]
+        return f"{ratio:.2f}x ({n} nodes)", ratio <= 1.3
+
+    def under(kind: str, limit_s: float):
+        sizes, seconds = curve(kind)
+        return f"{seconds[-1] * 1e3:.2f} ms ({sizes[-1]} nodes)", seconds[-1] < limit_s
+
+    def ar():
+        ratio = rep["speed"]["ar"]["graphs"] / rep["hf_tps"]
+        return f"{ratio:.2f}x", ratio >= 4
+
+    def syncs():
+        counted = [r["syncs"] for r in rep["identity"] if r["syncs"] is not None]
+        if not counted:
+            return "not counted (no CUDA)", None
+        return f"at most {max(counted):.1f}", max(counted) <= 3
+
+    def same():  # a part that did not run cannot say yes, but one that ran can say no
+        ok = (all(r["same"] for r in rep.get("identity", []))
+              and all(s["same"] for s in rep.get("speed", {}).values()))
         whole = "identity" in rep and "speed" in rep
-        out.append(("tokens with graphs = eager, every decoder",
-                    str(same) + ("" if whole else " (of the parts that ran)"),
-                    same if whole or not same else None))
-    return out
+        return str(ok) + ("" if whole else " (of the parts that ran)"), (
+            ok if whole or not ok else None)
+
+    table = [  # goal, the parts it needs (any one of them for the last), its measure
+        ("target's 1-token pass <= 2x its weight-streaming time", ["target_passes"], one_token),
+        ("a 64-node pass <= 1.3x the 1-token pass", ["target_passes"], wide),
+        ("head step < 1 ms", ["head_step"], lambda: under("head_step", 1e-3)),
+        ("0.6B draft pass < 2 ms", ["draft_pass"], lambda: under("draft_pass", 2e-3)),
+        ("ar >= 4x HF generate", ["speed"], ar),
+        ("<= 3 host syncs a round, every decoder", ["identity"], syncs),
+        ("tokens with graphs = eager, every decoder", ["identity", "speed"], same)]
+    return [(goal, *measure()) if any(k in rep for k in needs)
+            else (goal, "not measured (the part did not finish)", None)
+            for goal, needs, measure in table]
 
 
 def _identity_and_syncs(device: str, smoke: bool, use_graphs: bool) -> dict:
