@@ -33,7 +33,8 @@ left cannot hold is skipped and says so):
 7. drift: every decoder against HF greedy in float32 and bfloat16, the gap at each parting.
 8. pipeline: the tests' tiny configuration through Snakemake with --resources gpu=1.
 
-Results: benchmarks/results/gpu_<date>.md and .csv (the bench rows), written atomically.
+Results: benchmarks/results/gpu_<date>-<time>.md and .csv (the bench rows; --name sets the
+stem), written atomically.
 """
 
 from __future__ import annotations
@@ -202,7 +203,7 @@ def main(argv=None) -> int:
           identity_render("Greedy identity (tiny random models, float64, root pass alongside)"))
     stage("syncs", 40, lambda: speed.syncs(device, args.smoke), speed.syncs_markdown)
     stage("pass_costs", 90, lambda: speed.pass_costs(device, args.smoke, keep),
-                  speed.pass_costs_markdown)
+          speed.pass_costs_markdown)
     stage("bench", 60, lambda: speed.bench_pair(args, device, keep),
           lambda out: bench_section("Bench: Qwen3-8B shape, Qwen3-0.6B-shaped draft, T=0", out,
                                     report) or "")
