@@ -158,6 +158,9 @@ class ReplayedPass:
 
 
 def _capture(graphs, inputs, stream) -> None:
+    """A capture as `BucketGraphs._capture` makes one: a warm-up run first (what a pass makes
+    on its first run, a table sized to the cache, is made then, outside the graph)."""
+    graphs._compute(inputs)
     inputs.graph = ReplayedPass(graphs, inputs)
     graphs.stats.captured += 1
 

@@ -1,5 +1,5 @@
 """Batched decoding: every decoder, many sequences at once, each token-identical to its batch-1
-run (`targetrows.decoding.batch`, `targetrows.hf.lanes`)."""
+run (`targetrows.decoding.batch`, `targetrows.hf.row_passes`)."""
 
 import dataclasses
 
@@ -63,15 +63,16 @@ def test_a_sequences_tokens_do_not_depend_on_its_batch():
         assert got[order.index(0)].tokens == alone
 
 
-def _failing_jobs(bad: int, n: int, started: list, done: list):
-    """n fts jobs on the toy pair; job `bad` fails at its first round's verify pass."""
+def _failing_jobs(bad, n: int, started: list, done: list, raised=ValueError):
+    """n fts jobs on the toy pair; the jobs in `bad` raise `raised` from their own steps at
+    their first round's verify pass (not inside a pass)."""
     def job(i):
         def run(target, draft):
             started.append(i)
             steps = decode_passes(target, draft, [1, 2], DecodeConfig("fts", max_new_tokens=8,
                                                                       seed=i))
-            if i == bad:
-                yield from _fail_at_verify(steps)
+            if i in bad:
+                yield from _fail_at_verify(steps, i, raised)
             out = yield from steps
             done.append(i)
             return out
@@ -79,19 +80,41 @@ def _failing_jobs(bad: int, n: int, started: list, done: list):
     return [job(i) for i in range(n)]
 
 
-def _fail_at_verify(steps):
+def _fail_at_verify(steps, i: int, raised):
     request = next(steps)
     while len(request.item[2]) == 1:  # drafting and the root pass: one-node trees
         request = steps.send((yield request))
-    raise ValueError("sequence 2 is bad")
+    raise raised(f"sequence {i} is bad")
 
 
-def test_a_failing_sequence_fails_the_call_the_others_finish_and_none_starts_after():
+def test_a_failing_sequence_fails_alone_and_the_call_raises_the_first_failure():
+    """Jobs 2 and 5 of 9 fail in their own steps at batch 3: every other job, those sharing
+    their passes and those after them, finishes and is handed over; the call then raises job
+    2's error (the first in job order, not the last to fail), noting how many failed."""
     pair = ToyPair(vocab_size=30, seed=1)
-    started, done = [], []
-    with pytest.raises(ValueError, match="sequence 2 is bad"):
-        run_batched(pair.target, pair.draft, _failing_jobs(2, 9, started, done), 3)
-    assert sorted(started) == [0, 1, 2] and sorted(done) == [0, 1]  # its batch finished
+    started, done, failed, handed = [], [], [], []
+    with pytest.raises(ValueError, match="sequence 2 is bad") as raised:
+        run_batched(pair.target, pair.draft, _failing_jobs({2, 5}, 9, started, done), 3,
+                    on_done=lambda j, r: handed.append(j),
+                    on_failed=lambda j, e: failed.append((j, str(e))))
+    assert sorted(started) == list(range(9))
+    assert sorted(done) == sorted(handed) == [0, 1, 3, 4, 6, 7, 8]
+    assert sorted(failed) == [(2, "sequence 2 is bad"), (5, "sequence 5 is bad")]
+    assert "2 of 9 jobs failed" in " ".join(raised.value.__notes__)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_ctrl_c_in_a_sequences_own_steps_stops_the_whole_call(batch):
+    """An interrupt raised by one sequence's own steps (not inside a pass) is no job failure:
+    it stops the call at once, and nothing starts or finishes after it."""
+    pair = ToyPair(vocab_size=30, seed=1)
+    started, done, failed = [], [], []
+    with pytest.raises(KeyboardInterrupt):
+        run_batched(pair.target, pair.draft,
+                    _failing_jobs({1}, 9, started, done, KeyboardInterrupt), batch,
+                    on_failed=lambda j, e: failed.append(j))
+    assert not failed and max(started) <= 2 and 1 not in done
+    assert len(done) <= 1  # at most job 0, had it finished before job 1's round
 
 
 def test_an_interrupt_stops_at_once_and_every_answer_handed_over_is_whole():
@@ -170,16 +193,13 @@ def llama():
     return target, noisy_copy(target, 0.01, seed=2)
 
 
-@pytest.mark.parametrize("lean", [True, False], ids=["lean", "hf_forward"])
-def test_hf_every_decoder_equals_batch_1_and_greedy(llama, lean):
+def test_hf_every_decoder_equals_batch_1_and_greedy(llama):
     """T = 0, batch 3 and 8, prompts of 1 to 14 tokens, budgets 1 to 12, early stops: each
-    sequence's tokens equal its batch-1 run, and HF greedy generate up to its stop. Through the
-    lean forward and through Hugging Face's own (the GPU path)."""
+    sequence's tokens equal its batch-1 run, and HF greedy generate up to its stop."""
     target_hf, draft_hf = llama
-    target, draft = HFModel(target_hf, name="t", lean=lean), HFModel(draft_hf, name="d", lean=lean)
-    names = decoder_names() if lean else ("ar", "fts", "racer", "sequoia")
+    target, draft = HFModel(target_hf, name="t"), HFModel(draft_hf, name="d")
     greedy = [hf_greedy(target_hf, p, 27) for p in HF_PROMPTS]
-    for name in names:
+    for name in decoder_names():
         configs = _configs(name, len(HF_PROMPTS), pool=PoolShape(top_k=4, depth=3))
         want = _one_by_one(target, draft, HF_PROMPTS, configs)
         for tokens, ref, config in zip(want, greedy, configs, strict=True):
@@ -207,36 +227,38 @@ def test_a_batched_pass_equals_each_lanes_own_pass(llama):
     """Rows, KV entries and features of a batched pass over lanes at different lengths (a
     prompt's first pass beside trees after committed prefixes) equal batch-1 passes."""
     target_hf, _ = llama
-    model = HFModel(target_hf, name="t", feature_layers=[0, 1])
-    lanes = model.lanes(3)
+    lanes = HFModel(target_hf, name="t", feature_layers=[0, 1]).lanes(3)
     trees = [Tree([5, 9, 8, 7, 6], [-1, 0, 0, 1, 3]), Tree([3, 4], [-1, 0]),
              Tree([11, 12, 13], [-1, 0, 0])]
     contexts = [[2, 8, 1, 5], [1, 2, 3, 4, 5, 6, 7, 8, 9, 3], [11]]
     for lane, ctx in zip(lanes[:2], contexts[:2], strict=True):  # committed prefixes first
         lane.logits(ctx[:-2], Tree.root_only(ctx[-3]), [0])
         lane.commit(ctx[:-1])
-    items = []
-    for lane, ctx, tree in zip(lanes, contexts, trees, strict=True):
-        c, nodes = lane._request(ctx, tree, range(len(tree)))
-        lane._keep_prefix(c)
-        lane._adopt_tree(tree, len(c))
-        feed = lane._plan_feed(c, tree, nodes)
-        items.append((lane, feed))
-    out = lanes[0]._passes.run_batch(items)
-    for (lane, feed), (logits, captured), ctx, tree in zip(items, out, contexts, trees,
-                                                               strict=True):
-        lane._append_features(captured, feed.base)
+    steps = [lane.logits_passes(ctx, tree, range(len(tree)))
+             for lane, ctx, tree in zip(lanes, contexts, trees, strict=True)]
+    requests = [next(s) for s in steps]
+    assert len({id(r.group) for r in requests}) == 1
+    out = requests[0].group.run_batch([r.item for r in requests])
+    for lane, s, result, ctx, tree in zip(lanes, steps, out, contexts, trees, strict=True):
+        with pytest.raises(StopIteration) as done:
+            s.send(result)
         one = HFModel(target_hf, name="one", feature_layers=[0, 1])
         if len(ctx) > 2:
             one.logits(ctx[:-2], Tree.root_only(ctx[-3]), [0])
             one.commit(ctx[:-1])
         want = one.logits(ctx, tree, range(len(tree)))
-        torch.testing.assert_close(logits[0], want, rtol=1e-10, atol=1e-10)
-        assert lane._cache.get_seq_length() == one._cache_len()
-        for lane_layer, ref in zip(lane._cache.layers, one.kv_cache.layers, strict=True):
-            torch.testing.assert_close(lane_layer.keys, ref.keys, rtol=1e-10, atol=1e-10)
-            torch.testing.assert_close(lane_layer.values, ref.values, rtol=1e-10, atol=1e-10)
-        torch.testing.assert_close(lane._kept.rows, one._kept.rows, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(done.value.value, want, rtol=1e-10, atol=1e-10)
+        assert_same_entries(lane, one, 1e-10)
+
+
+def assert_same_entries(model, reference, tol: float) -> None:
+    """`model`'s row holds the keys, values and features `reference`'s does."""
+    (layers, features), (ref_layers, ref_features) = model.kv_entries(), reference.kv_entries()
+    for (keys, values), (ref_keys, ref_values) in zip(layers, ref_layers, strict=True):
+        torch.testing.assert_close(keys, ref_keys, rtol=tol, atol=tol)
+        torch.testing.assert_close(values, ref_values, rtol=tol, atol=tol)
+    if ref_features is not None:
+        torch.testing.assert_close(features, ref_features, rtol=tol, atol=tol)
 
 
 def test_eagle3_head_lanes_equal_batch_1_and_greedy(tmp_path):
@@ -292,7 +314,8 @@ def _head_draft(target, head, context, tree):
     yield from target.logits_passes(context, Tree.root_only(context[-1]), [0])
     target.commit(context)
     rows = yield from head.logits_passes(context, tree, range(len(tree)))
-    return rows, head._k.clone(), head._v.clone(), head._g.clone()
+    [(keys, values)], g = head.kv_entries()
+    return rows, keys.clone(), values.clone(), g.clone()
 
 
 def test_a_batched_head_step_drafts_what_each_lanes_own_step_does(tmp_path):
@@ -310,7 +333,7 @@ def test_a_batched_head_step_drafts_what_each_lanes_own_step_does(tmp_path):
             for c, tree in zip(contexts, trees, strict=True)]
     stats = BatchStats()
     batched = run_batched(target, head, jobs, 3, stats)
-    assert ("HeadSteps", 3) in stats.schedule
+    assert (f"{head.name} passes", 3) in stats.schedule
     for job, got in zip(jobs, batched, strict=True):
         want = run_batched(target, head, [job], 1)[0]
         for g, w in zip(got, want, strict=True):
@@ -331,7 +354,7 @@ def _partitions(items):
 def test_lanes_split_into_passes_as_cheap_as_any_grouping():
     """`split_by_width` against every way to group up to 6 lanes into passes: its cost (the
     padded tokens plus a pass's cost each) is the least, and it covers each lane once."""
-    from targetrows.hf.lanes import split_by_width
+    from targetrows.hf.row_passes import split_by_width
 
     rng = np.random.default_rng(0)
     for _ in range(60):

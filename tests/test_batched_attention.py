@@ -102,20 +102,3 @@ def test_a_model_decodes_the_same_rows_inside_the_switch_and_is_restored(monkeyp
     eager = tiny_model(n_layers=1, attn="eager")
     with batched_attention(eager):
         assert eager.config._attn_implementation == "eager"
-
-
-@pytest.mark.parametrize("q_len", [1, 5])
-def test_a_masked_grouped_pass_equals_torchs_kernel(q_len):
-    """float64, an additive mask per row and query (the batched passes of lanes): every group
-    of query heads sees its row's mask."""
-    import torch.nn.functional as F
-
-    q, k, v = qkv(3, 6, 2, q_len, 23, torch.float64, seed=4)
-    gen = torch.Generator().manual_seed(5)
-    blocked = torch.rand(3, 1, q_len, 23, generator=gen) < 0.4
-    blocked[..., 0] = False  # every query sees one entry at least
-    mask = torch.zeros(3, 1, q_len, 23, dtype=torch.float64).masked_fill(
-        blocked, torch.finfo(torch.float64).min)
-    got = module.grouped_attention(q, k, v, 0.25, mask)
-    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.25, enable_gqa=True)
-    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)

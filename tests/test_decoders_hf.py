@@ -27,6 +27,7 @@ from targetrows.decoding.registry import decoder_names
 
 DECODERS = decoder_names()
 from targetrows.hf.model import HFModel
+from targetrows.hf.row_passes import RowPasses
 
 PROMPTS = [[5, 17, 42], [200, 3], [7] * 9, [100, 101, 102, 103, 104, 105], [64]]
 
@@ -100,11 +101,11 @@ def test_caches_equal_a_fresh_prefill(pair):
             assert cached.tolist() == committed[: len(cached)]
             assert len(cached) >= len(committed) - 2  # compacted in place, not re-prefilled
             fresh = model.model(torch.tensor([cached.tolist()]), use_cache=True)
-            cache = model.kv_cache
-            assert cache.get_seq_length() == len(cached)
-            for layer, ref in zip(cache.layers, fresh.past_key_values.layers, strict=True):
-                torch.testing.assert_close(layer.keys, ref.keys, rtol=1e-9, atol=1e-9)
-                torch.testing.assert_close(layer.values, ref.values, rtol=1e-9, atol=1e-9)
+            layers, _ = model.kv_entries()
+            assert layers[0][0].shape[1] == len(cached)
+            for (keys, values), ref in zip(layers, fresh.past_key_values.layers, strict=True):
+                torch.testing.assert_close(keys, ref.keys[0], rtol=1e-9, atol=1e-9)
+                torch.testing.assert_close(values, ref.values[0], rtol=1e-9, atol=1e-9)
 
 
 def test_racers_prompt_rows_are_the_prefills_and_become_its_cache(pair, monkeypatch):
@@ -121,9 +122,9 @@ def test_racers_prompt_rows_are_the_prefills_and_become_its_cache(pair, monkeypa
     config = DecodeConfig("racer", budget=6, max_new_tokens=1, recycle_k=5)
     state = new_state(target, config)
     fed = []
-    forward = target._forward
-    monkeypatch.setattr(target, "_forward", lambda feed, mask: fed.append(len(feed.ids)) or
-                        forward(feed, mask))
+    run_batch = RowPasses.run_batch
+    monkeypatch.setattr(RowPasses, "run_batch", lambda passes, feeds: fed.extend(
+        len(feed.ids) for feed in feeds) or run_batch(passes, feeds))
     result = generate(target, None, prompt, config, state)
     with torch.no_grad():
         rows = target_hf(torch.tensor([prompt])).logits[0]

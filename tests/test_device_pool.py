@@ -29,8 +29,8 @@ from targetrows.core.pool import (  # noqa: E402
 from targetrows.core.tree import Tree  # noqa: E402
 from targetrows.decoding.schedule import run_batched  # noqa: E402
 from targetrows.hf.eagle3_checkpoint import load_eagle3  # noqa: E402
-from targetrows.hf.model import HFModel  # noqa: E402
-from targetrows.hf.static_pass import StaticShape, use_static  # noqa: E402
+from targetrows.hf.model import HFModel, HFSequence  # noqa: E402
+from targetrows.hf.pass_builder import PassShape  # noqa: E402
 from targetrows.hf.torch_rows import TorchRows  # noqa: E402
 
 CONTEXTS = [[2, 8, 1, 5], [1, 2, 3, 4, 5, 6, 7, 8, 9, 3], [11], [40, 41]]
@@ -47,17 +47,16 @@ def weights(tmp_path_factory):
 
 
 def _pair(weights, kind: str, static: bool = False, graphs: bool = False):
-    """(target, draft): a standalone draft or an EAGLE-3 head, static (on graphs: replayed by
-    the CPU stand-in, which the caller sets up) or eager."""
-    from targetrows.hf.static_head import use_static_head
-
+    """(target, draft): a standalone draft or an EAGLE-3 head, with padded passes over the
+    whole cache (`static`; on graphs: replayed by the CPU stand-in, which the caller sets up)
+    or unpadded ones."""
     target_hf, draft_hf, folder = weights
     target = HFModel(target_hf, name="t")
     draft = load_eagle3(folder, target) if kind == "eagle3" else HFModel(draft_hf, name="d")
     if static:
-        shape = StaticShape(capacity=128, graphs=graphs)
-        use_static(target, shape)
-        (use_static_head if kind == "eagle3" else use_static)(draft, shape)
+        shape = PassShape(capacity=128, pad=True, full_span=True, graphs=graphs)
+        target.set_pass_shape(shape)
+        draft.set_pass_shape(shape)
     return target, draft
 
 
@@ -133,7 +132,8 @@ def test_the_draft_keeps_what_a_pool_grown_on_the_device_fed(weights, kind):
     context = CONTEXTS[1]
     tree, _ = run_now(pool_passes(draft, context, 3, 4, None))
     entries = draft._pool_entries()
-    fed, unfed = np.flatnonzero(draft._slot >= 0), np.flatnonzero(draft._slot < 0)
+    slot = draft._state.slot
+    fed, unfed = np.flatnonzero(slot >= 0), np.flatnonzero(slot < 0)
     rows = draft.logits(context, tree, unfed)
     assert draft._pool_entries() == entries + len(unfed)  # no ancestor fed again
     _, fresh = _pair(weights, kind)
@@ -344,9 +344,9 @@ def _decode(target, draft, prompts, config, lanes: int, trees: list):
         np.testing.assert_array_equal(tree.ancestors.cpu().numpy(), read.ancestor_mask())
         return read
 
-    verify, settle = loop._verify, HFModel.settle_tree
+    verify, settle = loop._verify, HFSequence.settle_tree
     with mock.patch.object(loop, "_verify", recorded_verify), \
-            mock.patch.object(HFModel, "settle_tree", recorded_settle):
+            mock.patch.object(HFSequence, "settle_tree", recorded_settle):
         jobs = [lambda t, d, p=p: loop.decode_passes(t, d, p, config) for p in prompts]
         return [r.tokens for r in run_batched(target, draft, jobs, lanes)]
 

@@ -28,6 +28,7 @@ from targetrows.decoding.registry import decoder_names
 DECODERS = decoder_names()
 from targetrows.hf.eagle3_checkpoint import load_eagle3
 from targetrows.hf.model import HFModel
+from targetrows.hf.row_passes import RowPasses
 from targetrows.hf.torch_rows import TorchRows
 
 N_LAYERS = 6  # default feature layers 2, L//2, L-3 = 2, 3, 3
@@ -124,7 +125,8 @@ def test_target_features_follow_the_cache(llama_target, tmp_path):
 
 
 def test_a_head_is_timed_one_pass_per_size_and_refeeds_what_a_round_committed(llama_target,
-                                                                               tmp_path):
+                                                                               tmp_path,
+                                                                               monkeypatch):
     """The cost model's draft pass times are one head pass each (the timed nodes are one level),
     and the head declares that a round's committed tokens are fed again in its next first pass:
     the width of that pass is what the previous round committed."""
@@ -132,13 +134,14 @@ def test_a_head_is_timed_one_pass_per_size_and_refeeds_what_a_round_committed(ll
 
     target, draft = _draft(llama_target, save_tiny_head(tmp_path / "h", llama_target.config))
     widths = []
-    real = draft.head.step
+    run_batch = RowPasses.run_batch
 
-    def step(h, embedded, *args):
-        widths.append(len(embedded))
-        return real(h, embedded, *args)
+    def recorded(passes, feeds):  # the widths of the head's passes
+        if passes.name == draft.name:
+            widths.extend(len(feed.ids) for feed in feeds)
+        return run_batch(passes, feeds)
 
-    draft.head.step = step
+    monkeypatch.setattr(RowPasses, "run_batch", recorded)
     parttimes.time_passes(draft, PROMPTS[1], [1, 3, 6], repeats=1)
     assert widths[-3:] == [1, 3, 6]  # the last repeat: one pass of each size
     assert draft.refeeds_committed
@@ -220,7 +223,7 @@ def test_the_heads_topk_over_its_vocabulary_is_the_topk_of_its_rows(llama_target
     pool, _ = expand_model(draft, ctx, top_k=3, depth=2)
     rows = draft.logits(ctx, pool, range(len(pool)))
     tied = rows.clone()
-    tied[:, draft._target_cols[::3]] = 0.5  # 30 equal tokens, some of them at the k-th place
+    tied[:, draft.engine.target_cols[::3]] = 0.5  # 30 equal tokens, some of them at the k-th place
     for r in (rows, tied):
         for k in (1, 4, 35, 90, 120):  # 120 > the draft vocabulary: the full rows
             got, want = draft.topk(r, k), TorchRows.topk(draft, r, k)
@@ -296,7 +299,7 @@ def test_the_head_drafts_while_the_root_pass_is_queued(llama_target, tmp_path):
             request = head.send(request.group.run_batch([request.item])[0])
     except StopIteration as done:
         drafted = done.value
-    assert target._passes not in asked, "the head asked for a target pass"
+    assert all(group.name == draft.name for group in asked), "the head asked for a target pass"
     torch.testing.assert_close(drafted, want, rtol=0, atol=0)
     with pytest.raises(StopIteration):  # the root pass then completes as asked
         root.send(pending.group.run_batch([pending.item])[0])

@@ -170,7 +170,7 @@ def test_graphs_on_a_cpu_is_refused_and_auto_runs_eager(pair):
     with pytest.raises(ValueError, match="--graphs on: .* CUDA"):
         load_from_args(parser.parse_args([*base, "--graphs", "on"]))
     target, draft, _ = load_from_args(parser.parse_args([*base, "--graphs", "auto"]))
-    assert target.engine.lane_group is None and draft.engine.lane_group is None
+    assert not target.engine.shape.graphs and not draft.engine.shape.graphs
 
 
 def test_encode_prompt_uses_the_chat_template():

@@ -675,7 +675,7 @@ def test_the_schemas_defaults_are_the_librarys():
     from targetrows.core.pool import PoolShape
     from targetrows.cost.job_time import decode_minutes
     from targetrows.decoding.config import DecodeConfig
-    from targetrows.hf.graphs import DEFAULT_CAPACITY
+    from targetrows.hf.pass_builder import DEFAULT_CAPACITY
     from targetrows.rowlog.record import RecordConfig
     from targetrows.train.replies import RepliesConfig
     from targetrows.train.reranker import RerankerConfig

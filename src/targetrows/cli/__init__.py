@@ -97,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(module.run(args) or 0)
     except (UsageError, ValueError, FileNotFoundError) as err:
-        print(f"targetrows {args.command}: error: {err}", file=sys.stderr)
+        notes = "".join(f" ({note})" for note in getattr(err, "__notes__", ()))
+        print(f"targetrows {args.command}: error: {err}{notes}", file=sys.stderr)
         return 2
     except _out_of_memory_errors() as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

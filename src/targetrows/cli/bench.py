@@ -26,6 +26,7 @@ from .common import (
     add_reranker_argument,
     budget_type,
     check_draft,
+    check_output_folder,
     decode_config,
     decoders_from,
     rerankers_from,
@@ -194,6 +195,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--assistant only serves the Hugging Face baselines, which --no-hf "
                          "skips: drop one of the two")
     items = _questions(args)
+    check_output_folder(args.out_dir, "--out-dir")  # before any model loads or pass runs
     target, draft, tokenizer = load_from_args(args)
     assistant = _load_assistant(args, tokenizer) if args.assistant else None
     prompts = [BenchPrompt(qid, cat, tuple(encode_prompt(tokenizer, text)))

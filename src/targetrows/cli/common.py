@@ -142,7 +142,8 @@ def decode_config(args: argparse.Namespace, decoder: str = "ar", budget: int | N
         budget = DECODE.budget
     return DecodeConfig(decoder=entry, budget=budget,
                         temperature=args.temperature if temperature is None else temperature,
-                        max_new_tokens=args.max_new_tokens, pool=pool_from(args), seed=args.seed,
+                        max_new_tokens=check_count(args.max_new_tokens, "--max-new-tokens"),
+                        pool=pool_from(args), seed=args.seed,
                         recycle_k=args.recycle_k, keep_across_prompts=args.keep_across_prompts,
                         batch_size=batch_size_from(args), **fields)
 
@@ -156,6 +157,39 @@ def check_outputs(prompts, outs, what: str) -> None:
                          f"give one {what} per prompts file")
     if len(set(map(os.path.abspath, outs))) != len(outs):
         raise UsageError(f"--out names one {what} twice; give each prompts file its own")
+    for out in outs:
+        check_output_file(out, "--out")
+
+
+def check_output_file(path: str, option: str) -> None:
+    """Before any work: `path` can be written as a file (an existing folder cannot; a missing
+    folder above it is made), or UsageError naming `option`."""
+    import os
+
+    if os.path.isdir(path):
+        raise UsageError(f"{option} {path}: is a folder; name a file to write")
+    _writable_folder(os.path.dirname(os.path.abspath(path)), option)
+
+
+def check_output_folder(path: str, option: str) -> None:
+    """Before any work: `path` can be written into as a folder (made if missing; an existing
+    file cannot), or UsageError naming `option`."""
+    import os
+
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UsageError(f"{option} {path}: is a file; name a folder to write into")
+    _writable_folder(os.path.abspath(path), option)
+
+
+def _writable_folder(folder: str, option: str) -> None:
+    import os
+
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as err:
+        raise UsageError(f"{option}: cannot make the folder {folder} ({err.strerror})") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(f"{option}: the folder {folder} is not writable")
 
 
 def check_temperatures(temperatures, option: str = "--temperature") -> None:
@@ -184,7 +218,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, draft: bool = True) -> 
     """--target --draft --draft-lookup --target-device --draft-device --dtype --draft-dtype
     --trust-remote-code --allow-pickle --graphs --max-context --plain-linears (no draft options when
     ``draft=False``). Imports no torch: `--help` and a mistyped option answer at once."""
-    from targetrows.hf.choices import DTYPE_NAMES, GRAPH_MODES, TRUST_CHOICES
+    from targetrows.hf.choices import DTYPE_NAMES, TRUST_CHOICES
 
     parser.add_argument(
         "--target",
@@ -192,18 +226,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, draft: bool = True) -> 
         help="target model: local folder, .gguf file or Hugging Face hub id",
     )
     if draft:
-        parser.add_argument(
-            "--draft",
-            default=None,
-            help="draft model with the target's tokenizer (folder, .gguf, hub id)",
-        )
-        parser.add_argument(
-            "--draft-lookup",
-            action="store_true",
-            help="mix prompt lookup's guess (the token that followed the last two tokens, or "
-            "the last one, earlier in the context) into the draft's proposals; lossless like "
-            "any draft (docs/decoders.md)",
-        )
+        _add_draft_arguments(parser)
     parser.add_argument(
         "--target-device",
         default=None,
@@ -248,17 +271,40 @@ def add_model_arguments(parser: argparse.ArgumentParser, draft: bool = True) -> 
         action="store_true",
         help="allow pickle .bin weights, which can run code when loaded",
     )
+    _add_pass_arguments(parser)
+
+
+def _add_draft_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--draft",
+        default=None,
+        help="draft model with the target's tokenizer (folder, .gguf, hub id)",
+    )
+    parser.add_argument(
+        "--draft-lookup",
+        action="store_true",
+        help="mix prompt lookup's guess (the token that followed the last two tokens, or the "
+        "last one, earlier in the context) into the draft's proposals; lossless like any "
+        "draft (docs/decoders.md)",
+    )
+
+
+def _add_pass_arguments(parser: argparse.ArgumentParser) -> None:
+    """How the models' passes run: --graphs, --max-context, --plain-linears."""
+    from targetrows.hf.choices import GRAPH_MODES
+
     parser.add_argument(
         "--graphs", choices=GRAPH_MODES, default="off",
-        help="run the models' passes at static shapes, each replayed as a CUDA graph: auto "
-        "where they can run (one CUDA card, a Llama, Qwen2 or Qwen3 model; eager elsewhere), on "
-        "(an error where they cannot), off (eager; the default until a GPU run has checked "
-        "them, docs/cluster.md)",
+        help="pad every pass to a few fixed shapes over the whole cache and replay each as a "
+        "CUDA graph: auto where they can run (one CUDA card, a Llama, Qwen2 or Qwen3 model; "
+        "unpadded elsewhere), on (an error where they cannot), off (passes over the live "
+        "entries; the default until a GPU run has checked graphs, docs/cluster.md)",
     )
     parser.add_argument(
         "--max-context", type=int, default=None, metavar="N",
-        help="entries each sequence's static cache holds under --graphs (prompt, answer and one "
-        "round's tree); a longer context is an error naming this option; default 4096",
+        help="entries each sequence's cache may hold (prompt, answer and one round's tree), "
+        "with or without --graphs; a longer context is an error naming this option; default: "
+        "the model's context window on a CPU, 4096 (at most the window) on a GPU",
     )
     parser.add_argument(
         "--plain-linears",
@@ -311,13 +357,16 @@ def load_from_args(args: argparse.Namespace):
         draft_dtype=getattr(args, "draft_dtype", None),
     )
     set_thinking(tokenizer, thinking_arg(args))
-    graphs = getattr(args, "graphs", "off")
-    if graphs != "off":
-        from targetrows.hf.static_pass import DEFAULT_CAPACITY, apply_graphs
+    graphs, capacity = getattr(args, "graphs", "off"), getattr(args, "max_context", None)
+    if graphs != "off" or capacity is not None:
+        from targetrows.hf.graphs import apply_graphs
 
-        capacity = args.max_context or DEFAULT_CAPACITY
-        check_count(capacity, "--max-context")
+        if capacity is not None:
+            check_count(capacity, "--max-context")
         apply_graphs([target, draft], graphs, capacity, pass_widths_from(args))
+    for model in (target, draft):  # what a job's log keeps: how its passes ran
+        if hasattr(model, "passes_described"):
+            print(f"{model.name}: {model.passes_described()}", file=sys.stderr)
     if getattr(args, "draft_lookup", False):
         if draft is None:
             raise ValueError("--draft-lookup mixes prompt lookup into a draft: give --draft too")

@@ -50,6 +50,8 @@ def run(args: argparse.Namespace) -> int:
     decoders = common.decoders_from(args, rerankers)
     common.check_draft(decoders, args.draft)
     common.drop_unneeded_draft(args, decoders)
+    if args.json_out:
+        common.check_output_file(args.json_out, "--json")
     target, draft, tokenizer = common.load_from_args(args)
     prompt_ids = encode_prompt(tokenizer, args.prompt)
     # the first tree decoder's config: every decoder's, with its own entry (ar's: no budget)

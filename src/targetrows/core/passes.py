@@ -29,7 +29,9 @@ Passes = Generator["Pass", Any, T]
 @dataclass(frozen=True)
 class Pass:
     """A request for one model pass. `group` is what runs it, batched with other sequences'
-    requests to the same group (``group.run_batch(items) -> results``, one per item, in order);
+    requests to the same group (``group.run_batch(items) -> results``, one per item, in order;
+    an item the pass could not serve gets an exception in its place, its neighbours their
+    results);
     `item` is what this sequence hands over. `side`: queue it on the group's side stream (a
     root pass beside drafting: ``group.side_stream()``)."""
 
@@ -39,11 +41,14 @@ class Pass:
 
 
 def run_now(steps: Passes[T]) -> T:
-    """What `steps` returns, each pass it asks for run at once as a batch of one."""
+    """What `steps` returns, each pass it asks for run at once as a batch of one (a pass that
+    fails its item, handing back an exception in its place, raises it in `steps`)."""
     try:
         request = next(steps)
         while True:
-            request = steps.send(request.group.run_batch([request.item])[0])
+            result = request.group.run_batch([request.item])[0]
+            request = (steps.throw(result) if isinstance(result, Exception)
+                       else steps.send(result))
     except StopIteration as done:
         return done.value
 

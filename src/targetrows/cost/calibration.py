@@ -263,6 +263,28 @@ def _largest_tree(rule, pool: Tree, logq: np.ndarray, budget: int, depth: int,
     return np.union1d([0], nodes)
 
 
+def _curves(target, draft, config: DecodeConfig, prompts: list[list[int]],
+            configs: Sequence[DecodeConfig], budgets, depths, search: BudgetSearch):
+    """(committed, nodes) per depth and budget, predicted along the prompts: by the draft's
+    acceptance (`_mean_curves`), or for a draft-free decoder by its runs
+    (`draft_free_curves`), whose trees grow with what the run has seen: along each prompt as
+    far as runs go."""
+    if config.decoder.needs_draft:
+        return _mean_curves(target, draft, prompts, configs, budgets, depths, search)
+    tokens = max(config.max_new_tokens, -(-search.contexts // len(prompts)) * (search.gap + 1))
+    return draft_free_curves(target, prompts, configs, budgets, tokens)
+
+
+def _check_auto(entry, draft, prompts: list[list[int]]) -> None:
+    """`auto_budget`'s arguments: a decoder with a tree, its draft, prompts to calibrate on."""
+    if not entry.drafts:
+        raise ValueError(f"decoder {entry.name} verifies no tree: it has no budget to pick")
+    if entry.needs_draft and draft is None:
+        raise ValueError(f"auto budget for {entry.name!r} needs a draft model")
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("auto budget needs prompts to time and calibrate on, none of them empty")
+
+
 def auto_budget(
     target,
     draft,
@@ -297,14 +319,8 @@ def auto_budget(
     different devices, the round loop's schedule). `prompt_configs`: each prompt's own config
     (a learned rule's fold model that never saw that prompt), `config` otherwise.
     """
-    entry = config.decoder
-    if not entry.drafts:
-        raise ValueError(f"decoder {entry.name} verifies no tree: it has no budget to pick")
-    if entry.needs_draft and draft is None:
-        raise ValueError(f"auto budget for {entry.name!r} needs a draft model")
-    prompts = [list(p) for p in prompts]
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise ValueError("auto budget needs prompts to time and calibrate on, none of them empty")
+    entry, prompts = config.decoder, [list(p) for p in prompts]
+    _check_auto(entry, draft, prompts)
     pool = config.pool
     budgets, depths = _candidates(entry, pool, search)
     overlap = overlaps(target, draft, config.overlap)
@@ -314,13 +330,8 @@ def auto_budget(
         parts = _time_parts(target, draft, entry, pool, prompts, context_len, budgets, search,
                             config.batch_size)
     timed, parts = parts, parts.at(context_len)
-    configs = prompt_configs or [config] * len(prompts)
-    if entry.needs_draft:
-        committed, nodes = _mean_curves(target, draft, prompts, configs, budgets, depths, search)
-    else:
-        # their trees grow with what the run has seen: along each prompt as far as runs go
-        tokens = max(config.max_new_tokens, -(-search.contexts // len(prompts)) * (search.gap + 1))
-        committed, nodes = draft_free_curves(target, prompts, configs, budgets, tokens)
+    committed, nodes = _curves(target, draft, config, prompts,
+                               prompt_configs or [config] * len(prompts), budgets, depths, search)
     # each (depth, budget) drafts `Decoder.pool_depth(depth, budget)` levels
     tps = np.stack([
         predicted_tokens_per_s(entry, c, n, parts, float(overlap),

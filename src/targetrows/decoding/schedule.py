@@ -25,7 +25,7 @@ uninterrupted one (`needed`: `targetrows.jobs.decode` resumes so) and writes the
 in every dtype. The cost: at a segment's end, lanes idle until its last sequence finishes.
 
 Lossless per sequence. A lane's rows equal its batch-1 model's to the rounding of a batched
-product (`targetrows.hf.lanes`), its draws come from its own generator, seeded from its own
+product (`targetrows.hf.row_passes`), its draws come from its own generator, seeded from its own
 config, and verification is the loop's own: a sequence's tokens do not depend on which
 sequences share its batch (the tests find them equal in float64 at batch 1, 3 and 8). In
 bfloat16 the batch's shape decides how a batched product rounds, and a near-tie can go the
@@ -82,16 +82,19 @@ SEGMENT_BATCHES = 4
 def run_batched(target: Any, draft: Any | None, jobs: Sequence[Job], batch_size: int,
                 stats: BatchStats | None = None,
                 on_done: Callable[[int, Any], None] | None = None,
-                needed: Sequence[bool] | None = None) -> list[Any]:
+                needed: Sequence[bool] | None = None,
+                on_failed: Callable[[int, Exception], None] | None = None) -> list[Any]:
     """Each job's result, in order (None for a job not run): the steps ``job(target, draft)``
     of every job, `batch_size` at a time on lanes of the models (at batch size 1, on the models
     themselves), segment by segment (see the module docstring). `needed[j]` False: job j's
     result is known already, and a segment none of whose jobs is needed is skipped (a resumed
     run; a segment with one needed job runs whole, so that it batches as it did). `on_done(j,
-    result)` is called as job j finishes (what a caller writes as it goes). A job that fails
-    leaves the running ones to finish, and no job starts after it; then the first failure (in
-    job order) is raised. An interrupt (Ctrl-C) stops at once: what `on_done` was handed so far
-    is all there is."""
+    result)` is called as job j finishes (what a caller writes as it goes).
+
+    A job that fails fails alone: `on_failed(j, error)` is called, its neighbours in the same
+    passes and every later job run on, and once all are done the first failure (in job order)
+    is raised, with a note saying how many failed. An interrupt (Ctrl-C), wherever it is
+    raised, stops at once: what `on_done` was handed so far is all there is."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     if needed is not None and len(needed) != len(jobs):
@@ -107,28 +110,32 @@ def run_batched(target: Any, draft: Any | None, jobs: Sequence[Job], batch_size:
     results: list[Any] = [None] * len(jobs)
     errors: dict[int, Exception] = {}
     span = n * SEGMENT_BATCHES if n > 1 else 1  # alone, a job has no companions to keep
+    ran = 0
     for first in range(0, len(jobs), span):
         segment = range(first, min(first + span, len(jobs)))
         if needed is not None and not any(needed[j] for j in segment):
             continue
-        _run_segment(jobs, iter(segment), lanes, results, errors, on_done, stats)
-        if errors:
-            break
+        ran += len(segment)
+        _run_segment(jobs, iter(segment), lanes, results, errors, (on_done, on_failed), stats)
     if errors:
-        raise errors[min(errors)]
+        first_error = errors[min(errors)]
+        if ran > 1:
+            first_error.add_note(f"{len(errors)} of {ran} jobs failed (job {min(errors)}'s error "
+                                 "above, the first); the others finished")
+        raise first_error
     return results
 
 
-def _run_segment(jobs, queue, lanes, results: list, errors: dict, on_done, stats) -> None:
+def _run_segment(jobs, queue, lanes, results: list, errors: dict, callbacks, stats) -> None:
     """Drive the segment's jobs (`queue`, in order) on `lanes` until every one is done: a lane
-    whose sequence finishes takes the next job at once, unless a job has failed."""
+    whose sequence finishes, or fails, takes the next job at once."""
     batch = [_Sequence(-1, lane, iter(())) for lane in range(len(lanes))]
     joined: dict[int, Any] = {}  # side streams with passes queued, by id(group)
 
     def start(seq: _Sequence) -> None:  # the lane's next job, until it asks for a pass
-        while seq.request is None and not errors and (j := next(queue, None)) is not None:
+        while seq.request is None and (j := next(queue, None)) is not None:
             seq.job, seq.steps = j, jobs[j](*lanes[seq.lane])
-            _advance(seq, None, None, results, errors, on_done)
+            _advance(seq, None, None, results, errors, callbacks)
 
     for seq in batch:
         start(seq)
@@ -152,9 +159,11 @@ def _run_segment(jobs, queue, lanes, results: list, errors: dict, on_done, stats
             outputs, error = [None] * len(waiting), err
         stats.passes += 1
         stats.requests += len(waiting)
-        stats.schedule.append((type(group).__name__ + (" side" if side else ""), len(waiting)))
+        label = getattr(group, "label", type(group).__name__)
+        stats.schedule.append((label + (" side" if side else ""), len(waiting)))
         for seq, out in zip(waiting, outputs, strict=True):
-            _advance(seq, out, error, results, errors, on_done)
+            failed = out if isinstance(out, Exception) else error  # its own, or the pass's
+            _advance(seq, None if failed else out, failed, results, errors, callbacks)
             start(seq)
 
 
@@ -170,8 +179,11 @@ def _next_group(live: list[_Sequence]) -> tuple[Any, bool, list[_Sequence]]:
 
 
 def _advance(seq: _Sequence, value: Any, error: Exception | None, results: list,
-             errors: dict, on_done) -> None:
-    """Hand `seq` its pass's result (or error) and take its next request, or its result."""
+             errors: dict, callbacks) -> None:
+    """Hand `seq` its pass's result (or error) and take its next request, or its result (or
+    its failure: `callbacks` are (on_done, on_failed)). Only errors fail a job: an interrupt
+    raised in its steps goes on up, and stops the whole call."""
+    on_done, on_failed = callbacks
     try:
         seq.request = seq.steps.send(value) if error is None else seq.steps.throw(error)
     except StopIteration as done:
@@ -182,6 +194,8 @@ def _advance(seq: _Sequence, value: Any, error: Exception | None, results: list,
     except Exception as err:
         seq.request = None
         errors[seq.job] = err
+        if on_failed is not None:
+            on_failed(seq.job, err)
 
 
 def model_lanes(model: Any, n: int, target_lanes=None) -> list[Any]:

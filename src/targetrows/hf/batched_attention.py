@@ -29,27 +29,19 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from .gqa_attention import NAME as SDPA_GQA
-
 NAME = "grouped_matmul"
 
 
 def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                      scaling: float, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """softmax(q k^T * scaling + mask) v with grouped heads: query [B, H, L, D], key and value
-    [B, KV, T, D] (KV divides H), `mask` None or additive [B, 1, L, T] (the batched passes of
-    `targetrows.hf.lanes`, one query per lane, where torch's kernel is slowest). Returns
-    [B, H, L, D] in value's dtype."""
+                      scaling: float) -> torch.Tensor:
+    """softmax(q k^T * scaling) v with grouped heads: query [B, H, L, D], key and value
+    [B, KV, T, D] (KV divides H). Returns [B, H, L, D] in value's dtype."""
     b, h, q_len, d = query.shape
     kv = key.shape[1]
     groups = h // kv
     wide = torch.promote_types(query.dtype, torch.float32)  # float32, or float64 if given
     scores = query.reshape(b, kv, groups * q_len, d).to(wide) @ key.to(wide).transpose(-1, -2)
     scores.mul_(scaling)
-    if mask is not None:  # query rows run (group, position): each group sees the same mask
-        t = mask.shape[-1]
-        scores.add_(mask.to(wide)[:, :, None].expand(b, 1, groups, q_len, t)
-                    .reshape(b, 1, groups * q_len, t))
     probs = scores.softmax(-1).to(value.dtype)
     return (probs @ value).view(b, h, q_len, -1)
 
@@ -78,7 +70,7 @@ def batched_attention(model):
     """Within the block, `model` (a Hugging Face model using sdpa) runs its attention through
     `grouped_matmul_forward`; other implementations (eager) are left as they are."""
     before = getattr(model.config, "_attn_implementation", None)
-    if before not in ("sdpa", SDPA_GQA):
+    if before != "sdpa":
         yield model
         return
     model.set_attn_implementation(NAME)

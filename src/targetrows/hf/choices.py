@@ -1,6 +1,6 @@
 """The names the model loaders take, without torch: the CLI builds its options from these, so
 `targetrows decode --help` and a mistyped option answer at once, not after torch and
-transformers have loaded (seconds). `targetrows.hf.loading` and `targetrows.hf.static_pass` read
+transformers have loaded (seconds). `targetrows.hf.loading` and `targetrows.hf.graphs` read
 them from here too: one list each."""
 
 # --dtype / --draft-dtype: each name's torch dtype, by its attribute name in torch

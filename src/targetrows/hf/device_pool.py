@@ -79,79 +79,112 @@ def grow_on_device(model, context, tokens: list[int], parents: list[int], logq: 
     if (budget is not None or guesses) and len(roots) != 1:
         raise ValueError("a budget-pruned pool, or pools under guesses, grow under one root")
     roots = np.asarray(roots, dtype=np.int64)
-    tree = Tree(tokens, parents)
+    first, at = yield from _first_level(model, context, Tree(tokens, parents), roots, logq,
+                                        top_k, guesses)
+    levels, seen = [first], {"pool_key": None}  # `seen`: what later levels reuse
+    for level in range(1, depth + (1 if guesses else 0)):
+        chosen = _frontier(levels[-1], top_k, budget, seen, model.device)
+        if chosen is None:
+            break  # where `grow` stops, not a pass later
+        levels.append((yield from _feed_level(model, levels[-1], chosen, top_k, budget, level,
+                                              at, seen)))
+    return _handed_over(model, len(context), levels, at["roots"], tokens, parents, logq,
+                        later, guesses)
+
+
+def _first_level(model, context, tree: Tree, roots: np.ndarray, logq: list[float], k: int,
+                 guesses: int) -> Passes[tuple[_Level, dict]]:
+    """Level 0: the roots, fed through the backend's own bookkeeping (a tail, committed
+    tokens), and their children. Returns that level and where the roots are: `rows`, the
+    entries they see ([roots, entries]: their children see them too), `out`, their outputs,
+    `positions`, their children's less 1, `roots` (repeated per guess under guesses)."""
     device = model.device
-    # level 0: the roots, fed through the backend's own bookkeeping (a tail, committed tokens)
     out = yield from model._pool_first(context, tree, roots)
-    n_roots, k = len(roots), top_k
-    rows = model._pool_seen(roots)  # [roots, entries]: what their children will see too
-    positions = model._root_position(len(context)) + tree.depth[roots]  # children's, less 1
+    at = dict(rows=model._pool_seen(roots), out=out, roots=roots,
+              positions=model._root_position(len(context)) + tree.depth[roots])
     node_logq = host_to_device(np.asarray(logq, dtype=np.float64)[roots], device)
-    first_k = max(k, guesses)
-    tok, lp = model._pool_topk(out, first_k)
-    children = (node_logq[:, None] + lp)
+    tok, lp = model._pool_topk(out, max(k, guesses))
+    children = node_logq[:, None] + lp
+    n_roots, first_k = len(roots), max(k, guesses)
     if guesses:  # each guess the root of its own pool: fed as the next level's frontier
         n_roots, first_k = guesses, 1
         tok, children = tok[0, :guesses, None], children[0, :guesses, None]
-        rows, out = rows.expand(guesses, -1), out.expand(guesses, -1)
-        positions, roots = np.repeat(positions, guesses), np.repeat(roots, guesses)
-    levels = [_Level(select=torch.zeros((n_roots, 1), dtype=torch.int64, device=device),
-                     kept=torch.ones((n_roots, 1), dtype=torch.bool, device=device),
-                     tokens=tok.reshape(n_roots, 1, first_k),
-                     logq=children.reshape(n_roots, 1, first_k))]
-    pool_key = None  # with a budget: the keys of every level so far, flat (`_rank`)
-    own = {}  # [n, n] identity: each fed node sees its own entry (made once per width)
-    all_kept = {}  # without a budget, every selected node is kept: made once per shape
-    for level in range(1, depth + (1 if guesses else 0)):
-        last = levels[-1]
-        n_front, last_k = last.tokens.shape[1:]
-        width = n_front * last_k  # each root's last level
-        flat_logq = last.logq.reshape(n_roots, width)
-        if budget is None:  # nothing dies: every node is live, and its key its logq
-            key = flat_logq
-        else:  # the live ones first: a dead node's key (-inf) is below every live one's
-            key = torch.where(last.kept[:, :, None], last.logq.clamp(min=LOWEST),
-                              -math.inf).reshape(n_roots, width)
-            pool_key = key[0] if pool_key is None else torch.cat([pool_key, key[0]])
-        # ties to the lower index: a stable sort
-        ranked = torch.sort(key, dim=1, descending=True, stable=True)
-        select = ranked.indices[:, : min(k, width)]
-        if budget is None:
-            if select.shape not in all_kept:
-                all_kept[select.shape] = torch.ones_like(select, dtype=torch.bool)
-            kept = all_kept[select.shape]
-        else:  # among the pool's top budget - 1 so far: never a dead node, which ranks
-            # after every live one, and a node died only where budget - 1 live ones outranked
-            # it (or its parent), which stay in the pool
-            kept = (_rank(pool_key, select[0], len(pool_key) - width) < budget - 1)[None]
-            if torch_rows.reads_are_free(device) and not bool(kept.any()):
-                break  # where `grow` stops, not a pass later
-        n = select.numel()
-        parent = select.reshape(-1) // last_k  # rows of the last fed level
-        if n_roots > 1:
-            parent = parent + torch.arange(n_roots, device=device).repeat_interleave(
-                select.shape[1]) * n_front
-        ids = last.tokens.reshape(n_roots, width).gather(1, select).reshape(-1)
-        cache_len = model._pool_entries()
-        if n not in own:
-            own[n] = torch.eye(n, dtype=torch.bool, device=rows.device)
-        # the parent's entries, the parent's own too (rows live where the model's inputs do;
-        # they span the cache, the last level's entries last), then its own
-        seen = torch.cat([rows[parent.to(rows.device)], own[n]], dim=1)
-        step_positions = np.repeat(positions + level, select.shape[1])
-        out = yield from model._pool_feed(out, parent, ids, step_positions, seen)
-        rows = seen
-        tok, lp = model._pool_topk(out, k)
-        # without a budget the sort's values are the chosen nodes' logq (with one, a dead
-        # node's are -inf, and a node's logq of -inf is LOWEST)
-        chosen_logq = (ranked.values[:, : select.shape[1]] if budget is None
-                       else flat_logq.gather(1, select)).reshape(-1)
-        levels.append(_Level(select=select, kept=kept,
-                             tokens=tok.view(n_roots, -1, k),
-                             logq=(chosen_logq[:, None] + lp).view(n_roots, -1, k),
-                             first_slot=cache_len, out=out))
-    n_context = len(context)
-    pool = _PoolWait()
+        at.update(rows=at["rows"].expand(guesses, -1), out=out.expand(guesses, -1),
+                  positions=np.repeat(at["positions"], guesses),
+                  roots=np.repeat(roots, guesses))
+    level = _Level(select=torch.zeros((n_roots, 1), dtype=torch.int64, device=device),
+                   kept=torch.ones((n_roots, 1), dtype=torch.bool, device=device),
+                   tokens=tok.reshape(n_roots, 1, first_k),
+                   logq=children.reshape(n_roots, 1, first_k))
+    return level, at
+
+
+def _frontier(last: _Level, k: int, budget: int | None, seen: dict, device):
+    """The next frontier of each root: the top k of its last level by cumulative log-prob,
+    ties to the lower index (a stable sort), and which of them stay alive (with a budget,
+    those among the pool's top budget - 1 so far). (selected places, kept, the sort, the
+    level's flat log-probs); None where nothing stays alive and a read costs nothing."""
+    n_roots, n_front, last_k = last.tokens.shape
+    width = n_front * last_k  # each root's last level
+    flat_logq = last.logq.reshape(n_roots, width)
+    if budget is None:  # nothing dies: every node is live, and its key its logq
+        key = flat_logq
+    else:  # the live ones first: a dead node's key (-inf) is below every live one's
+        key = torch.where(last.kept[:, :, None], last.logq.clamp(min=LOWEST),
+                          -math.inf).reshape(n_roots, width)
+        pool_key = seen["pool_key"]
+        seen["pool_key"] = key[0] if pool_key is None else torch.cat([pool_key, key[0]])
+    ranked = torch.sort(key, dim=1, descending=True, stable=True)
+    select = ranked.indices[:, : min(k, width)]
+    if budget is None:  # every selected node is kept: made once per shape
+        if select.shape not in seen:
+            seen[select.shape] = torch.ones_like(select, dtype=torch.bool)
+        kept = seen[select.shape]
+    else:  # among the pool's top budget - 1 so far: never a dead node, which ranks after
+        # every live one, and a node died only where budget - 1 live ones outranked it (or
+        # its parent), which stay in the pool
+        pool_key = seen["pool_key"]
+        kept = (_rank(pool_key, select[0], len(pool_key) - width) < budget - 1)[None]
+        if torch_rows.reads_are_free(device) and not bool(kept.any()):
+            return None
+    return select, kept, ranked, flat_logq
+
+
+def _feed_level(model, last: _Level, chosen, k: int, budget: int | None, level: int,
+                at: dict, seen: dict) -> Passes[_Level]:
+    """Feed the frontier `chosen` (`_frontier`) under `last`, and rank its children."""
+    select, kept, ranked, flat_logq = chosen
+    n_roots, n_front, last_k = last.tokens.shape
+    device, n = model.device, select.numel()
+    parent = select.reshape(-1) // last_k  # rows of the last fed level
+    if n_roots > 1:
+        parent = parent + torch.arange(n_roots, device=device).repeat_interleave(
+            select.shape[1]) * n_front
+    ids = last.tokens.reshape(n_roots, -1).gather(1, select).reshape(-1)
+    cache_len, rows = model._pool_entries(), at["rows"]
+    if ("own", n) not in seen:  # each fed node sees its own entry: made once per width
+        seen["own", n] = torch.eye(n, dtype=torch.bool, device=rows.device)
+    own = seen["own", n]
+    # the parent's entries, the parent's own too (rows live where the model's inputs do; they
+    # span the cache, the last level's entries last), then its own
+    at["rows"] = torch.cat([rows[parent.to(rows.device)], own], dim=1)
+    positions = np.repeat(at["positions"] + level, select.shape[1])
+    at["out"] = out = yield from model._pool_feed(at["out"], parent, ids, positions, at["rows"])
+    tok, lp = model._pool_topk(out, k)
+    # without a budget the sort's values are the chosen nodes' logq (with one, a dead node's
+    # are -inf, and a node's logq of -inf is LOWEST)
+    chosen_logq = (ranked.values[:, : select.shape[1]] if budget is None
+                   else flat_logq.gather(1, select)).reshape(-1)
+    return _Level(select=select, kept=kept, tokens=tok.view(n_roots, -1, k),
+                  logq=(chosen_logq[:, None] + lp).view(n_roots, -1, k), first_slot=cache_len,
+                  out=out)
+
+
+def _handed_over(model, n_context: int, levels: list[_Level], roots: np.ndarray, tokens,
+                 parents, logq, later: bool, guesses: int) -> _PoolWait:
+    """The pool's read: at once, or queued for the device's next read (`later`), filling the
+    lists and making the draft keep what it fed."""
+    pool, device = _PoolWait(), model.device
 
     def take(host: list[np.ndarray]) -> None:  # the pool's lists; the draft keeps what it fed
         fed, pool.places = _read_into(levels, host, roots, tokens, parents, logq)
@@ -161,14 +194,15 @@ def grow_on_device(model, context, tokens: list[int], parents: list[int], logq: 
                            for lv, nodes in zip(levels[1:], fed[1:], strict=True)])
 
     parts = [t for lv in levels for t in (lv.select, lv.kept, lv.tokens, lv.logq)]
-    if later:
-        queued = not (guesses or n_roots > 1 or torch_rows.reads_are_free(device))
-        pool.wait = model._read_later(parts, take)
-        pool.first_level = levels[0].tokens.reshape(1, -1) if queued else None
-        if n_roots == 1 and not guesses:  # a tree may be chosen from it on the device
-            pool.on_device = (model, levels, tokens[roots[0]], logq)
-    else:
+    if not later:
         take(model._fetch(*parts))
+        return pool
+    n_roots = len(roots)
+    queued = not (guesses or n_roots > 1 or torch_rows.reads_are_free(device))
+    pool.wait = model._read_later(parts, take)
+    pool.first_level = levels[0].tokens.reshape(1, -1) if queued else None
+    if n_roots == 1 and not guesses:  # a tree may be chosen from it on the device
+        pool.on_device = (model, levels, tokens[roots[0]], logq)
     return pool
 
 

@@ -2,9 +2,9 @@
 `targetrows.hf.device_pool` grows a draft's pool there, and the verify pass over a tree
 chosen there (`targetrows.hf.device_tree`).
 
-`HFModel` inherits them (`DeviceRounds`); they read and write its cache state (the committed
-prefix, the current tree and each node's cache slot), as the rest of the class does, through
-its own helpers: a pool's level is a pass planned on the device, and a tree chosen on the
+`HFSequence` inherits them (`DeviceRounds`); they read and write its row's bookkeeping (the
+committed prefix, the current tree and each node's entry), as the rest of the class does,
+through its own helpers: a pool's level is a pass planned on the device, and a tree chosen on the
 device is a pass planned for a stand-in of its size, its nodes' tokens, positions and
 ancestors given there.
 """
@@ -21,12 +21,13 @@ from targetrows.core.tree import Tree
 
 from .device_pool import grow_pool_passes
 from .device_tree import TreeOnDevice
-from .feed import Feed, seen_by
+from .pass_builder import Feed
+from .row_trees import plan_feed, seen_by
 from .torch_rows import host_to_device, ranked
 
 
 class DeviceRounds:
-    """`HFModel`'s methods for pools and trees on the device (see the module docstring)."""
+    """`HFSequence`'s methods for pools and trees on the device (see the module docstring)."""
 
     # -- pools grown on the device (`targetrows.hf.device_pool`) --------------------------------
     grow_passes = grow_pool_passes
@@ -48,8 +49,9 @@ class DeviceRounds:
         return ids.contiguous(), vals.double()
 
     def _pool_seen(self, nodes: np.ndarray) -> torch.Tensor:
-        seen = seen_by(nodes, len(self._prefix), self._cache_len(), self._slot,
-                       self._tree.ancestor_mask())
+        state = self._state
+        seen = seen_by(nodes, len(state.prefix), self._cache_len(), state.slot,
+                       state.tree.ancestor_mask())
         return host_to_device(seen, self.input_device)
 
     def _pool_entries(self) -> int:
@@ -58,23 +60,23 @@ class DeviceRounds:
     def _pool_feed(self, rows, parent, ids: torch.Tensor, positions: np.ndarray,
                    seen: torch.Tensor) -> Passes[torch.Tensor]:
         """One level of new tree nodes, their tokens and what they see given on the device."""
-        start, n = len(self._prefix), len(ids)
-        none = np.zeros(0, dtype=np.int64)
-        feed = Feed(start, self._cache_len(), tail=none, query=none, ids=ids,
-                     positions=positions, keep=np.arange(n), seen=seen[:, start:])
-        return (yield from self._pass_rows(feed, self._prefix))
+        prefix = self._state.prefix
+        start, n = len(prefix), len(ids)
+        feed = Feed(self.row, start, self._cache_len(), ids=ids, positions=positions,
+                    seen=seen[:, start:], keep=np.arange(n))
+        return (yield from self._pass_rows(feed, prefix))
 
     def _pool_adopt(self, pool: Tree, n_ctx: int, fed) -> None:
         """The pool becomes the model's tree, its live fed nodes at the entries they were fed
         at (rows asked for at them later are not fed again; `commit` keeps the accepted
         ones)."""
         self._adopt_tree(pool, n_ctx)
+        slot = self._state.slot
         for first_slot, _, nodes in fed:
             live = np.flatnonzero(nodes >= 0)
-            self._slot[nodes[live]] = first_slot + live
+            slot[nodes[live]] = first_slot + live
 
     # -- trees chosen on the device (`targetrows.hf.device_tree`) -------------------------------
-    @torch.inference_mode()
     def tree_on_device_passes(self, context: Sequence[int], tree: TreeOnDevice,
                               root: bool = True) -> Passes[torch.Tensor]:
         """`logits_passes` at the nodes of a tree chosen on the device and not read yet
@@ -87,7 +89,8 @@ class DeviceRounds:
         self._drop_tree()
         stand_in = Tree(np.full(tree.size, ctx[-1]), np.arange(-1, tree.size - 1))  # a chain
         self._adopt_tree(stand_in, len(ctx))
-        feed = self._plan_feed(ctx, stand_in, np.arange(0 if root else 1, tree.size))
+        feed = plan_feed(self.row, self._state, self._cache_len(), ctx, stand_in,
+                         np.arange(0 if root else 1, tree.size))
         feed = tree.feed(feed, len(ctx) - 1, self.input_device)
         return (yield from self._pass_rows(feed, ctx))
 
@@ -95,5 +98,5 @@ class DeviceRounds:
         """The tree `tree_on_device_passes` fed, read (with the pool: after the pass's draws,
         no further wait), made this model's tree in its stand-in's place."""
         read = tree.read()
-        self._tree = read
+        self._state.tree = read
         return read

@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 import torch
 
 from targetrows.core.tree import Tree
 
-from .feed import Feed
+from .pass_builder import Feed
 from .torch_rows import host_to_device
 
 # the lowest key of a live node: one whose log-prob is -inf still comes before every dead one
@@ -52,7 +53,7 @@ class TreeOnDevice:
         self.read = read
 
     def feed(self, feed: Feed, root_position: int, device: torch.device) -> Feed:
-        """`feed`, planned by `HFModel` for a stand-in of `size` nodes fed after the uncached
+        """`feed`, planned by `HFSequence` for a stand-in of `size` nodes fed after the uncached
         tail (all of them, or all but a committed root), with this tree's tokens, positions
         and what each fed token sees (the tail causally; a node, the tail and its ancestors,
         a committed root among the prefix) made on `device`."""
@@ -72,8 +73,7 @@ class TreeOnDevice:
             seen[:m, :m] = torch.ones((m, m), dtype=torch.bool, device=device).tril_()
             seen[m:, :m].fill_(True)
             seen[m:, m:] = rows
-        return Feed(feed.start, feed.base, feed.tail, feed.query, ids=ids, positions=positions,
-                    keep=feed.keep, seen=seen)
+        return replace(feed, ids=ids, positions=positions, seen=seen)
 
 
 def choose_on_device(levels, root_token: int, budget: int, read_later,
@@ -95,11 +95,10 @@ def choose_on_device(levels, root_token: int, budget: int, read_later,
     The pool is taken flat, the root at place 0 and each level's children after it; what
     depends only on its shape (each place's frontier node and depth, each frontier node's
     first place in the level before) comes in one copy from the host, with the root's token."""
-    structure = _Structure([lv.tokens.shape[1:] for lv in levels])
     device = levels[0].tokens.device
-    block = host_to_device(structure.block(root_token), device)
-    to_front, offset, depth_at = structure.views(block)
-    tokens = torch.cat([block[:1], *(lv.tokens.reshape(-1) for lv in levels)])
+    root, to_front, offset, depth_at = _structure([lv.tokens.shape[1:] for lv in levels],
+                                                  root_token, device)
+    tokens = torch.cat([root, *(lv.tokens.reshape(-1) for lv in levels)])
     front_place = torch.cat([lv.select.reshape(-1) for lv in levels]) + offset
     alive = torch.cat([lv.kept.reshape(-1) for lv in levels])[to_front[1:]]
     logq = torch.cat([lv.logq.reshape(-1) for lv in levels])
@@ -109,15 +108,8 @@ def choose_on_device(levels, root_token: int, budget: int, read_later,
         logq = _rescored(logq, first_logp.reshape(-1), front_place[to_front], depth_at,
                          len(levels))
         reads.append(first_logp)
-    # the top-B children in the rule's order (ties to the lower place: a stable sort), then
-    # in pool order after the root
-    size = min(budget, len(logq))
-    keys = torch.where(alive, logq.clamp(min=LOWEST), -math.inf)
-    top = torch.sort(keys, descending=True, stable=True).indices[:size] + 1
-    chosen = torch.cat([depth_at[:1], torch.sort(top).values])  # depth_at[0]: 0, the root
-    node_of = torch.zeros(len(tokens), dtype=torch.int64, device=device)
-    node_of[chosen] = torch.arange(size + 1, device=device)
-    parent = node_of[front_place[to_front[chosen]]]  # the root's: itself
+    chosen, parent = _top_nodes(alive, logq, front_place[to_front], depth_at[:1], budget)
+    size = len(chosen) - 1
     # a node's ancestor row is its own entry and its parent's row: one level a step
     eye = torch.eye(size + 1, dtype=torch.bool, device=device)
     ancestors = eye
@@ -141,6 +133,20 @@ def choose_on_device(levels, root_token: int, budget: int, read_later,
     return TreeOnDevice(size + 1, tokens[chosen], depth_at[chosen], ancestors, read)
 
 
+def _top_nodes(alive: torch.Tensor, logq: torch.Tensor, parent_place: torch.Tensor,
+               root: torch.Tensor, budget: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pool places of the root (`root`: [0]) and its top `budget` children in the rule's
+    order (a dead node after every live one; ties to the lower place: a stable sort), in pool
+    order; and each chosen node's parent among them (the root's: itself)."""
+    size = min(budget, len(logq))
+    keys = torch.where(alive, logq.clamp(min=LOWEST), -math.inf)
+    top = torch.sort(keys, descending=True, stable=True).indices[:size] + 1
+    chosen = torch.cat([root, torch.sort(top).values])
+    node_of = torch.zeros(len(logq) + 1, dtype=torch.int64, device=logq.device)
+    node_of[chosen] = torch.arange(size + 1, device=logq.device)
+    return chosen, node_of[parent_place[chosen]]
+
+
 def _rescored(logq: torch.Tensor, first_logp: torch.Tensor, parent_place: torch.Tensor,
               depth: torch.Tensor, n_levels: int) -> torch.Tensor:
     """Each child's cumulative log-prob with its first-level ancestor's replaced by
@@ -157,28 +163,21 @@ def _rescored(logq: torch.Tensor, first_logp: torch.Tensor, parent_place: torch.
     return (first_logp[(up - 1).clamp(min=0)] + below)[1:]
 
 
-class _Structure:
-    """What a flat pool of levels shaped (F, k) holds where, as host arrays: `to_front`, the
-    frontier node each place is a child of (the root's own: the root, frontier node 0);
-    `offset`, the first place of the level each frontier node's `select` counts in (the
-    root's: 0); `depth`, each place's."""
-
-    def __init__(self, shapes: list[tuple[int, int]]):
-        fronts = np.cumsum([0] + [f for f, _ in shapes])
-        sizes = [f * k for f, k in shapes]
-        starts = np.cumsum([1] + sizes)  # each level's first place
-        self.to_front = np.concatenate([[0]] + [
-            fronts[i] + np.arange(f * k) // k for i, (f, k) in enumerate(shapes)])
-        self.offset = np.concatenate([
-            np.full(f, 0 if i == 0 else starts[i - 1]) for i, (f, _) in enumerate(shapes)])
-        self.depth = np.concatenate([[0]] + [np.full(n, i + 1) for i, n in enumerate(sizes)])
-
-    def block(self, root_token: int) -> np.ndarray:
-        """One host array: the root's token, then `to_front`, `offset` and `depth`."""
-        return np.concatenate([[root_token], self.to_front, self.offset,
-                               self.depth]).astype(np.int64)
-
-    def views(self, block: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """`to_front`, `offset` and `depth` as views of `block` on the device."""
-        n, f = len(self.to_front), len(self.offset)
-        return block[1 : 1 + n], block[1 + n : 1 + n + f], block[1 + n + f :]
+def _structure(shapes: list[tuple[int, int]], root_token: int, device
+               ) -> tuple[torch.Tensor, ...]:
+    """What a flat pool of levels shaped (F, k) holds where, sent to `device` in one copy with
+    the root's token: (the token; `to_front`, the frontier node each place is a child of (the
+    root's own: the root, frontier node 0); `offset`, the first place of the level each
+    frontier node's `select` counts in (the root's: 0); `depth`, each place's)."""
+    fronts = np.cumsum([0] + [f for f, _ in shapes])
+    sizes = [f * k for f, k in shapes]
+    starts = np.cumsum([1] + sizes)  # each level's first place
+    to_front = np.concatenate([[0]] + [fronts[i] + np.arange(f * k) // k
+                                       for i, (f, k) in enumerate(shapes)])
+    offset = np.concatenate([np.full(f, 0 if i == 0 else starts[i - 1])
+                             for i, (f, _) in enumerate(shapes)])
+    depth = np.concatenate([[0]] + [np.full(n, i + 1) for i, n in enumerate(sizes)])
+    block = host_to_device(np.concatenate([[root_token], to_front, offset, depth])
+                           .astype(np.int64), device)
+    n, f = len(to_front), len(offset)
+    return block[:1], block[1: 1 + n], block[1 + n: 1 + n + f], block[1 + n + f:]

@@ -118,28 +118,22 @@ class Eagle3Head(nn.Module):
 
     def step(self, h: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor,
              past_k: torch.Tensor, past_v: torch.Tensor, allowed: torch.Tensor):
-        """One layer over q new entries: h [q, H] (projected features or parents' g), embeds
-        [q, H] of their tokens, positions [q]; past keys/values [kv_heads, S, head_dim];
-        `allowed` [1, 1, q, S + q] says which entries each query sees. Returns (g [q, H], keys,
-        values): the past ones with the new entries appended (one copy, which the caller keeps
-        as its cache). The same with a leading batch dim on every argument is `step_batch`."""
-        g, keys, values = self.step_batch(h[None], embeds[None], positions[None], past_k[None],
-                                          past_v[None], allowed)
-        return g[0], keys[0], values[0]
-
-    def step_batch(self, h: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor,
-                   past_k: torch.Tensor, past_v: torch.Tensor, allowed: torch.Tensor):
-        """`step` over n sequences at once: h and embeds [n, q, H], positions [n, q], past
-        keys/values [n, kv_heads, S, head_dim], `allowed` [n, 1, q, S + q]."""
-        q, k, v, residual = self.attention_inputs(h, embeds, positions)
-        keys, values = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
+        """One layer over q new entries of one sequence, after past keys and values, as
+        plainly as it can be written (what training times; drafting runs the same halves
+        over its cache, `targetrows.hf.eagle3`): h [q, H] (projected features or parents'
+        g), embeds [q, H] of their tokens, positions [q]; past keys/values [kv_heads, S,
+        head_dim]; `allowed` [1, 1, q, S + q] says which entries each query sees. Returns
+        (g [q, H], keys, values): the past ones with the new entries appended."""
+        q, k, v, residual = self.attention_inputs(h[None], embeds[None], positions[None])
+        keys, values = torch.cat([past_k[None], k], dim=2), torch.cat([past_v[None], v], dim=2)
         s = self.shape
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed,
                                              enable_gqa=s.num_heads != s.num_kv_heads)
-        return self.layer_output(residual, out), keys, values
+        g = self.layer_output(residual, out.transpose(1, 2).flatten(2))
+        return g[0], keys[0], values[0]
 
-    # The layer in two halves around its attention, which inference (`step_batch`, over a KV
-    # cache) and training (`targetrows.train.eagle3_step.unrolled`, over the unrolled steps)
+    # The layer in two halves around its attention, which inference (over the cache of
+    # `targetrows.hf.eagle3`) and training (`targetrows.train.eagle3_step.unrolled`, over the unrolled steps)
     # compute each its own way: everything else is written once, here.
     def attention_inputs(self, h: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor):
         """(queries, keys, values, residual) of q new entries per sequence: h and embeds
@@ -161,11 +155,10 @@ class Eagle3Head(nn.Module):
         return q, k, v, residual
 
     def layer_output(self, residual: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
-        """g [n, q, H] from the residual and the attention's output [n, heads, q, head_dim]:
+        """g [n, q, H] from the residual and the attention's output [n, q, heads x head_dim]:
         the output projection, the residual, the MLP."""
-        n, _, q_len, _ = attended.shape
         layer = self.layer
-        h = residual + layer.self_attn.o_proj(attended.transpose(1, 2).reshape(n, q_len, -1))
+        h = residual + layer.self_attn.o_proj(attended)
         mlp = layer.mlp
         x = layer.post_attention_layernorm(h)
         return h + mlp.down_proj(self.act(mlp.gate_proj(x)) * mlp.up_proj(x))

@@ -1,17 +1,21 @@
-"""What the static-shape passes of a target or draft (`targetrows.hf.static_pass`) and the steps
-of an EAGLE-3 head (`targetrows.hf.static_head`) share: their shape settings, the padded
-layout of one pass's cache slots and mask, and the replay of each (stream, bucket) as a CUDA
-graph.
+"""CUDA graphs of padded passes (`--graphs`): each (stream, width) captured once and replayed.
+
+Why. On a GPU an eager pass of an 8B model costs 9-13x what streaming its weights does: the
+time goes to Python and kernel launches, not to the card (benchmarks/results/gpu_20261204.md).
+The engines users compare us with (SGLang, vLLM, gpt-fast) capture their passes as CUDA
+graphs, which replay a whole pass as one launch.
 
 A graph replays fixed kernels on fixed addresses, so a pass reads its inputs from buffers made
-once per (stream, width) (`BucketGraphs.inputs`) and leaves its outputs where its capture put
-them: the next replay of that bucket overwrites them, so whatever a pass hands over is copied
-out first (the callers do; a test replays passes in place on the CPU to check it). Each
-(stream, bucket) is captured on its first use: a warm-up run on a stream of its own, then the
-capture; the warm-up writes the cache entries the replay will, with the same values, so it
-changes nothing. A model's graphs on one stream share one memory pool; graphs that may run at
-once (a root pass on its side stream beside the main stream's) get pools of their own, as
-graphs in one pool may share their intermediates' memory.
+once per (stream, width) (`BucketGraphs.inputs`), whose host-filled part goes over in one copy
+(`HostInputs`), and leaves its outputs where its capture put them: the next replay of that
+width overwrites them, so whatever a pass hands over is copied out first (a test replays
+passes in place on the CPU to check it). Each (stream, width) is captured on its first use: a
+warm-up run, then the capture, both on a capture stream of its own for that stream (cuBLAS
+keys its workspace by stream, so graphs that may replay at once, a root pass on its side
+stream beside the draft's on the main one, must not share one); the warm-up writes the cache
+entries the replay will, with the same values, so it changes nothing. A group's graphs on one
+stream share one memory pool; graphs on another stream get a pool of their own, as graphs in
+one pool may share their intermediates' memory.
 """
 
 from __future__ import annotations
@@ -23,91 +27,20 @@ from typing import Any
 import numpy as np
 import torch
 
+from .choices import GRAPH_MODES
+from .pass_builder import BUCKETS, PassShape
 from .streams import device_module
-
-BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
-DEFAULT_CAPACITY = 4096  # entries per sequence: prompt, answer and one round's tree
-
-
-class CapacityError(ValueError):
-    """A pass would write past a static cache's capacity."""
-
-
-@dataclass(frozen=True)
-class StaticShape:
-    """How static passes are shaped: entries each sequence may hold, the buckets fed tokens are
-    padded to, and whether each bucket is replayed as a CUDA graph."""
-
-    capacity: int = DEFAULT_CAPACITY
-    buckets: tuple[int, ...] = BUCKETS
-    graphs: bool = False
-
-    def __post_init__(self):
-        if self.capacity < 2:
-            raise ValueError(f"static capacity must be at least 2 entries, got {self.capacity}")
-        if not self.buckets or list(self.buckets) != sorted(set(self.buckets)) or self.buckets[0] < 1:
-            raise ValueError(f"buckets must be increasing positive sizes, got {self.buckets}")
-
-    def bucket(self, width: int) -> int:
-        """The bucket `width` fed tokens are padded to; `width` itself past the largest."""
-        i = int(np.searchsorted(self.buckets, width))
-        return self.buckets[i] if i < len(self.buckets) else width
-
-    def check_room(self, name: str, entries: int) -> None:
-        if entries > self.capacity:
-            raise CapacityError(
-                f"{name}: a pass would hold {entries} entries, past the static cache's "
-                f"{self.capacity} (the prompt, the answer so far and one round's tree); raise "
-                "--max-context (config: decode.max_context), or run with --graphs off")
-
-
-class GroupPerCount:
-    """A model's static lane group, made by `make(model, n)` and kept while its lanes are
-    asked for at the same count: a group's graphs are captured on first use, so the next
-    batch, bench run or job at that count replays them instead of capturing anew. A new count
-    replaces the group (its caches and graphs go with the last lanes that hold them).
-    Asking again hands the rows to the new lanes; the earlier ones are retired
-    (`targetrows.hf.lanes`)."""
-
-    def __init__(self, make):
-        self._make, self._n, self._group = make, None, None
-
-    def __call__(self, model, n: int):
-        if self._n != n:
-            self._group = None  # let go first: freed with its last lanes, not beside the new
-            self._group, self._n = self._make(model, n), n
-        return self._group
 
 
 @dataclass
 class GraphStats:
-    """What a model's static passes ran: passes per width, graphs captured, the seconds and
-    device bytes their capture took."""
+    """What a group's passes ran: passes per width, graphs captured, the seconds and device
+    bytes their capture took."""
 
     passes: dict[int, int] = field(default_factory=dict)
     captured: int = 0
     capture_s: float = 0.0
     graph_bytes: int = 0
-
-
-class PaddedSlots:
-    """The host's side of one padded pass over `rows` sequences, `width` queries each: the
-    cache entry each query is written to (`at`) and the entries it sees (`allowed`, over
-    capacity + 1 entries). Every query starts as padding: written to the scratch entry
-    `capacity`, seeing only it. `place` makes a sequence's first n queries real."""
-
-    def __init__(self, rows: int, width: int, capacity: int):
-        self.capacity = capacity
-        self.at = np.full((rows, width), capacity, dtype=np.int64)
-        self.allowed = np.zeros((rows, width, capacity + 1), dtype=bool)
-        self.allowed[:, :, capacity] = True
-
-    def place(self, row: int, n: int, base: int) -> np.ndarray:
-        """Row `row`'s first n queries are written at base, base + 1, ... and never see the
-        scratch entry; returns their [n, capacity + 1] view of `allowed` to fill in."""
-        self.at[row, :n] = base + np.arange(n)
-        self.allowed[row, :n, self.capacity] = False
-        return self.allowed[row, :n]
 
 
 class HostInputs:
@@ -142,16 +75,17 @@ class HostInputs:
 
 
 class BucketGraphs:
-    """Input buffers and CUDA graphs per (stream, width) of one group of static passes.
+    """Input buffers and CUDA graphs per (stream, width) of one group's padded passes.
     `make_inputs(width)` makes an object with the buffers a pass reads, and the `out` and
     `graph` attributes set here; `compute(inputs)` is the pass, returning its outputs."""
 
-    def __init__(self, device: torch.device, graphs: bool, make_inputs, compute):
-        self.device, self.graphs = torch.device(device), graphs
+    def __init__(self, device: torch.device, make_inputs, compute):
+        self.device = torch.device(device)
         self._make, self._compute = make_inputs, compute
         self.stats = GraphStats()
         self._inputs: dict[tuple[Any, int], Any] = {}
         self._pools: dict[Any, Any] = {}
+        self._streams: dict[Any, Any] = {}  # a capture stream for each stream passes run on
 
     def inputs(self, width: int):
         """The buffers of this width on the current stream (a root pass beside drafting runs
@@ -163,16 +97,13 @@ class BucketGraphs:
             self._inputs[key] = inputs
         return self._inputs[key]
 
-    def run(self, inputs, width: int, bucketed: bool):
-        """The pass the buffers hold: replayed where graphs are on and `width` is a bucket,
-        else run eagerly; returns its outputs (`inputs.out`)."""
+    def run(self, inputs, width: int):
+        """The pass the buffers hold, replayed (captured first on the width's first use);
+        returns its outputs (`inputs.out`)."""
         self.stats.passes[width] = self.stats.passes.get(width, 0) + 1
-        if self.graphs and bucketed:
-            if inputs.graph is None:
-                self._capture(inputs, self._stream())
-            inputs.graph.replay()
-        else:
-            inputs.out = self._compute(inputs)
+        if inputs.graph is None:
+            self._capture(inputs, self._stream())
+        inputs.graph.replay()
         return inputs.out
 
     def _stream(self):
@@ -182,22 +113,60 @@ class BucketGraphs:
         return device_module(self.device).current_stream(self.device)
 
     def _capture(self, inputs, stream) -> None:
-        """Capture the pass the buffers hold as a CUDA graph, after a warm-up run on a stream
-        of its own (it writes the cache entries the replay will: the same values)."""
+        """Capture the pass the buffers hold as a CUDA graph, after a warm-up run, both on the
+        capture stream of `stream` (the warm-up writes the cache entries the replay will: the
+        same values)."""
         device = self.device
         torch.cuda.synchronize(device)
         start, used = time.perf_counter(), torch.cuda.memory_allocated(device)
-        warm = torch.cuda.Stream(device)
-        warm.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(warm):
+        if stream not in self._streams:
+            self._streams[stream] = torch.cuda.Stream(device)
+        capture = self._streams[stream]
+        capture.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(capture):
             self._compute(inputs)
-        torch.cuda.current_stream(device).wait_stream(warm)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pools.get(stream)):
+        with torch.cuda.graph(graph, pool=self._pools.get(stream), stream=capture):
             inputs.out = self._compute(inputs)
+        torch.cuda.current_stream(device).wait_stream(capture)
         self._pools[stream] = graph.pool()
         inputs.graph = graph
         torch.cuda.synchronize(device)
         self.stats.captured += 1
         self.stats.capture_s += time.perf_counter() - start
         self.stats.graph_bytes += torch.cuda.memory_allocated(device) - used
+
+
+def pass_shape(mode: str, capacity: int | None = None,
+               widths: tuple[int, ...] = ()) -> PassShape:
+    """The passes `--graphs` asks for: padded, over the whole cache, replayed as graphs; else
+    eager passes over the live entries. `widths`: the job's own pass widths
+    (`targetrows.decoding.registry.pass_widths`), buckets besides the powers of two, so a
+    pool's level of 10 or a verify pass of 17 is not padded to 16 or 32."""
+    if mode not in GRAPH_MODES:
+        raise ValueError(f"--graphs {mode!r}: choose one of {', '.join(GRAPH_MODES)}")
+    buckets = tuple(sorted({*BUCKETS, *widths}))
+    on = mode != "off"
+    return PassShape(capacity=capacity, buckets=buckets, pad=on, full_span=on, graphs=on)
+
+
+def apply_graphs(models, mode: str, capacity: int | None = None,
+                 widths: tuple[int, ...] = ()) -> list[str]:
+    """`--graphs` and `--max-context` for `models` (`HFModel`s and EAGLE-3 heads; anything
+    else, such as prompt lookup, runs as it does): 'off' keeps them eager; 'auto' replays
+    graphs for each model that can, 'on' does, and fails naming the reason for one that
+    cannot. Each holds at most `capacity` entries a sequence (None: each model's default).
+    Returns the names of the models on graphs."""
+    on = []
+    graphed, eager = pass_shape(mode, capacity, widths), pass_shape("off", capacity, widths)
+    for model in models:
+        if not hasattr(model, "set_pass_shape"):
+            continue
+        why = model.graphs_unsupported() if mode != "off" else "off"
+        if why is not None and mode == "on":
+            raise ValueError(f"--graphs on: {why}; use --graphs auto (graphs where they run, "
+                             "eager elsewhere) or off")
+        model.set_pass_shape(eager if why is not None else graphed)
+        if why is None:
+            on.append(model.name)
+    return on

@@ -25,10 +25,24 @@ _PADDING = re.compile(r"^\[PAD\d+\]$")
 
 
 def resolve_device(device: str | None) -> str:
-    """None -> the first GPU if there is one, else the CPU; anything else as given."""
+    """None -> the first GPU if there is one, else the CPU; anything else as given, checked
+    against this torch: a GPU it cannot reach is a ValueError naming what to do."""
     if device is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
-    return str(device)
+    device = str(device)
+    kind = device.partition(":")[0]
+    if kind in ("cuda", "auto") and not torch.cuda.is_available():
+        build = "a CPU-only build" if torch.version.cuda is None else "no GPU visible to it"
+        raise ValueError(f"device {device!r}: this torch ({torch.__version__}) has {build}; "
+                         "use --target-device cpu (and --draft-device cpu), or install torch "
+                         "for your CUDA version")
+    if kind == "cuda" and (ids := device.partition(":")[2]):
+        count = torch.cuda.device_count()
+        for card in ids.split(","):
+            if not card.isdigit() or int(card) >= count:
+                raise ValueError(f"device {device!r}: GPU {card} is not one of the {count} "
+                                 f"visible (cuda:0 to cuda:{count - 1})")
+    return device
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: str) -> torch.dtype:

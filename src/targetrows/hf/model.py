@@ -1,110 +1,116 @@
-"""`HFModel`: the Model interface over a Hugging Face causal LM, with a KV cache and tree attention.
+"""`HFModel`: the Model interface over a Hugging Face causal LM, its sequences rows of one cache.
 
-The cache always holds, in order: the KV entries of a *prefix* of the committed context, then the
-entries of the tree nodes fed in the current round (each tree node at most once, plus "dead"
-copies of nodes whose row was asked for again, which nobody attends to). One `logits` call is
-one forward pass: the uncached tail of the context as a chain, then the needed tree nodes, under
-a 4D additive float mask (a bool mask is silently wrong under eager attention). A node attends
-to the committed prefix, the tail, its fed ancestors and itself: never to other tree entries.
-A pass that is only a causal chain gets no mask of ours: Hugging Face's own causal pass.
-`commit` keeps the prefix plus the fed nodes along the committed path, gathered in place, and
-never re-prefills.
+A model's sequences are rows of one `KVCache` (`Lanes`): the model's own sequence is the one row
+of its own lanes, and ``lanes(n)`` gives n `HFSequence`s on n rows of another, for batched
+decoding. A sequence is a row index and that row's bookkeeping (`RowTree`: the committed prefix,
+the round's tree and each fed node's entry), never a copy of the model; its passes are `Feed`s
+that `RowPasses` serves, one pass for every sequence waiting, at every batch size and on every
+device, eager or replayed as a CUDA graph (`--graphs`: `targetrows.hf.graphs`).
 
-Asked for `feature_layers`, the model also keeps, per cache entry, the residual stream entering
-those decoder layers (Hugging Face ``hidden_states[i]``), captured by hooks in the same pass and
-gathered and cropped with the KV entries: what an EAGLE-3 head drafts from (`targetrows.hf.eagle3`).
+The row always holds, in order: the entries of a *prefix* of the committed context, then those
+of the tree nodes fed in the current round (each at most once, plus "dead" copies of nodes
+whose row was asked for again, which nobody attends to). One `logits` call is one pass: the
+uncached tail of the context as a chain, then the needed tree nodes (`row_trees.plan_feed`).
+`commit` keeps the prefix plus the fed nodes along the committed path, moved in place, and
+never prefills again.
+
+Asked for `feature_layers`, the model also keeps, per entry, the residual stream entering those
+decoder layers (Hugging Face ``hidden_states[i]``), written by the same pass beside the keys and
+values and moved with them: what an EAGLE-3 head drafts from (`targetrows.hf.eagle3`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from targetrows.core.passes import Pass, Passes, run_now
 from targetrows.core.tree import Tree
-from targetrows.hf.cache import cache_kwargs, growing_cache
-from targetrows.hf.device_rounds import DeviceRounds
-from targetrows.hf.engine import Engine, OwnPasses, capture_inputs
-from targetrows.hf.fed_tree import adopt, common_prefix, extends
-from targetrows.hf.feed import Feed, plan_feed, region, tree_mask
-from targetrows.hf.gqa_attention import NAME as GQA_ATTENTION
-from targetrows.hf.gqa_attention import use_gqa_kernel
-from targetrows.hf.kept_features import KeptFeatures
-from targetrows.hf.lean_forward import lean_forward
-from targetrows.hf.streams import SideStream
-from targetrows.hf.torch_rows import TorchRows, host_to_device, on_device
+
+from .device_rounds import DeviceRounds
+from .forward import lean_supported, make_forward
+from .kv_cache import KVCache
+from .pass_builder import PassShape
+from .row_trees import common_prefix, plan_feed
+from .sequence import (
+    Lanes,
+    RowSequence,
+    first_entries,
+    hand_out,
+    max_entries,
+    set_shape,
+)
+from .streams import SideStream
 
 
-class HFModel(DeviceRounds, TorchRows):
-    """A Hugging Face causal LM seen as a source of rows (implements `targetrows.decoding.model.Model`).
+@dataclass(eq=False)
+class Engine:
+    """What a model's sequences share: the weights and their forward, the settings, the devices,
+    the pass shape, the side stream, and the lanes (its own, and the last ones asked for)."""
 
-    `vocab_size` (default: the model's logit width) is the tokenizer's vocabulary: rows are cut
-    to it, so a target and a draft whose logit widths differ only by padding compare equal.
-    `lean`: run the passes through `targetrows.hf.lean_forward` where it reproduces the model
-    (Llama-family models on the CPU), else through the model's own forward.
-    """
+    model: torch.nn.Module
+    forward: object  # `LeanForward`, or `HFForward` for another architecture
+    name: str
+    vocab_size: int
+    context_window: int | None
+    n_embeddings: int
+    dtype: torch.dtype
+    device: torch.device  # where rows come out
+    input_device: torch.device
+    layer_devices: list[torch.device]
+    kv_heads: int
+    head_dim: int
+    feature_layers: tuple[int, ...] = ()
+    hidden_size: int = 0
+    shape: PassShape = PassShape(capacity=None)
+    side: SideStream | None = None
+    own: Lanes | None = None  # the lanes of the sequence the model itself is
+    lanes: Lanes | None = None  # the last ones handed out
 
-    def __init__(self, model, vocab_size: int | None = None, name: str = "model",
-                 feature_layers: Sequence[int] | None = None, lean: bool = True):
-        config = model.config
-        width = int(model.get_output_embeddings().weight.shape[0])
-        vocab_size = width if vocab_size is None else int(vocab_size)
-        if not 0 < vocab_size <= width:
-            raise ValueError(
-                f"{name}: vocab_size {vocab_size} must be in 1..{width} (the logit width)"
-            )
-        attn = getattr(config, "_attn_implementation", None)
-        if attn not in ("eager", "sdpa", GQA_ATTENTION):
-            raise ValueError(
-                f"{name}: attention implementation {attn!r} ignores custom 4D masks, so tree "
-                "attention would be wrong; load it with attn_implementation='sdpa' or 'eager'"
-            )
-        use_gqa_kernel(model)  # sdpa without copying the cache per query group: same numbers
-        if getattr(config, "sliding_window", None) is not None or "sliding_attention" in (
-            getattr(config, "layer_types", None) or ()
-        ):
-            raise ValueError(
-                f"{name}: sliding-window attention is not supported (its cache drops entries "
-                "that tree attention needs); use a model with full attention in every layer"
-            )
-        # Hugging Face picks the rows to keep from the final norm's output before lm_head, so
-        # the index lives where that output does (another card than lm_head's in a split model)
-        norm = getattr(model.get_decoder(), "norm", None)
-        device = model.get_output_embeddings().weight.device  # where rows come out
-        engine = Engine(
-            model=model.eval(), lean=lean_forward(model) if lean else None, name=name,
-            vocab_size=vocab_size,
-            context_window=getattr(config, "max_position_embeddings", None),
-            n_embeddings=int(model.get_input_embeddings().weight.shape[0]),
-            dtype=model.dtype, device=device,
-            input_device=model.get_input_embeddings().weight.device,
-            keep_device=norm.weight.device if norm is not None else device,
-            one_device=len({p.device for p in model.parameters()}) == 1)
-        self._begin(engine, OwnPasses(self), lambda: growing_cache(config))
-        if feature_layers is not None:
-            self.keep_features(feature_layers)
+    @property
+    def one_device(self) -> bool:
+        return len(set(self.layer_devices)) == 1 and self.layer_devices[0] == self.device
 
-    def _begin(self, engine: Engine, passes, new_cache) -> None:
-        """This sequence's own state, on `engine`: its passes run by `passes` (alone, or a
-        lane's batched pass), its cache made by `new_cache()` (its own, or its row of a lane
-        buffer), its own generator and pending checks."""
-        self.engine, self._passes, self._new_cache = engine, passes, new_cache
-        self._generator = torch.Generator(device=engine.device)
-        self.reset(None)
+    @property
+    def grows(self) -> bool:
+        """Whether the cache starts small and grows: passes over the live entries on the CPU
+        (a CUDA card's cache, and one that passes read whole, are allocated once, at the
+        limit)."""
+        return not self.shape.full_span and all(d.type == "cpu" for d in self.layer_devices)
 
-    # what the model and its lanes share, read through the engine
+    @property
+    def max_entries(self) -> int:
+        return max_entries(self.shape, self.context_window, self.grows)
+
+    def make_lanes(self, rows: int) -> Lanes:
+        """`rows` sequences' lanes: a cache with room for the feature layers' inputs, served
+        by this model's forward."""
+        limit = self.max_entries
+        cache = KVCache(self.layer_devices, rows, self.kv_heads, self.head_dim, self.dtype,
+                        first_entries(limit, self.grows), limit,
+                        len(self.feature_layers) * self.hidden_size, self.device)
+        return Lanes(self.name, cache, self.shape, self.input_device,
+                     lambda inputs: self.forward(inputs, cache, self.feature_layers),
+                     side_stream=lambda: _side_stream(self))
+
+
+def _side_stream(engine: Engine) -> SideStream | None:
+    """A stream of its own for the root pass beside drafting (`targetrows.hf.streams`); None
+    for a model spread over several devices."""
+    if engine.side is None and engine.one_device:
+        engine.side = SideStream(engine.device)
+    return engine.side
+
+
+class HFSequence(DeviceRounds, RowSequence):
+    """One sequence a Hugging Face causal LM decodes (implements `targetrows.decoding.model.Model`):
+    row `row` of `lanes` (see the module docstring)."""
+
     model = property(lambda self: self.engine.model)
-    name = property(lambda self: self.engine.name)
-    # prompts are checked against these before decoding (`specbench.check_prompt`): an id past
-    # the embedding table is an IndexError on the CPU and a device assert on a GPU
-    context_window = property(lambda self: self.engine.context_window)
-    n_embeddings = property(lambda self: self.engine.n_embeddings)
-    dtype = property(lambda self: self.engine.dtype)
-    device = property(lambda self: self.engine.device)
     input_device = property(lambda self: self.engine.input_device)
-    feature_layers = property(lambda self: self.engine.feature_layers)
     hidden_size = property(lambda self: self.engine.hidden_size)
 
     @property
@@ -116,191 +122,77 @@ class HFModel(DeviceRounds, TorchRows):
         """Rows are cut to `size` tokens (load_pair sets target and draft to one size)."""
         self.engine.vocab_size = int(size)
 
-    def keep_features(self, feature_layers: Sequence[int]) -> None:
-        """From now on keep, per cache entry, the inputs of decoder layers `feature_layers`
-        (Hugging Face ``hidden_states[i]`` for each i), concatenated in ascending layer order
-        (as every engine concatenates them, whatever order a list has), captured during our own
-        passes only. Forgets the cache (its entries have no features)."""
-        ids = tuple(sorted(int(i) for i in feature_layers))
-        engine = self.engine
-        if engine.feature_layers:
-            if ids == self.feature_layers:
-                return
-            raise ValueError(f"{self.name}: already keeps features of layers "
-                             f"{list(self.feature_layers)}, not {list(ids)}")
-        layers = self.model.get_decoder().layers
-        if not ids or min(ids) < 0 or max(ids) >= len(layers):
-            raise ValueError(
-                f"{self.name}: feature layers {list(ids)} must be in 0..{len(layers) - 1} (layer "
-                f"i's input is hidden_states[i]; the model has {len(layers)} layers)"
-            )
-        capture_inputs(engine, layers, ids)
-        engine.feature_layers = ids
-        engine.hidden_size = int(self.model.config.hidden_size)
-        self._clear_cache()
-
-    # -- cache state ---------------------------------------------------------------------------
-    def reset(self, seed: int | None = None) -> None:
-        self._clear_cache()
-        self._new_sequence(seed)
-
-    def _clear_cache(self) -> None:
-        if self.engine.lean is not None:  # weights changed since the last reset reach products
-            self.engine.lean.refresh()
-        self._cache = self._new_cache()
-        self._prefix = np.zeros(0, dtype=np.int64)  # committed tokens whose KV is cached
-        self._tree: Tree | None = None  # the tree whose nodes follow the prefix in the cache
-        self._tree_ctx_len = 0  # length of the context that tree was fed under
-        self._slot = np.zeros(0, dtype=np.int64)  # cache index of each tree node, -1 if unfed
-        # per cache entry: the feature layers' inputs, concatenated (with feature_layers)
-        # (static passes keep their buffer, made once at their capacity, for the next sequence)
-        kept = getattr(self, "_kept", None)
-        static = kept is not None and self.engine.static_entries is not None
-        self._kept = KeptFeatures(self.device, kept.buffer if static else None)
-
-    def lanes(self, n: int, target_lanes=None) -> list[HFModel]:
-        """`n` lanes of this model for batched decoding (`targetrows.decoding.batch`): each with
-        its own cache, generator and checks, their passes run together as batched passes
-        (`targetrows.hf.lanes`)."""
-        from .lanes import hf_lanes
-
-        return hf_lanes(self, n)
-
     def side_stream(self) -> SideStream | None:
-        """A stream of its own for the root pass beside drafting (`targetrows.hf.streams`);
-        None for a model spread over several devices."""
-        engine = self.engine
-        if engine.side is None and engine.one_device:
-            engine.side = SideStream(engine.device)
-        return engine.side
+        return _side_stream(self.engine)
 
-    @property
-    def cached_tokens(self) -> np.ndarray:
-        """The committed tokens whose KV entries the cache holds (a copy)."""
-        return self._prefix.copy()
-
-    @property
-    def kv_cache(self):
-        """The KV cache (read it, don't change it): prefix entries, then tree entries."""
-        return self._cache
-
-    def _cache_len(self) -> int:
-        return self._cache.get_seq_length()
+    # -- the row -------------------------------------------------------------------------------
+    def reset(self, seed: int | None = None) -> None:
+        self.engine.forward.refresh()  # weights changed since the last reset reach products
+        super().reset(seed)
 
     def _crop(self, length: int) -> None:
-        """Keep only the first `length` cache entries."""
-        extra = self._cache_len() - length
-        if extra > 0:
-            self._cache.crop(-extra)
-        self._kept.crop(length)
+        """Keep only the first `length` entries."""
+        lengths = self._cache.lengths
+        lengths[self.row] = min(lengths[self.row], length)
 
     def _drop_tree(self) -> None:
-        self._crop(len(self._prefix))
-        self._tree = None
-        self._slot = np.zeros(0, dtype=np.int64)
+        self._crop(len(self._state.prefix))
+        self._state.drop_tree()
 
     def _keep_prefix(self, ctx: np.ndarray) -> None:
-        """Shrink the cached prefix to its longest common prefix with `ctx` (dropping the tree if
-        the prefix shrinks)."""
-        common = common_prefix(self._prefix, ctx)
-        if common < len(self._prefix):
+        """Shrink the cached prefix to its longest common prefix with `ctx` (dropping the tree
+        if the prefix shrinks)."""
+        state = self._state
+        common = common_prefix(state.prefix, ctx)
+        if common < len(state.prefix):
             self._drop_tree()
-            self._prefix = self._prefix[:common].copy()
+            state.prefix = state.prefix[:common].copy()
             self._crop(common)
 
     def _adopt_tree(self, tree: Tree, n_ctx: int) -> None:
-        """Make `tree` the current one: keep the fed entries when it extends the current tree
-        (`fed_tree.extends`), else drop them."""
-        old = self._tree
-        kept = extends(old, self._tree_ctx_len, tree, n_ctx)
+        """Make `tree` the current one: keep the fed entries when it extends the current tree,
+        else drop them (a root committed last is the last prefix entry)."""
+        state = self._state
+        kept = state.extended_by(tree, n_ctx)
         if not kept:
             self._drop_tree()
-        self._slot = adopt(self._slot, old, tree, kept)
-        if not kept and len(self._prefix) == n_ctx:  # the root's KV is the last prefix entry
-            self._slot[0] = n_ctx - 1
-        self._tree, self._tree_ctx_len = tree, n_ctx
+        state.adopt(tree, n_ctx, kept)
+        if not kept and len(state.prefix) == n_ctx:
+            state.slot[0] = n_ctx - 1
 
     # -- rows ----------------------------------------------------------------------------------
-    @torch.inference_mode()
     def logits_passes(self, context: Sequence[int], tree: Tree,
                       nodes: Sequence[int]) -> Passes[torch.Tensor]:
-        """`logits` as steps that ask for their pass (`targetrows.core.passes`): what is fed is
-        planned here, the pass runs wherever the caller runs it (alone, or batched with other
-        lanes' passes), and its rows, features and cache come back here."""
+        """`logits` as steps that ask for their pass (`targetrows.core.passes`): what is fed
+        is planned here, the pass runs wherever the caller runs it (alone, or batched with
+        other sequences'), and its rows come back here."""
         ctx, nodes = self._request(context, tree, nodes)
         if len(nodes) == 0:
             return torch.empty((0, self.vocab_size), dtype=self.dtype, device=self.device)
         self._keep_prefix(ctx)
         self._adopt_tree(tree, len(ctx))
-        return (yield from self._pass_rows(self._plan_feed(ctx, tree, nodes), ctx))
+        feed = plan_feed(self.row, self._state, self._cache_len(), ctx, tree, nodes)
+        return (yield from self._pass_rows(feed, ctx))
 
-    def _pass_rows(self, feed: Feed, ctx: np.ndarray) -> Passes[torch.Tensor]:
-        """Ask for `feed`'s pass; keep its features and committed tail; its requested rows."""
+    def _pass_rows(self, feed, ctx: np.ndarray) -> Passes[torch.Tensor]:
+        """Ask for `feed`'s pass; keep its committed tail; its requested rows."""
         try:
-            logits, captured = yield Pass(self._passes, (self, feed))
+            logits = yield Pass(self._group().passes, feed)
         except Exception:
-            self._clear_cache()  # a pass that failed midway leaves layers of uneven length
+            self.reset(None)  # the row's entries and bookkeeping no longer agree
             raise
-        if self.feature_layers:
-            self._append_features(captured, feed.base)
         if len(feed.tail):
-            self._prefix = ctx[: feed.start + len(feed.tail)].copy()
-        rows = logits[0, :, : self.vocab_size]
+            self._state.prefix = ctx[: feed.start + len(feed.tail)].copy()
+        rows = logits[:, : self.vocab_size]
         self._check_finite(rows, feed.positions, feed.keep)
         return rows
 
-    def _plan_feed(self, ctx: np.ndarray, tree: Tree, nodes: np.ndarray) -> Feed:
-        """What one pass feeds (`targetrows.hf.feed.plan_feed`); the cache's length is the
-        prefix's when there is a tail (the tree was just dropped)."""
-        return plan_feed(len(self._prefix), self._cache_len(), self._slot,
-                         tree.ancestor_mask(), ctx, tree, nodes)
-
-    def _region(self, feed: Feed) -> np.ndarray:
-        """What each token `feed` feeds sees past the prefix (`targetrows.hf.feed.region`)."""
-        if feed.seen is not None:  # a level of a pool grown on the device: made there
-            return feed.seen
-        return region(feed, self._slot, self._tree.ancestor_mask())
-
-    def _tree_mask(self, feed: Feed) -> torch.Tensor | None:
-        return tree_mask(feed, self._region(feed), self.dtype, self.input_device)
-
-    def _forward(self, feed: Feed, mask: torch.Tensor | None):
-        """(logits of the kept rows, the feature layers' inputs captured) of one pass, through
-        the lean forward where there is one."""
-        ids = on_device(feed.ids, self.input_device)[None]
-        positions = on_device(feed.positions, self.input_device)[None]
-        engine = self.engine
-        keep = host_to_device(feed.keep, engine.keep_device)  # the rows the last layer computes
-        if self.feature_layers:
-            engine.capture = {}
-        try:
-            if engine.lean is not None:
-                logits = engine.lean(ids, positions, mask, self._cache, keep, engine.capture)
-            else:
-                logits = self.model(input_ids=ids, position_ids=positions, attention_mask=mask,
-                                    use_cache=True, **cache_kwargs(self.model, self._cache),
-                                    logits_to_keep=keep).logits
-        finally:
-            captured, engine.capture = engine.capture, None
-        return logits, captured
-
-    def _append_features(self, captured: dict[int, torch.Tensor], base: int) -> None:
-        """The pass's layer inputs [1, q, H] each -> [q, len(layers) * H] after entry `base`,
-        low | mid | high in the order of `feature_layers`."""
-        fresh = torch.cat([captured[i][0].to(self.device) for i in self.feature_layers], dim=-1)
-        try:
-            self._kept.append(fresh, base, self.engine.static_entries)
-        except RuntimeError as err:
-            self._clear_cache()
-            raise RuntimeError(f"{self.name}: {err}") from None
-
     def features(self, context: Sequence[int], start: int, end: int) -> torch.Tensor:
-        """The feature layers' inputs [end - start, len(layers) * H] at positions start..end-1 of
-        `context`, from the cache. A prefix the cache does not hold yet (a prompt before its
+        """The feature layers' inputs [end - start, len(layers) * H] at positions start..end-1
+        of `context`, from the cache. A prefix the cache does not hold yet (a prompt before its
         first pass) is fed now, in one pass, and committed: the next pass feeds only the rest."""
         return run_now(self.features_passes(context, start, end))
 
-    @torch.inference_mode()
     def features_passes(self, context: Sequence[int], start: int,
                         end: int) -> Passes[torch.Tensor]:
         """`features` as steps that may ask for a pass (`targetrows.core.passes`)."""
@@ -310,47 +202,105 @@ class HFModel(DeviceRounds, TorchRows):
         if not 0 <= start <= end == len(ctx):
             raise ValueError(f"{self.name}: features {start}..{end} outside a {len(context)}-token "
                              "context")
-        # Rows of the committed prefix never change while it stays committed, and the root
-        # pass that may be queued beside drafting (on its own stream) only extends it: read
-        # them without waiting for that pass, only for a growth's copy of them.
-        if end and common_prefix(self._prefix, ctx) < len(ctx):  # not all of it committed
+        if end and common_prefix(self._state.prefix, ctx) < len(ctx):  # not all committed
             yield from self.logits_passes(ctx, Tree.root_only(int(ctx[-1])), [0])
             self.commit(ctx)
-        return self._kept.read(start, end, len(self.feature_layers) * self.hidden_size,
-                               self.dtype)
+        return self._cache.features[self.row, start:end].clone()
 
     # -- commit --------------------------------------------------------------------------------
-    @torch.inference_mode()
     def commit(self, context: Sequence[int]) -> None:
         ctx = np.asarray(context, dtype=np.int64).reshape(-1)
         self._keep_prefix(ctx)
-        tree, start = self._tree, len(self._prefix)
-        kept: list[int] = []  # cache indices of the fed tree nodes along ctx, in order
-        n_t = self._tree_ctx_len
-        if tree is not None and len(ctx) >= n_t and ctx[n_t - 1] == tree.tokens[0]:
-            node = 0
-            if self._slot[0] >= start:  # the root was fed as a tree node
-                kept.append(int(self._slot[0]))
-            for tok in ctx[n_t:].tolist():  # the accepted path: a few steps
-                node = tree.child_with_token(node, tok)
-                if node < 0 or self._slot[node] < 0:
-                    break
-                kept.append(int(self._slot[node]))
-        if kept:  # move the path's entries right after the prefix; everything after goes
-            end = start + len(kept)
-            if kept == list(range(start, end)):  # in place already (ar's root): a crop will do
-                self._crop(end)
-            else:
-                kept = np.asarray(kept, dtype=np.int64)
-                on: dict[torch.device, torch.Tensor] = {}  # the index on each layer's device
-
-                def index(device):
-                    if device not in on:
-                        on[device] = host_to_device(kept, device)
-                    return on[device]
-
-                for layer in self._cache.layers:
-                    layer.keep_entries(index(layer.keys.device), start)
-                self._kept.keep(index, start)
-            self._prefix = ctx[:end].copy()
+        state = self._state
+        start = len(state.prefix)
+        kept = state.path_slots(ctx, start)
+        if kept:  # the path's entries move right after the prefix; everything after goes
+            self._cache.keep_entries(self.row, np.asarray(kept, dtype=np.int64), start)
+            state.prefix = ctx[: start + len(kept)].copy()
         self._drop_tree()
+
+
+class HFModel(HFSequence):
+    """A Hugging Face causal LM seen as a source of rows: its weights, forward and settings
+    (`engine`), and a sequence of its own (implements `targetrows.decoding.model.Model`).
+
+    `vocab_size` (default: the model's logit width) is the tokenizer's vocabulary: rows are cut
+    to it, so a target and a draft whose logit widths differ only by padding compare equal.
+    """
+
+    def __init__(self, model, vocab_size: int | None = None, name: str = "model",
+                 feature_layers: Sequence[int] | None = None):
+        super().__init__(_engine(model.eval(), vocab_size, name), None, 0)
+        if feature_layers is not None:
+            self.keep_features(feature_layers)
+
+    def lanes(self, n: int, target_lanes=None) -> list[HFSequence]:
+        """`n` sequences for batched decoding (`targetrows.decoding.batch`), rows of one cache
+        whose passes run together (`targetrows.hf.sequence.hand_out`)."""
+        lanes = hand_out(self.engine, n)
+        return [HFSequence(self.engine, lanes, row) for row in range(n)]
+
+    def set_pass_shape(self, shape: PassShape) -> None:
+        """Run every pass at `shape` from now on (`targetrows.hf.graphs.apply_graphs`): the
+        lanes made so far are retired, and this model's own sequence starts afresh."""
+        set_shape(self.engine, shape)
+        self.reset(None)
+
+    def graphs_unsupported(self) -> str | None:
+        """Why this model's passes cannot replay as CUDA graphs, or None."""
+        engine = self.engine
+        if engine.device.type != "cuda":
+            return f"{self.name} runs on {engine.device.type}, and CUDA graphs need a CUDA card"
+        if not engine.one_device:
+            return f"{self.name} is spread over several devices"
+        if not lean_supported(self.model):
+            arch = getattr(self.model.config, "model_type", "?")
+            return f"{self.name} is a {arch!r} model; graphs cover Llama, Qwen2 and Qwen3"
+        return None
+
+    def keep_features(self, feature_layers: Sequence[int]) -> None:
+        """From now on keep, per entry, the inputs of decoder layers `feature_layers` (Hugging
+        Face ``hidden_states[i]`` for each i), concatenated in ascending layer order (as every
+        engine concatenates them, whatever order a list has). Forgets the cache (its entries
+        have no features)."""
+        ids = tuple(sorted(int(i) for i in feature_layers))
+        engine = self.engine
+        if engine.feature_layers:
+            if ids == engine.feature_layers:
+                return
+            raise ValueError(f"{self.name}: already keeps features of layers "
+                             f"{list(engine.feature_layers)}, not {list(ids)}")
+        n_layers = len(engine.layer_devices)
+        if not ids or min(ids) < 0 or max(ids) >= n_layers:
+            raise ValueError(
+                f"{self.name}: feature layers {list(ids)} must be in 0..{n_layers - 1} (layer "
+                f"i's input is hidden_states[i]; the model has {n_layers} layers)")
+        engine.feature_layers = ids
+        engine.hidden_size = int(self.model.config.hidden_size)
+        self.set_pass_shape(engine.shape)  # caches made anew, with room for the features
+
+
+def _engine(model, vocab_size: int | None, name: str) -> Engine:
+    """The `Engine` of a Hugging Face causal LM: its forward, devices and settings, checked."""
+    config = model.config
+    width = int(model.get_output_embeddings().weight.shape[0])
+    vocab_size = width if vocab_size is None else int(vocab_size)
+    if not 0 < vocab_size <= width:
+        raise ValueError(f"{name}: vocab_size {vocab_size} must be in 1..{width} (the logit width)")
+    if getattr(config, "sliding_window", None) is not None or "sliding_attention" in (
+        getattr(config, "layer_types", None) or ()
+    ):
+        raise ValueError(
+            f"{name}: sliding-window attention is not supported (its cache drops entries that "
+            "tree attention needs); use a model with full attention in every layer")
+    layers = model.get_decoder().layers
+    heads = int(config.num_attention_heads)
+    return Engine(
+        model=model, forward=make_forward(model), name=name, vocab_size=vocab_size,
+        context_window=getattr(config, "max_position_embeddings", None),
+        n_embeddings=int(model.get_input_embeddings().weight.shape[0]), dtype=model.dtype,
+        device=model.get_output_embeddings().weight.device,
+        input_device=model.get_input_embeddings().weight.device,
+        layer_devices=[next(layer.parameters()).device for layer in layers],
+        kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
+        head_dim=int(getattr(config, "head_dim", None) or config.hidden_size // heads))

@@ -14,13 +14,7 @@ instead:
 Memory: torch's caching allocator hands a freed block back to the stream it was allocated on
 at once. A tensor read on another stream must say so (`record_use`, torch's `record_stream`),
 or the block could be reused while that read is still queued. Outputs the root pass hands over
-(its rows) are recorded on the caller's stream by `join`; buffers that grow during a pass record
-the stream that copied out of them (`targetrows.hf.cache`, `HFModel`).
-
-A buffer that grows during the root pass is switched at once, but its rows are copied into the
-new buffer on the side stream: a reader on another stream (an EAGLE-3 head reading committed
-features while it drafts) first waits for that copy (`ready_event` where it was queued,
-`wait_for` where it is read).
+(its rows) are recorded on the caller's stream by `join`, each sequence's by its own join.
 
 The same code runs on the CPU, whose streams are torch's no-op ones: the decode loop is the
 same on every device, and only a GPU orders anything.
@@ -35,18 +29,6 @@ def device_module(device: torch.device):
     """torch's stream functions for `device`'s kind (`torch.cuda`, `torch.cpu`): the one place
     they are looked up, so that a test can watch the calls."""
     return torch.get_device_module(torch.device(device).type)
-
-
-def ready_event(device: torch.device):
-    """An event marking the work queued so far on `device`'s current stream (None off a GPU,
-    where nothing is queued)."""
-    return device_module(device).current_stream(device).record_event()
-
-
-def wait_for(event, device: torch.device) -> None:
-    """`device`'s current stream waits (on the device: the host does not) for `event`."""
-    if event is not None:
-        device_module(device).current_stream(device).wait_event(event)
 
 
 def record_use(tensor: torch.Tensor | None) -> None:
@@ -84,13 +66,13 @@ class SideStream:
         return False
 
     def join(self, *handed_over: torch.Tensor) -> None:
-        """The caller's stream waits for the side stream's work (on the device: the host does
-        not wait); `handed_over` tensors, made on the side stream, are recorded as read by the
-        caller's stream."""
-        if self._caller is None:
+        """The caller's stream waits for the side stream's work queued so far (on the device:
+        the host does not wait); `handed_over` tensors, made on the side stream, are recorded
+        as read by the caller's stream. The sequences of a batch share the stream and each
+        joins with its own rows: a second join waits again for the same work, at no cost."""
+        if self._done is None:
             return
         self._caller.wait_event(self._done)
         with self._module.stream(self._caller):
             for tensor in handed_over:
                 record_use(tensor)
-        self._caller = self._done = None

@@ -273,8 +273,13 @@ def _answer_file(target, draft, tokenizer, file: _File, conditions: list[Conditi
         done[(str(question.question_id), budget, at_depth, fingerprint)] = record
         bar.update(1)
 
+    def failed(j: int, err: Exception) -> None:  # its neighbours run on (`run_batched`)
+        budget, at_depth, question = every[j]
+        print(f"{base.name}: question {question.question_id!r} at "
+              f"{condition_text(budget, at_depth)} failed: {err}", file=sys.stderr)
+
     run_batched(target, draft, [job(*x) for x in every], base.batch_size, on_done=answered,
-                needed=needed)
+                needed=needed, on_failed=failed)
     bar.close()
     write_jsonl_atomic(file.out, [done[(str(q.question_id), b, d, fingerprint)]
                                   for b, d in conditions for q in file.questions])

@@ -1,15 +1,14 @@
 """What a decode job holds per sequence beyond the models' weights, so that its memory request
-grows with `decode.batch_size`: each sequence of a batch has its own KV cache in every model it
-runs (`targetrows.hf.lanes.BatchedKV`: one row per lane) and, with an EAGLE-3 head, the target's
-features at each of its positions (the head's input).
+grows with `decode.batch_size`: each sequence of a batch has its row of every model's cache
+(`targetrows.hf.kv_cache.KVCache`: one row per sequence) and, with an EAGLE-3 head, the
+target's features at each of its positions (the head's input).
 
 Sizes come from the models' config.json (layers, key/value heads, head size, hidden size). A
-sequence reaches at most `sequence_positions` positions; a lane buffer doubles when it needs
-more room, so it may hold up to twice what it uses, and is counted so. Under `decode.graphs`
-the buffers are static instead: `decode.max_context` positions (the pipeline sizes by them), and
-beside a batch's N lanes each model keeps its own one-sequence buffer, so N + 1 buffers of that
-size, within the 2N the count allows (under `auto` a model without static passes stays eager and
-grows as above).
+sequence reaches at most `sequence_positions` positions; on the CPU a cache doubles when it
+needs more room, so it may hold up to twice what it uses, and is counted so. On a GPU, and
+under `decode.graphs`, a cache is allocated once at `decode.max_context` positions (the pipeline
+sizes by them), and beside a batch's N rows each model keeps its own one-row cache, so N + 1
+rows of that size, within the 2N the count allows.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from pathlib import Path
 from .placement import DTYPE_BYTES
 
 EAGLE3_FEATURES = 3  # target layers whose inputs an EAGLE-3 head reads (`Eagle3Shape.n_features`)
-GROWTH = 2  # a lane buffer doubles when full: up to twice the positions it holds
+GROWTH = 2  # a growing cache doubles when full: up to twice the positions it holds
 
 
 def read_spec(folder: str | Path) -> dict | None:

@@ -43,6 +43,10 @@ def read_questions(path: str) -> list[Question]:
                 if not isinstance(turn, str) or not turn.strip():
                     raise ValueError(f"{where}: turn {i} is empty or not a string")
             qid = obj["question_id"]
+            if isinstance(qid, bool) or not (isinstance(qid, int) or (isinstance(qid, str)
+                                                                      and qid.strip())):
+                raise ValueError(f"{where}: question_id must be a whole number or a non-empty "
+                                 f"string, got {qid!r}: answers are matched to questions by it")
             if qid in seen:
                 raise ValueError(f"{where}: question_id {qid!r} appears twice")
             seen.add(qid)
@@ -54,8 +58,9 @@ def read_questions(path: str) -> list[Question]:
 
 def check_prompt(question_id, turn: int, ids, models, extra: int, shorten: str) -> None:
     """ValueError naming the question when the prompt `ids` plus `extra` further positions do
-    not fit a model's context window, or holds a token id the model cannot embed (a tokenizer
-    that does not belong to the model). Models without these attributes (the toy) pass."""
+    not fit a model's context window or its cache (`max_entries`, which `--max-context` sets),
+    or holds a token id the model cannot embed (a tokenizer that does not belong to the
+    model). Models without these attributes (the toy) pass."""
     where = f"question {question_id!r} turn {turn}"
     for model in models:
         if model is None:
@@ -72,4 +77,11 @@ def check_prompt(question_id, turn: int, ids, models, extra: int, shorten: str) 
             raise ValueError(
                 f"{where}: {len(ids)} prompt tokens + {extra} further positions exceed the "
                 f"context window of {name} ({window}); {shorten}"
+            )
+        room = getattr(model, "max_entries", None)
+        if room is not None and len(ids) + extra > room:
+            raise ValueError(
+                f"{where}: {len(ids)} prompt tokens + {extra} further positions exceed the "
+                f"{room} entries a sequence of {name} may hold; raise --max-context (config: "
+                f"decode.max_context) or {shorten}"
             )

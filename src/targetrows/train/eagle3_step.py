@@ -109,7 +109,7 @@ def unrolled(head: Eagle3Head, embed: torch.nn.Embedding, batch: Batch, k_steps:
         out = probs[..., :width] @ values[0]
         for j, value in enumerate(values[1:k + 1]):
             out = out + probs[..., width + j : width + j + 1] * value
-        g = head.layer_output(residual, out)[:, lo - start:]
+        g = head.layer_output(residual, out.transpose(1, 2).flatten(2))[:, lo - start:]
         yield k, g
         h = head.fed_back(g)
 

@@ -251,19 +251,7 @@ def generate_replies(target, tokenizer, config: RepliesConfig,
     cap = None if config.data_minutes is None else start + 60 * config.data_minutes
     train = teacher_data(generator, train_ids, config, stop, "target replies", cap,
                          config.learn_prompts)
-    if config.sampled:  # more replies, sampled (seeded), to prompts spread over the list
-        again = [train_ids[i * len(train_ids) // config.sampled] for i in range(config.sampled)]
-        sampler = torch.Generator(device=generator.get_output_embeddings().weight.device)
-        sampler.manual_seed(config.seed + 1)
-        train = train + teacher_data(generator, again, config, stop, "sampled replies", cap,
-                                     config.learn_prompts, sampler=sampler)
-    library = []
-    if config.library_passages:  # their text is the point: labelled whatever learn_prompts says
-        passages = library_passages(config.library_passages, config.seed)
-        library = [encode_prompt(tokenizer, p) for p in passages]
-        short = replace(config, max_new_tokens=config.library_reply_tokens)
-        train = train + teacher_data(generator, library, short, stop, "library passages", cap,
-                                     learn_prompts=True)
+    train, library = _more_replies(generator, tokenizer, train, train_ids, config, stop, cap)
     del generator
     if copies is not None:
         copies.clear()
@@ -284,6 +272,28 @@ def generate_replies(target, tokenizer, config: RepliesConfig,
     print(f"replies: {summary['train_prompts']} replies, {summary['train_positions']} positions "
           f"in {summary['seconds']:.0f} s", file=sys.stderr)
     return train, held, summary
+
+
+def _more_replies(generator, tokenizer, train: TeacherData, train_ids: list[list[int]],
+                  config: RepliesConfig, stop, cap) -> tuple[TeacherData, list[list[int]]]:
+    """`train` with the sampled replies and library passages `config` asks for; and the
+    passages' prompts."""
+    from targetrows.specbench.chat import encode_prompt
+
+    if config.sampled:  # more replies, sampled (seeded), to prompts spread over the list
+        again = [train_ids[i * len(train_ids) // config.sampled] for i in range(config.sampled)]
+        sampler = torch.Generator(device=generator.get_output_embeddings().weight.device)
+        sampler.manual_seed(config.seed + 1)
+        train = train + teacher_data(generator, again, config, stop, "sampled replies", cap,
+                                     config.learn_prompts, sampler=sampler)
+    library = []
+    if config.library_passages:  # their text is the point: labelled whatever learn_prompts says
+        passages = library_passages(config.library_passages, config.seed)
+        library = [encode_prompt(tokenizer, p) for p in passages]
+        short = replace(config, max_new_tokens=config.library_reply_tokens)
+        train = train + teacher_data(generator, library, short, stop, "library passages", cap,
+                                     learn_prompts=True)
+    return train, library
 
 
 def load_target(target_dir: str, device: str = "cpu"):

@@ -1,0 +1,85 @@
+"""Hugging Face's own forward over the one cache, for an architecture the lean forward
+(`targetrows.hf.forward`) does not reproduce: the same passes, laid out by the same builder,
+through the model's own modules.
+
+Each attention layer hands its new keys and values to the cache through a Hugging Face `Cache`
+layer of ours (`_CacheLayer`), which writes them at the pass's slots and gives back the pass's
+span of entries; the mask is the builder's, as Hugging Face's additive 4D mask (a boolean one
+is silently wrong under eager attention); the feature layers' inputs are taken by hooks.
+Slower than the lean forward (every layer's Python, the cache's keys and values repeated per
+query group, the LM head over every query) and, unlike it, never captured as a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, DynamicLayer
+
+from .cache import cache_kwargs
+
+
+class HFForward:
+    """A Hugging Face causal LM's own forward over a `KVCache` (`LeanForward`'s interface)."""
+
+    def __init__(self, model):
+        self.model = model
+        self._capture: dict[int, torch.Tensor] | None = None
+        for i, layer in enumerate(model.get_decoder().layers):
+            layer.register_forward_pre_hook(self._grabber(i), with_kwargs=True)
+
+    def _grabber(self, i: int):
+        def grab(module, args, kwargs):
+            if self._capture is not None:
+                self._capture[i] = args[0] if args else kwargs["hidden_states"]
+        return grab
+
+    def refresh(self) -> None:
+        """Nothing to rebuild: the model's own modules read their weights as they are."""
+
+    @torch.inference_mode()
+    def __call__(self, inputs, cache, feature_layers: tuple[int, ...] = ()) -> torch.Tensor:
+        """Logits [kept queries, vocabulary] of the pass `inputs` holds (see `LeanForward`)."""
+        model, (lo, hi) = self.model, inputs.rows
+        dtype = model.get_input_embeddings().weight.dtype
+        mask = torch.zeros(inputs.allowed.shape, dtype=dtype, device=inputs.allowed.device)
+        mask.masked_fill_(~inputs.allowed, torch.finfo(dtype).min)
+        past = Cache(layers=[_CacheLayer(cache.layer(i)[:, lo:hi], inputs)
+                             for i in range(len(cache.devices))])
+        self._capture = {} if feature_layers else None
+        try:
+            logits = model(input_ids=inputs.ids, position_ids=inputs.positions,
+                           attention_mask=mask[:, None], use_cache=True,
+                           **cache_kwargs(model, past)).logits
+            captured, self._capture = self._capture, None
+        finally:
+            self._capture = None
+        if feature_layers:
+            at = inputs.at.to(cache.features.device)
+            rows = torch.arange(len(at), device=at.device)[:, None]
+            cache.features[lo:hi][rows, at] = torch.cat(
+                [captured[i].to(cache.features.device) for i in feature_layers], dim=-1)
+        logits = logits.flatten(0, 1)
+        return logits if inputs.keep is None else logits.index_select(
+            0, inputs.keep.to(logits.device))
+
+
+class _CacheLayer(DynamicLayer):
+    """One layer's rows of the cache (`kv` [2, rows, kv_heads, entries, head_dim]) as Hugging
+    Face's attention reads and writes them: `update` writes the pass's keys and values at its
+    slots and returns the pass's span of entries."""
+
+    def __init__(self, kv: torch.Tensor, inputs):
+        super().__init__()
+        self._kv, self._inputs = kv, inputs
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        at = self._inputs.at.to(key_states.device)
+        rows = torch.arange(len(at), device=at.device)[:, None]
+        self._kv[0][rows, :, at] = key_states.transpose(1, 2)
+        self._kv[1][rows, :, at] = value_states.transpose(1, 2)
+        span = self._inputs.span
+        return self._kv[0, :, :, :span], self._kv[1, :, :, :span]
+
+    def get_seq_length(self) -> int:
+        return self._inputs.span - self._inputs.width  # the entries before the pass's own
