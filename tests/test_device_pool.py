@@ -449,3 +449,30 @@ def test_a_tree_fed_from_the_device_gets_the_rows_of_the_tree_read(weights, cach
     torch.testing.assert_close(target.logits(after, Tree.root_only(7), [0]),
                                fresh.logits(after, Tree.root_only(7), [0]), rtol=1e-10,
                                atol=1e-10)
+
+
+@pytest.mark.parametrize("kind", ["standalone", "eagle3"])
+@torch.inference_mode()
+def test_frontier_ties_go_to_the_lower_pool_index(weights, kind):
+    """A draft whose every token ties (its output layer zeroed): each level's frontier is its
+    first nodes in pool order, on the device as on the host (a stable sort; an unstable one
+    reorders 36 equal keys), at batch 1 and 3."""
+    import copy
+
+    target_hf, draft_hf, folder = weights
+    drafts = []
+    for _ in range(2):
+        target = HFModel(target_hf, name="t")
+        if kind == "eagle3":
+            draft = load_eagle3(folder, target)
+            draft.head.lm_head.weight.zero_()
+        else:
+            tied = copy.deepcopy(draft_hf)
+            tied.get_output_embeddings().weight.zero_()
+            draft = HFModel(tied, name="d")
+        drafts.append((target, draft))
+    (target, draft), (_, reference) = drafts
+    for batch in (1, 3):
+        jobs = [lambda t, d, c=c: pool_passes(d, c, 6, 3, None) for c in CONTEXTS]
+        for context, pool in zip(CONTEXTS, run_batched(target, draft, jobs, batch), strict=True):
+            _same_pool(pool, _on_host(reference, context, 6, 3, None))
