@@ -1,11 +1,13 @@
 """Does `torch.compile` speed the CPU passes? The embedded target's passes (a one-token step and
 tree passes of 8 and 64 nodes on a cached 300-token context, `time_passes`) four ways:
 
-- **eager**: as the CPU runs them today (`--graphs off`: the lean forward, prepacked linears);
-- **static**: the static-shape passes `--graphs` runs on a GPU (`targetrows.hf.static_pass`),
-  eagerly: every pass padded to a bucket, over a cache of --capacity entries;
-- **compiled**: those static passes with each bucket's pass compiled once by inductor
-  (`dynamic=False`: a bucket's shapes never change, which is what static shapes are for);
+- **eager**: as the CPU runs them today (`--graphs off`: the lean forward over the live
+  entries, prepacked linears);
+- **padded**: the passes `--graphs on` replays as CUDA graphs on a GPU (`PassShape` with `pad`
+  and `full_span`), run eagerly: every pass padded to a bucket, over the whole cache of
+  --capacity entries;
+- **compiled**: those padded passes with each bucket's pass (`RowPasses.compute`) compiled once
+  by inductor (`dynamic=False`: a bucket's shapes never change, which is what padding is for);
 - **frozen**: compiled with inductor's `freezing` (weights taken as constants, so inductor
   prepacks them for oneDNN as our eager path does), its setting for CPU inference.
 
@@ -48,27 +50,27 @@ from report_out import emit  # noqa: E402
 from targetrows.cost.parttimes import time_passes  # noqa: E402
 from targetrows.decoding.config import DecodeConfig  # noqa: E402
 from targetrows.decoding.loop import generate  # noqa: E402
-from targetrows.hf.graphs import BUCKETS, StaticShape  # noqa: E402
 from targetrows.hf.loading import load_pair  # noqa: E402
-from targetrows.hf.static_pass import use_static  # noqa: E402
+from targetrows.hf.pass_builder import BUCKETS, PassShape  # noqa: E402
 from targetrows.specbench.chat import encode_conversation  # noqa: E402
 
-MODES = ("eager", "static", "compiled", "frozen")
+MODES = ("eager", "padded", "compiled", "frozen")
 COMPILED = ("compiled", "frozen")
 SIZES = (1, 8, 64)
 DECODERS = ("ar", "fts")
 
 
 def compile_buckets(model, buckets, options: dict) -> dict[int, float]:
-    """Run each bucket's static pass of `model` through its own `torch.compile` (inductor with
-    `options`; a pass wider than every bucket, a long prompt's prefill, stays eager). Returns
-    the seconds each bucket's first pass took, filled in as they run: the compilation."""
-    graphs = model._passes.graphs
-    eager = graphs._compute
+    """Run each bucket's padded pass of `model`'s own sequence (what `generate` and
+    `time_passes` decode with) through its own `torch.compile` (inductor with `options`; a
+    pass wider than every bucket, a long prompt's prefill, stays eager). Returns the seconds
+    each bucket's first pass took, filled in as they run: the compilation."""
+    passes = model._group().passes  # its `RowPasses`: every pass of the sequence goes through
+    eager = passes.compute
     compiled, first_s = {}, {}
 
     def compute(inputs):
-        width = inputs.ids.shape[1]
+        width = inputs.width
         if width not in buckets:
             return eager(inputs)
         if width in compiled:
@@ -79,18 +81,18 @@ def compile_buckets(model, buckets, options: dict) -> dict[int, float]:
         first_s[width] = time.perf_counter() - t
         return out
 
-    graphs._compute = compute
+    passes.compute = compute
     return first_s
 
 
-def set_up(mode: str, args, shape: StaticShape, context) -> tuple:
+def set_up(mode: str, args, shape: PassShape, context) -> tuple:
     """(target, draft, tokenizer, note) for `mode`; a compiled mode's buckets are compiled here,
     and the note says how long that took, or why it failed (then the target is None)."""
     target, draft, tokenizer = load_pair(args.target, args.draft, "cpu", dtype=args.dtype,
                                          packed=mode not in COMPILED)
     if mode == "eager":
         return target, draft, tokenizer, ""
-    use_static(target, shape)
+    target.set_pass_shape(shape)
     if mode not in COMPILED:
         return target, draft, tokenizer, ""
     first_s = compile_buckets(target, shape.buckets, {"freezing": mode == "frozen"})
@@ -141,7 +143,8 @@ def main(argv=None) -> int:
     p.add_argument("--draft", required=True)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--capacity", type=int, default=512,
-                   help="entries of the static cache (context, answer and a round's tree)")
+                   help="entries of the padded passes' cache (context, answer and a round's "
+                   "tree)")
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--decode-repeats", type=int, default=3)
@@ -160,7 +163,7 @@ def main(argv=None) -> int:
 def _measure(args) -> int:
     start = time.perf_counter()
     context = np.random.default_rng(0).integers(1000, 20000, size=300).tolist()
-    shape = StaticShape(capacity=args.capacity)
+    shape = PassShape(capacity=args.capacity, pad=True, full_span=True)  # graphs: a GPU's
     pairs, notes = {}, []
     for mode in MODES:
         target, draft, tokenizer, note = set_up(mode, args, shape, context)
@@ -190,7 +193,7 @@ def _measure(args) -> int:
              f"- command: `python benchmarks/compile_cpu.py {' '.join(sys.argv[1:])}`",
              f"- date: {time.strftime('%Y-%m-%d')}; machine: {platform.platform()}; torch "
              f"{torch.__version__}; {torch.get_num_threads()} threads; target {args.dtype}; "
-             f"context 300 tokens; static capacity {args.capacity}; {args.repeats} repeats; "
+             f"context 300 tokens; padded passes' capacity {args.capacity}; {args.repeats} repeats; "
              f"{'; '.join(notes)}; {time.perf_counter() - start:.0f} s in all", "",
              f"Median ms of a pass feeding n nodes ({args.repeats} samples, the modes in turn):",
              "",

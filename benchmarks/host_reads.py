@@ -63,10 +63,9 @@ from targetrows.decoding.budget import DEFAULT_BUDGET  # noqa: E402
 from targetrows.decoding.loop import generate  # noqa: E402
 from targetrows.decoding.registry import decoder_names, pass_widths  # noqa: E402
 from targetrows.hf.eagle3_checkpoint import load_eagle3  # noqa: E402
-from targetrows.hf.graphs import BUCKETS, StaticShape  # noqa: E402
+from targetrows.hf.graphs import pass_shape  # noqa: E402
 from targetrows.hf.model import HFModel  # noqa: E402
-from targetrows.hf.static_head import use_static_head  # noqa: E402
-from targetrows.hf.static_pass import use_static  # noqa: E402
+from targetrows.hf.pass_builder import PassShape  # noqa: E402
 from targetrows.hf.torch_rows import TorchRows  # noqa: E402
 
 PACKAGE = os.path.join("src", "targetrows")
@@ -163,7 +162,7 @@ def launches(target, draft, prompt, config) -> Counter:
     return counts
 
 
-def accepting_launches(args, pool: PoolShape, shape: StaticShape, prompt) -> list[str]:
+def accepting_launches(args, pool: PoolShape, shape: PassShape, prompt) -> list[str]:
     """The launches table's rows with a draft that accepts, at an 8B's depth: a
     `--deep-layers` target drafted by a twin of itself (at T=0 its tree holds the target's
     greedy path as deep as the rule's tree reaches it, and all of that is accepted). Random
@@ -172,7 +171,7 @@ def accepting_launches(args, pool: PoolShape, shape: StaticShape, prompt) -> lis
     deep = tiny_model("llama", seed=0, n_layers=args.deep_layers)
     target, draft = (HFModel(deep, name=name) for name in ("deep target", "its twin"))
     for model in (target, draft):
-        use_static(model, shape)
+        model.set_pass_shape(shape)
     rows = []
     for name in decoder_names():
         config = decode_config(name, budget=args.budget, max_new_tokens=args.max_new_tokens,
@@ -187,21 +186,21 @@ def accepting_launches(args, pool: PoolShape, shape: StaticShape, prompt) -> lis
     return rows
 
 
-def on_graphs(models: dict, head_folder: str, shape: StaticShape) -> dict:
-    """Twins of the script's target and drafts over the same weights, on static passes with
-    graphs (`--graphs on`), keyed as `models` is."""
+def on_graphs(models: dict, head_folder: str, shape: PassShape) -> dict:
+    """Twins of the script's target and drafts over the same weights, their passes padded and
+    replayed as graphs (`--graphs on`), keyed as `models` is."""
     twins = {}
     for key, model in models.items():
         if key == "eagle3":
             continue
         twins[key] = HFModel(model.model, vocab_size=model.vocab_size, name=f"{model.name} (graphs)")
-        use_static(twins[key], shape)
+        twins[key].set_pass_shape(shape)
     twins["eagle3"] = load_eagle3(head_folder, twins["target"])
-    use_static_head(twins["eagle3"], shape)
+    twins["eagle3"].set_pass_shape(shape)
     return twins
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--budget", type=int, default=DEFAULT_BUDGET)
     p.add_argument("--top-k", type=int, default=PoolShape.top_k)
@@ -214,38 +213,34 @@ def main(argv=None) -> int:
     p.add_argument("--deep-layers", type=int, default=36,
                    help="layers of the target drafted by its twin (a Qwen3-8B has 36)")
     p.add_argument("--out", default=None)
-    args = p.parse_args(argv)
-    torch.manual_seed(0)
-    target_hf = tiny_model("llama", seed=0, n_layers=6)
-    target = HFModel(target_hf, name="target")
-    folder = tempfile.mkdtemp()
-    head = save_tiny_head(os.path.join(folder, "head"), target_hf.config, draft_vocab_size=100)
-    drafts = {"standalone": HFModel(tiny_model("llama", seed=1, n_layers=1), name="draft"),
-              "eagle3": load_eagle3(head, target)}
-    pool = PoolShape(args.top_k, args.depth)
-    widths = pass_widths(decoder_names(), pool, [args.budget])
-    graphs_shape = StaticShape(capacity=512, buckets=tuple(sorted({*BUCKETS, *widths})),
-                               graphs=True)
-    graphs = on_graphs({"target": target, **drafts}, head, graphs_shape)
-    rng = np.random.default_rng(0)
-    prompt = [5, 17, 42] + rng.integers(target.vocab_size, size=args.prompt_tokens - 3).tolist()
-    lines = ["# Host reads per round (CPU count: a floor under a GPU's syncs)", "",
-             f"- command: `python benchmarks/host_reads.py {' '.join(sys.argv[1:])}`",
-             f"- tiny float32 Llama target (6 layers), budget {args.budget}, pool {pool.top_k} x "
-             f"{pool.depth}, {len(prompt)} prompt tokens, {args.max_new_tokens} new tokens, T=0; "
-             f"torch {torch.__version__}",
-             f"- host ms: best of {args.repeat} decodes, on this machine's CPU ({os.cpu_count()}"
-             " cores); what a GPU would idle while the host works after a read, before the "
-             "verify pass (selection, the tree's feed) and after it (walk, commits, the next "
-             "round's first pass); device work in between counts too (it runs on the CPU)",
-             "- launches per round: on `--graphs`, what a GPU would launch one by one: graph "
-             "replays, and other device operations (a CPU count of the operations that run a "
-             "kernel outside captured passes, and of the copies in from the host); random "
-             "weights accept almost nothing, so the second table's draft is the target's twin",
-             "", "| draft | decoder | rounds | reads per round | other waits per round | "
-             "host ms before verify | host ms after verify | graph replays per round | "
-             "other launches per round |", "|---|---|---|---|---|---|---|---|---|"]
-    sites, other, launched = Counter(), Counter(), Counter()
+    return p.parse_args(argv)
+
+
+def header(args, pool: PoolShape, prompt) -> list[str]:
+    """The report's title, settings, and the main table's head."""
+    return ["# Host reads per round (CPU count: a floor under a GPU's syncs)", "",
+            f"- command: `python benchmarks/host_reads.py {' '.join(sys.argv[1:])}`",
+            f"- tiny float32 Llama target (6 layers), budget {args.budget}, pool {pool.top_k} x "
+            f"{pool.depth}, {len(prompt)} prompt tokens, {args.max_new_tokens} new tokens, T=0; "
+            f"torch {torch.__version__}",
+            f"- host ms: best of {args.repeat} decodes, on this machine's CPU ({os.cpu_count()}"
+            " cores); what a GPU would idle while the host works after a read, before the "
+            "verify pass (selection, the tree's feed) and after it (walk, commits, the next "
+            "round's first pass); device work in between counts too (it runs on the CPU)",
+            "- launches per round: on `--graphs`, what a GPU would launch one by one: graph "
+            "replays, and other device operations (a CPU count of the operations that run a "
+            "kernel outside captured passes, and of the copies in from the host); random "
+            "weights accept almost nothing, so the second table's draft is the target's twin",
+            "", "| draft | decoder | rounds | reads per round | other waits per round | "
+            "host ms before verify | host ms after verify | graph replays per round | "
+            "other launches per round |", "|---|---|---|---|---|---|---|---|---|"]
+
+
+def decoder_rows(args, target, drafts: dict, graphs: dict, pool: PoolShape, prompt,
+                 sites: Counter, other: Counter, launched: Counter) -> list[str]:
+    """The main table's rows: every decoder, with each draft it drafts with (draft-free ones
+    once); the reads, waits and launches' lines added to `sites`, `other` and `launched`."""
+    lines = []
     for kind, draft in drafts.items():
         for name in decoder_names():
             config = decode_config(name, budget=args.budget, max_new_tokens=args.max_new_tokens,
@@ -269,20 +264,42 @@ def main(argv=None) -> int:
             sites.update(reads)
             other.update(waits)
             launched.update(ops)
+    return lines
+
+
+def where_lines(title: str, what: str, counts: Counter) -> list[str]:
+    """A table of the 12 lines that made the most of `counts`."""
+    return (["", f"{title} (all runs above):", "", f"| {what} | line |", "|---|---|"]
+            + [f"| {n} | `{site}` |" for site, n in counts.most_common(12)])
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    torch.manual_seed(0)
+    target_hf = tiny_model("llama", seed=0, n_layers=6)
+    target = HFModel(target_hf, name="target")
+    folder = tempfile.mkdtemp()
+    head = save_tiny_head(os.path.join(folder, "head"), target_hf.config, draft_vocab_size=100)
+    drafts = {"standalone": HFModel(tiny_model("llama", seed=1, n_layers=1), name="draft"),
+              "eagle3": load_eagle3(head, target)}
+    pool = PoolShape(args.top_k, args.depth)
+    widths = pass_widths(decoder_names(), pool, [args.budget])
+    graphs_shape = pass_shape("on", capacity=512, widths=widths)  # as `--graphs on` sets it
+    graphs = on_graphs({"target": target, **drafts}, head, graphs_shape)
+    rng = np.random.default_rng(0)
+    prompt = [5, 17, 42] + rng.integers(target.vocab_size, size=args.prompt_tokens - 3).tolist()
+    sites, other, launched = Counter(), Counter(), Counter()
+    lines = header(args, pool, prompt)
+    lines += decoder_rows(args, target, drafts, graphs, pool, prompt, sites, other, launched)
     lines += ["", f"Launches per round with a draft that accepts: a {args.deep_layers}-layer "
               "target drafted by a twin of itself (standalone, on graphs):", "",
               "| decoder | rounds | tokens per round | graph replays per round | "
               "other launches per round |", "|---|---|---|---|---|"]
     lines += accepting_launches(args, pool, graphs_shape, prompt)
-    lines += ["", "Where the reads come from (all runs above):", "", "| reads | line |",
-              "|---|---|"]
-    lines += [f"| {n} | `{site}` |" for site, n in sites.most_common(12)]
+    lines += where_lines("Where the reads come from", "reads", sites)
     if other:
-        lines += ["", "Other waits (all runs above):", "", "| waits | line |", "|---|---|"]
-        lines += [f"| {n} | `{site}` |" for site, n in other.most_common(12)]
-    lines += ["", "Where the other launches come from (all runs above):", "",
-              "| launches | line |", "|---|---|"]
-    lines += [f"| {n} | `{site}` |" for site, n in launched.most_common(12)]
+        lines += where_lines("Other waits", "waits", other)
+    lines += where_lines("Where the other launches come from", "launches", launched)
     emit("\n".join(lines) + "\n", args.out)
     return 0
 

@@ -96,7 +96,7 @@ def kernels_markdown(breakdowns: dict, device: bool) -> str:
     """`kernel_breakdown`s by n as a report section; `device`: kernels (else CPU operations)."""
     what = "kernels" if device else "operations (no CUDA device: the CPU's, self time)"
     lines = ["### Where a pass's time goes", "",
-             "The target's static pass run eagerly (what its graph replays), feeding n nodes on "
+             "The target's padded pass run eagerly (what its graph replays), feeding n nodes on "
              f"the cached context, profiled: its busiest {what}. Busy: all of their times "
              "summed; wall: the pass measured apart, unprofiled (busy well under wall: the "
              "device idles between launches).", ""]

@@ -57,7 +57,7 @@ def counts(arch: str, layers: int, tree: Tree) -> tuple[int, int, int]:
     """(ops, top-level ops, kernels) of one pass at `tree`, rooted at the last token of PREFIX,
     after the rest of PREFIX is committed: the pass feeds the tree, its root included."""
     model = HFModel(tiny_model(arch, seed=0, n_layers=layers), name="t")
-    for profiled in (False, True):  # the first time, warm: anything made on a first pass
+    for _ in range(2):  # the first time, warm: anything made on a first pass
         model.reset(0)
         model.logits(PREFIX[:-1], Tree.root_only(PREFIX[-2]), [0])
         model.commit(PREFIX[:-1])

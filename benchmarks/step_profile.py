@@ -1,7 +1,8 @@
 """Where one decoding step of the target goes: `HFModel`'s one-token step through the lean
-forward (`targetrows.hf.lean_forward`) and through the model's own Hugging Face forward, the
-Hugging Face forward alone on the same cache, and the share of the lean step spent in the linear
-layers' products (the rest is the forward's other operations and Python), from cProfile.
+forward (`targetrows.hf.forward.LeanForward`) and, on a twin over the same weights, through the
+model's own Hugging Face forward over the same kind of cache (`targetrows.hf.hf_forward.HFForward`),
+the Hugging Face forward alone on its own cache, and the share of the lean step spent in the
+linear layers' products (the rest is the forward's other operations and Python), from cProfile.
 
     python benchmarks/step_profile.py --model resources/models/smollm2-135m-instruct \
         --dtype bfloat16 --threads 2 --out benchmarks/results/step_profile.md
@@ -20,6 +21,7 @@ import torch
 
 from targetrows.core.tree import Tree
 from targetrows.hf.cache import cache_kwargs, growing_cache
+from targetrows.hf.hf_forward import HFForward
 from targetrows.hf.loading import load_model
 from targetrows.hf.model import HFModel
 
@@ -60,6 +62,13 @@ def raw_ms(hf, ctx: list[int], n: int) -> float:
     return 1e3 * (time.perf_counter() - start) / n
 
 
+def hf_twin(model: HFModel) -> HFModel:
+    """A twin of `model` over the same weights whose passes run Hugging Face's own forward."""
+    twin = HFModel(model.model, vocab_size=model.vocab_size, name=f"{model.name} (HF forward)")
+    twin.engine.forward = HFForward(model.model)
+    return twin
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True)
@@ -70,15 +79,16 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model(args.model, "cpu", args.dtype)
-    hf_model = HFModel(model.model, vocab_size=model.vocab_size, lean=False)
     ctx = tokenizer(PROMPT, add_special_tokens=False)["input_ids"] * 4
+    # before the twin's forward hooks its layers (each call of theirs then runs a hook)
+    hf_ms = raw_ms(model.model, steps(model, ctx, 5), args.steps)
+    hf_model = hf_twin(model)
     lean, hf = [], []
     for _ in range(3):  # interleaved: a busy moment of the machine hits both
         lean.append(step_ms(model, ctx, args.steps))
         hf.append(step_ms(hf_model, ctx, args.steps))
     lean_ms, hf_step_ms = sorted(lean)[1], sorted(hf)[1]
     ctx = steps(model, ctx, 5)
-    hf_ms = raw_ms(model.model, ctx, args.steps)
     profile = cProfile.Profile()
     profile.enable()
     steps(model, ctx, args.steps)
@@ -95,8 +105,8 @@ def main(argv=None) -> int:
         "runs", "",
         "| measure | ms per step |", "|---|---|",
         f"| `HFModel` one-token step (`ar`'s: logits, draw, commit), lean forward | {lean_ms:.1f} |",
-        f"| the same through Hugging Face's forward (`lean=False`) | {hf_step_ms:.1f} |",
-        f"| the Hugging Face forward alone, same cache | {hf_ms:.1f} |",
+        f"| the same through Hugging Face's forward (`HFForward`) | {hf_step_ms:.1f} |",
+        f"| the Hugging Face forward alone, on its own cache of the same context | {hf_ms:.1f} |",
         f"| of the lean step under cProfile: linear layers' products | "
         f"{1e3 * linear / args.steps:.1f} of {1e3 * total / args.steps:.1f} |", ""])
     print(text)

@@ -7,6 +7,7 @@ import json
 import re
 import sys
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -476,6 +477,11 @@ def test_gpu_check_smoke(tmp_path):
         assert title in report
     assert "FAILED" not in report and "## Stage pipeline: skipped (--skip)" in report
     assert "## Stage graphs: skipped (--skip)" in report
+    # the graphs stage's goals are written all the same, saying nothing was measured
+    goals = report.split("### Goals")[1].split("## Stage identity")[0]
+    assert "No graphs captured: the stage's setup did not run." in goals
+    assert len(re.findall(r"^\| .+ \| not measured \(the part did not finish\) \| - \|$", goals,
+                          re.M)) == 7
     rows = list(csv.DictReader(open(tmp_path / "smoke.csv")))
     assert {r["method"] for r in rows} >= {"hf_generate", "hf_assisted", "fts", "eagle3:fts"}
 
@@ -521,15 +527,19 @@ def test_gpu_check_graphs_stage_on_graphs_stood_in_on_the_cpu(monkeypatch, tmp_p
         assert gpu_check.main(argv) == 1  # the head's part failed
     assert not during, during
     report = (tmp_path / "g.md").read_text()
-    assert "static shapes, eager" not in report  # graphs were on (stood in)
-    assert int(re.search(r"Graphs captured \(target and draft\): (\d+) in", report)[1]) > 0
+    assert "padded, eager (no CUDA device)" not in report  # graphs were on (stood in)
+    captured = r"Graphs captured on the 8B-shaped models \(target, draft, head\): (\d+) in"
+    assert int(re.search(captured, report)[1]) > 0
     identity = re.findall(r"^\| (standalone|eagle3) \| (\w+) \| ([^|]+) \|", report, re.M)
     assert len(identity) > 10
     assert {same for draft, decoder, same in identity
             if (draft, decoder) != ("eagle3", "sequoia")} == {"True"}
     assert ("eagle3", "sequoia", "failed: RuntimeError: a decoder that fails") in identity
     assert "The first failure (eagle3, sequoia):" in report
-    assert "| tokens with graphs = eager, every decoder | False | no |" in report
+    assert re.search(r"^\| tokens with graphs = eager in float32, every decoder \| False[^|]* \| "
+                     r"no \|$", report, re.M)
+    # the goals come after every part, however the parts ended
+    assert report.index("### Goals") > report.index("## Bench with graphs: Qwen3-8B shape, a random")
     assert "## Stage graphs:head: FAILED" in report and "a part that fails" in report
     assert "| head step < 1 ms | not measured (the part did not finish) | - |" in report
     assert "### Tokens/s" in report and "### Pass costs" in report
@@ -545,6 +555,100 @@ def test_gpu_check_graphs_stage_on_graphs_stood_in_on_the_cpu(monkeypatch, tmp_p
     kernels = report.split("### Where a pass's time goes")[1].split("(stage")[0]
     assert re.search(r"n=1: wall [\d.]+ ms, busy [\d.]+ ms", kernels)
     assert "aten::" in kernels and ("linear" in kernels or "mm" in kernels)
+
+
+@pytest.mark.parametrize("same", [True, False])
+def test_gpu_check_runs_a_graphs_part_only_where_its_budget_fits(monkeypatch, tmp_path, same):
+    """Off --smoke, a graphs part runs where the budget its stage prices it at fits in the time
+    left, and is skipped, saying so, where not; the goals come after the parts, from whatever
+    ran (here the passes part alone: a stage without models stands in). Tokens on graphs that
+    are not eager's in float32 fail the check."""
+    from targetrows.cost.parttimes import PassCurve
+
+    gpu_check = _benchmark("gpu_check")
+    graphs = gpu_check.graphs
+
+    class Stage:  # what the check reads of a graphs stage
+        def __init__(self, args, device, keep):
+            self.rep, self.start = {"bound_s": 1e-3}, 0.0
+
+        def setup_markdown(self):
+            return "## Graphs (stood in)"
+
+        def need_s(self, part):
+            return 1.0 if part == "passes" else 1e6
+
+        def passes(self):
+            curve = PassCurve((1, 64), (1.5e-3, 1.8e-3))
+            self.rep["target_passes"] = {"eager": curve, "graphs": curve}
+            return "### Pass costs (stood in)"
+
+        def captured(self):
+            return 0, 0.0
+
+        def graph_models(self):
+            return {}
+
+        def same_tokens(self):
+            return same
+
+        def __getattr__(self, part):  # every other part: it must not run
+            return lambda: pytest.fail(f"the {part} part ran past its budget")
+
+    monkeypatch.setattr(graphs, "GraphsStage", Stage)
+    others = ["identity", "syncs", "pass_costs", "bench", "overlap", "batched",
+              "eagle3_identity", "eagle3_bench", "drift", "pipeline"]
+    argv = ["--device", "cpu", "--time-limit", "600", "--skip", *others, "--out-dir",
+            str(tmp_path), "--name", "b"]
+    assert gpu_check.main(argv) == (0 if same else 1)
+    report = (tmp_path / "b.md").read_text()
+    assert "### Pass costs (stood in)\n\n(stage graphs:passes: 0 s of a 1 s budget)" in report
+    for part in graphs.PARTS[1:]:
+        assert re.search(rf"^## Stage graphs:{part}: skipped: \d+ s left, its budget 1000000 s$",
+                         report, re.M), part
+    goals = report.split("### Goals")[1]
+    assert "| target's 1-token pass <= 2x its weight-streaming time | 1.50 ms, 1.5x | yes |" in goals
+    assert "| a 64-node pass <= 1.3x the 1-token pass | 1.20x (64 nodes) | yes |" in goals
+    assert goals.count("| not measured (the part did not finish) | - |") == 5
+    assert report.index("### Goals") > report.index("## Stage graphs:head_bench: skipped")
+
+
+def test_a_graphs_parts_budget_is_its_work_priced_at_what_was_measured():
+    """Every part's budget is its work priced at the stage's measurements (the probe's curves,
+    a round's overhead, the captures): with every price doubled, every budget doubles (no
+    seconds come from elsewhere); a measured curve replaces the probe's (the slower of eager
+    and graphs, size by size), and measured captures price the next ones."""
+    from types import SimpleNamespace
+
+    from targetrows.core.pool import PoolShape
+    from targetrows.cost.parttimes import PassCurve
+    from targetrows.hf.graphs import pass_shape
+
+    budgets = _benchmark("gpu_budgets")
+    run = budgets.Decoding(prompts=2, prompt_len=32, new_tokens=16, budget=8, pool=PoolShape(4, 3))
+    stage = SimpleNamespace(
+        sizes=(1, 8, 64), draft_sizes=(1, 8), head_widths=(1, 10), kernel_sizes=(1, 64),
+        ctx=list(range(32)), repeats=3, bench_repeats=2, run=run, speed_decoders=("ar", "fts"),
+        shape=pass_shape("on", 256, (9,)), tiny_run=replace(run, prompts=3, prompt_len=5),
+        tiny_shape=pass_shape("on", 128), captured_by=lambda model: 0)
+
+    def prices(scale, captured=(0, 0.0)):
+        curve = PassCurve((1, 8, 64), (scale * 1e-3, scale * 2e-3, scale * 5e-3))
+        return budgets.Prices({}, dict.fromkeys(("target", "draft", "tiny target", "tiny draft"),
+                                                curve),
+                              {"8b": scale * 3e-4, "tiny": scale * 1e-4}, lambda: captured)
+
+    need = {}
+    for scale in (1, 2):
+        stage.prices = prices(scale)
+        need[scale] = {part: budgets.need_s(stage, part) for part in budgets.WORK}
+    for part, seconds in need[1].items():
+        assert seconds > 0 and need[2][part] == pytest.approx(2 * seconds), part
+    measured = prices(1, captured=(4, 2.0))
+    measured.rep["target_passes"] = {"eager": PassCurve((1, 8), (1e-3, 4e-3)),
+                                     "graphs": PassCurve((1, 8), (2e-3, 3e-3))}
+    assert measured.curve("target").seconds == (2e-3, 4e-3)
+    assert measured.captures_s("target", 3, 128) == pytest.approx(1.5)
 
 
 def test_host_reads_a_round_stay_within_the_gpu_goal(tmp_path, monkeypatch):
