@@ -4,9 +4,7 @@ asks are the behaviour: the side stream waits for the caller's work before the r
 caller's stream waits for the root pass's event before it reads its rows (every sequence of a
 batch, with its own rows), and before the next pass on the main stream touches the cache."""
 
-import numpy as np
 import pytest
-import torch
 
 from targetrows.core.tree import Tree
 from targetrows.hf import streams
