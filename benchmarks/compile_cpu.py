@@ -6,7 +6,7 @@ tree passes of 8 and 64 nodes on a cached 300-token context, `time_passes`) four
 - **padded**: the passes `--graphs on` replays as CUDA graphs on a GPU (`PassShape` with `pad`
   and `full_span`), run eagerly: every pass padded to a bucket, over the whole cache of
   --capacity entries;
-- **compiled**: those padded passes with each bucket's pass (`RowPasses.compute`) compiled once
+- **compiled**: those padded passes with each bucket's pass (`Lanes.compute`) compiled once
   by inductor (`dynamic=False`: a bucket's shapes never change, which is what padding is for);
 - **frozen**: compiled with inductor's `freezing` (weights taken as constants, so inductor
   prepacks them for oneDNN as our eager path does), its setting for CPU inference.
@@ -65,7 +65,7 @@ def compile_buckets(model, buckets, options: dict) -> dict[int, float]:
     `time_passes` decode with) through its own `torch.compile` (inductor with `options`; a
     pass wider than every bucket, a long prompt's prefill, stays eager). Returns the seconds
     each bucket's first pass took, filled in as they run: the compilation."""
-    passes = model._group().passes  # its `RowPasses`: every pass of the sequence goes through
+    passes = model.pass_group  # its `Lanes`: every pass of the sequence goes through
     eager = passes.compute
     compiled, first_s = {}, {}
 

@@ -91,9 +91,7 @@ def on_graphs(model: HFModel, name: str, shape: PassShape) -> HFModel:
 def graph_stats(model) -> list:
     """The `GraphStats` of every group of passes `model` (an `HFModel` or an EAGLE-3 head) holds
     now: its own sequence's and its lanes' (a head's rankings too)."""
-    groups = [g for g in (model.engine.own, model.engine.lanes) if g is not None]
-    return ([g.passes.stats for g in groups]
-            + [g.ranking.stats for g in groups if getattr(g, "ranking", None) is not None])
+    return model.graph_stats()
 
 
 def _tokens_per_s(target, draft, prompts, config) -> tuple[float, list[list[int]]]:

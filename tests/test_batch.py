@@ -1,5 +1,5 @@
 """Batched decoding: every decoder, many sequences at once, each token-identical to its batch-1
-run (`targetrows.decoding.batch`, `targetrows.hf.row_passes`)."""
+run (`targetrows.decoding.batch`, `targetrows.hf.lanes`)."""
 
 import dataclasses
 
@@ -354,7 +354,7 @@ def _partitions(items):
 def test_lanes_split_into_passes_as_cheap_as_any_grouping():
     """`split_by_width` against every way to group up to 6 lanes into passes: its cost (the
     padded tokens plus a pass's cost each) is the least, and it covers each lane once."""
-    from targetrows.hf.row_passes import split_by_width
+    from targetrows.hf.lanes import split_by_width
 
     rng = np.random.default_rng(0)
     for _ in range(60):

@@ -26,8 +26,8 @@ from targetrows.decoding.loop import generate
 from targetrows.decoding.registry import decoder_names
 
 DECODERS = decoder_names()
+from targetrows.hf.lanes import Lanes
 from targetrows.hf.model import HFModel
-from targetrows.hf.row_passes import RowPasses
 
 PROMPTS = [[5, 17, 42], [200, 3], [7] * 9, [100, 101, 102, 103, 104, 105], [64]]
 
@@ -122,8 +122,8 @@ def test_racers_prompt_rows_are_the_prefills_and_become_its_cache(pair, monkeypa
     config = DecodeConfig("racer", budget=6, max_new_tokens=1, recycle_k=5)
     state = new_state(target, config)
     fed = []
-    run_batch = RowPasses.run_batch
-    monkeypatch.setattr(RowPasses, "run_batch", lambda passes, feeds: fed.extend(
+    run_batch = Lanes.run_batch
+    monkeypatch.setattr(Lanes, "run_batch", lambda passes, feeds: fed.extend(
         len(feed.ids) for feed in feeds) or run_batch(passes, feeds))
     result = generate(target, None, prompt, config, state)
     with torch.no_grad():

@@ -27,8 +27,8 @@ from targetrows.decoding.registry import decoder_names
 
 DECODERS = decoder_names()
 from targetrows.hf.eagle3_checkpoint import load_eagle3
+from targetrows.hf.lanes import Lanes
 from targetrows.hf.model import HFModel
-from targetrows.hf.row_passes import RowPasses
 from targetrows.hf.torch_rows import TorchRows
 
 N_LAYERS = 6  # default feature layers 2, L//2, L-3 = 2, 3, 3
@@ -134,14 +134,14 @@ def test_a_head_is_timed_one_pass_per_size_and_refeeds_what_a_round_committed(ll
 
     target, draft = _draft(llama_target, save_tiny_head(tmp_path / "h", llama_target.config))
     widths = []
-    run_batch = RowPasses.run_batch
+    run_batch = Lanes.run_batch
 
     def recorded(passes, feeds):  # the widths of the head's passes
         if passes.name == draft.name:
             widths.extend(len(feed.ids) for feed in feeds)
         return run_batch(passes, feeds)
 
-    monkeypatch.setattr(RowPasses, "run_batch", recorded)
+    monkeypatch.setattr(Lanes, "run_batch", recorded)
     parttimes.time_passes(draft, PROMPTS[1], [1, 3, 6], repeats=1)
     assert widths[-3:] == [1, 3, 6]  # the last repeat: one pass of each size
     assert draft.refeeds_committed

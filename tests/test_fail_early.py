@@ -19,9 +19,9 @@ from targetrows.decoding.batch import generate_batch  # noqa: E402
 from targetrows.decoding.loop import decode_passes  # noqa: E402
 from targetrows.decoding.schedule import run_batched  # noqa: E402
 from targetrows.hf.kv_cache import CapacityError  # noqa: E402
+from targetrows.hf.lanes import Lanes  # noqa: E402
 from targetrows.hf.model import HFModel  # noqa: E402
 from targetrows.hf.pass_builder import PassShape  # noqa: E402
-from targetrows.hf.row_passes import RowPasses  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +81,7 @@ def _no_passes(monkeypatch):
     """Any model pass from now on fails the test: what is checked up front must not need one."""
     def refused(passes, feeds):
         raise AssertionError("a model pass ran before the check")
-    monkeypatch.setattr(RowPasses, "run_batch", refused)
+    monkeypatch.setattr(Lanes, "run_batch", refused)
 
 
 def _prompts_file(tmp_path, questions):

@@ -1,4 +1,4 @@
-"""The one pass every model runs (`targetrows.hf.pass_builder`, `row_passes`): padded passes
+"""The one pass every model runs (`targetrows.hf.pass_builder`, `lanes`): padded passes
 over the whole cache (what `--graphs` replays on a GPU, run here eagerly or through the CPU's
 graph stand-in) equal unpadded ones, every decoder through either equals Hugging Face greedy,
 compaction equals a fresh prefill, and the cache's limit is a limit."""
@@ -156,7 +156,7 @@ def test_outputs_replayed_in_place_are_read_before_the_next_replay(llama, monkey
             batched = generate_batch(*replayed, prompts, configs, 3)
             assert [r.tokens for r in batched] == want, name
         for model in replayed:
-            assert model._group().passes.stats.captured > 0
+            assert model.pass_group.stats.captured > 0
 
 
 def test_the_graph_stand_in_fails_where_a_cuda_graph_would(monkeypatch):
@@ -255,7 +255,7 @@ def test_lanes_asked_for_again_replay_their_graphs_and_retire_the_earlier_ones(l
     target, draft = padded(HFModel(target_hf, name="t"), shape), padded(
         HFModel(draft_hf, name="d"), shape)
     earlier = target.lanes(3)
-    group = earlier[0]._group().passes
+    group = earlier[0].pass_group
     prompts = HF_PROMPTS[:4]
     configs = _configs("draft_rank", len(prompts), pool=PoolShape(top_k=4, depth=3))
     want = _one_by_one(target, draft, prompts, configs)
@@ -489,19 +489,19 @@ def test_a_jobs_pass_widths_are_what_its_passes_feed_most(llama, monkeypatch):
     the root or t0), the width each model's passes feed most replays unpadded for every
     decoder (a draft's, one of the job's own widths); and no pass but a prefill feeds more
     than the widest of them."""
-    from targetrows.hf.row_passes import RowPasses
+    from targetrows.hf.lanes import Lanes
 
     replay_in_place(monkeypatch)
     target_hf, draft_hf = llama
     pool, budget = PoolShape(top_k=10, depth=3), 12
     fed = {"t": [], "d": []}
-    serve = RowPasses._serve
+    serve = Lanes._serve
 
     def recorded(passes, feeds):
         fed[passes.name].append(passes.shape.bucket(max(len(f.ids) for f in feeds)))
         return serve(passes, feeds)
 
-    monkeypatch.setattr(RowPasses, "_serve", recorded)
+    monkeypatch.setattr(Lanes, "_serve", recorded)
     for name in decoder_names():
         widths = pass_widths([name], pool, [budget])
         shape = pass_shape("on", CAPACITY, widths)

@@ -94,15 +94,15 @@ def test_the_side_stream_waits_for_the_caller_and_the_caller_for_its_event(modul
 
 def _recorded_passes(module, monkeypatch):
     """Each pass a model runs goes into the module's log as ("pass", its model, stream)."""
-    from targetrows.hf.row_passes import RowPasses
+    from targetrows.hf.lanes import Lanes
 
-    run_batch = RowPasses.run_batch
+    run_batch = Lanes.run_batch
 
     def recorded(passes, feeds):
         module.log.append(("pass", passes.name, module.current.name))
         return run_batch(passes, feeds)
 
-    monkeypatch.setattr(RowPasses, "run_batch", recorded)
+    monkeypatch.setattr(Lanes, "run_batch", recorded)
 
 
 def test_every_sequence_of_a_batch_joins_with_its_root_rows(module, monkeypatch):

@@ -25,7 +25,7 @@ uninterrupted one (`needed`: `targetrows.jobs.decode` resumes so) and writes the
 in every dtype. The cost: at a segment's end, lanes idle until its last sequence finishes.
 
 Lossless per sequence. A lane's rows equal its batch-1 model's to the rounding of a batched
-product (`targetrows.hf.row_passes`), its draws come from its own generator, seeded from its own
+product (`targetrows.hf.lanes`), its draws come from its own generator, seeded from its own
 config, and verification is the loop's own: a sequence's tokens do not depend on which
 sequences share its batch (the tests find them equal in float64 at batch 1, 3 and 8). In
 bfloat16 the batch's shape decides how a batched product rounds, and a near-tie can go the

@@ -11,7 +11,7 @@ computed for them in its verify pass.
 A head's sequences are rows of one cache, as a target's are (`targetrows.hf.model`): keys and
 values of its one layer, and each entry's output g as the entry's feature, where a deeper level
 reads its parent's. Its steps are `Feed`s laid out by the same builder and served by the same
-`RowPasses`, eager or replayed as CUDA graphs, with the step's h and token embeddings as
+`Lanes`, eager or replayed as CUDA graphs, with the step's h and token embeddings as
 per-query inputs.
 """
 
@@ -33,9 +33,10 @@ from .eagle3_head import Eagle3Head
 from .forward import attend, folded_mask
 from .graphs import BucketGraphs
 from .kv_cache import KVCache
+from .lanes import Lanes
 from .pass_builder import Feed, PassShape
 from .row_trees import common_prefix, seen_by
-from .sequence import Lanes, RowSequence, first_entries, hand_out, max_entries, set_shape
+from .sequence import RowSequence, first_entries, hand_out, max_entries, set_shape
 from .torch_rows import TorchRows, host_to_device, on_device, ranked
 
 
@@ -201,7 +202,7 @@ class HeadSequence(RowSequence):
                     seen=seen, keep=np.arange(len(tokens)),
                     inputs={"h": h, "embeds": self._embed(tokens)})
         try:
-            return (yield Pass(self._group().passes, feed))
+            return (yield Pass(self._group(), feed))
         except Exception:
             self.reset(None)  # the row's entries and bookkeeping no longer agree
             raise

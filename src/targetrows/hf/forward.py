@@ -25,8 +25,6 @@ own forward over the same cache elsewhere (`targetrows.hf.hf_forward`).
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import torch
 import torch.nn.functional as F
 
@@ -223,21 +221,22 @@ class LeanForward:
                 on[layer["device"]] = _placed(self, inputs, entries, x.dtype, layer["device"])
             x = x + self._attention(layer, rms_norm(x, layer["norm1"].weight,
                                                     layer["norm1"].variance_epsilon),
-                                    cache.layer(i)[:, lo:hi], on[layer["device"]])
+                                    cache.layer(i)[:, lo:hi], on[layer["device"]], inputs.span)
             h = rms_norm(x, layer["norm2"].weight, layer["norm2"].variance_epsilon)
             gate, up = layer["gate_up"](h).split(layer["gate_up"].sizes, dim=-1)
             x = x + layer["down"](layer["act"](gate) * up)
         if feature_layers:  # a layer listed twice is kept twice, as every engine does
             device = cache.features.device
             put = on[device] if device in on else _placed(self, inputs, entries, x.dtype, device)
-            cache.features[lo:hi][put.rows, put.at] = torch.cat(
+            cache.features[lo:hi][put["rows"], put["at"]] = torch.cat(
                 [captured[i].to(cache.features.device) for i in feature_layers], dim=-1)
         x = x.flatten(0, 1)
         if inputs.keep is not None:
             x = x.index_select(0, inputs.keep.to(x.device))
         return self.head(rms_norm(x, self.norm.weight, self.norm.variance_epsilon))
 
-    def _attention(self, layer: dict, h: torch.Tensor, kv: torch.Tensor, on) -> torch.Tensor:
+    def _attention(self, layer: dict, h: torch.Tensor, kv: torch.Tensor, on: dict,
+                   span: int) -> torch.Tensor:
         rows, width = h.shape[:2]
         heads, kv_heads, dim = layer["heads"], layer["kv_heads"], layer["head_dim"]
         qkv = layer["qkv"](h).view(rows, width, heads + 2 * kv_heads, dim)
@@ -245,12 +244,11 @@ class LeanForward:
         if layer["qk_norm"] is not None:  # Qwen3: RMSNorm over each head, before rotary
             weight, eps = layer["qk_norm"]
             qk = rms_norm(qk, None, eps) * weight
-        qk = rotate(qk, on.cos, on.sin)
-        kv[0][on.rows, :, on.at] = qk[:, :, heads:]
-        kv[1][on.rows, :, on.at] = v
-        span = on.span
+        qk = rotate(qk, on["cos"], on["sin"])
+        kv[0][on["rows"], :, on["at"]] = qk[:, :, heads:]
+        kv[1][on["rows"], :, on["at"]] = v
         out = attend(qk[:, :, :heads], kv[0, :, :, :span], kv[1, :, :, :span],
-                     on.masks[heads // kv_heads], layer["scale"])
+                     on["masks"][heads // kv_heads], layer["scale"])
         return layer["o"](out)
 
     def rotary_table(self, entries: int, device: torch.device, dtype: torch.dtype):
@@ -278,16 +276,15 @@ def _qk_norm(attn, heads: int, config):
     return weight, attn.q_norm.variance_epsilon
 
 
-def _placed(forward: LeanForward, inputs, entries: int, dtype, device) -> SimpleNamespace:
+def _placed(forward: LeanForward, inputs, entries: int, dtype, device) -> dict:
     """What every layer on `device` reads, made once per pass there: the rotary cos and sin at
-    the pass's positions, the write slots and rows, the span, and the folded masks (one per
-    query-group count)."""
+    the pass's positions, the write slots and rows, and the folded masks (one per query-group
+    count). A dict, which `torch.compile` traces (benchmarks/compile_cpu.py)."""
     cos, sin = forward.rotary_table(entries, device, dtype)
     positions = inputs.positions.to(device)
     at = inputs.at.to(device)
     allowed = inputs.allowed.to(device)
     groups = {layer["heads"] // layer["kv_heads"] for layer in forward.layers}
-    return SimpleNamespace(cos=cos[positions][:, :, None], sin=sin[positions][:, :, None], at=at,
-                           rows=torch.arange(at.shape[0], device=device)[:, None],
-                           span=inputs.span,
-                           masks={g: folded_mask(allowed, g, dtype) for g in groups})
+    return {"cos": cos[positions][:, :, None], "sin": sin[positions][:, :, None], "at": at,
+            "rows": torch.arange(at.shape[0], device=device)[:, None],
+            "masks": {g: folded_mask(allowed, g, dtype) for g in groups}}

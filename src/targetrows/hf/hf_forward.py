@@ -23,15 +23,18 @@ class HFForward:
 
     def __init__(self, model):
         self.model = model
-        self._capture: dict[int, torch.Tensor] | None = None
-        for i, layer in enumerate(model.get_decoder().layers):
-            layer.register_forward_pre_hook(self._grabber(i), with_kwargs=True)
 
-    def _grabber(self, i: int):
-        def grab(module, args, kwargs):
-            if self._capture is not None:
-                self._capture[i] = args[0] if args else kwargs["hidden_states"]
-        return grab
+    def _capturing(self, feature_layers: tuple[int, ...], captured: dict) -> list:
+        """Hooks that put the inputs of `feature_layers` into `captured` during this pass (and
+        are removed after it: the model, perhaps another's too, is left as it was)."""
+        def grabber(i):
+            def grab(module, args, kwargs):
+                captured[i] = args[0] if args else kwargs["hidden_states"]
+            return grab
+
+        layers = self.model.get_decoder().layers
+        return [layers[i].register_forward_pre_hook(grabber(i), with_kwargs=True)
+                for i in sorted(set(feature_layers))]
 
     def refresh(self) -> None:
         """Nothing to rebuild: the model's own modules read their weights as they are."""
@@ -45,14 +48,15 @@ class HFForward:
         mask.masked_fill_(~inputs.allowed, torch.finfo(dtype).min)
         past = Cache(layers=[_CacheLayer(cache.layer(i)[:, lo:hi], inputs)
                              for i in range(len(cache.devices))])
-        self._capture = {} if feature_layers else None
+        captured: dict[int, torch.Tensor] = {}
+        hooks = self._capturing(feature_layers, captured)
         try:
             logits = model(input_ids=inputs.ids, position_ids=inputs.positions,
                            attention_mask=mask[:, None], use_cache=True,
                            **cache_kwargs(model, past)).logits
-            captured, self._capture = self._capture, None
         finally:
-            self._capture = None
+            for hook in hooks:
+                hook.remove()
         if feature_layers:
             at = inputs.at.to(cache.features.device)
             rows = torch.arange(len(at), device=at.device)[:, None]

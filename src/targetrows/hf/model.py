@@ -4,7 +4,7 @@ A model's sequences are rows of one `KVCache` (`Lanes`): the model's own sequenc
 of its own lanes, and ``lanes(n)`` gives n `HFSequence`s on n rows of another, for batched
 decoding. A sequence is a row index and that row's bookkeeping (`RowTree`: the committed prefix,
 the round's tree and each fed node's entry), never a copy of the model; its passes are `Feed`s
-that `RowPasses` serves, one pass for every sequence waiting, at every batch size and on every
+that its `Lanes` serve, one pass for every sequence waiting, at every batch size and on every
 device, eager or replayed as a CUDA graph (`--graphs`: `targetrows.hf.graphs`).
 
 The row always holds, in order: the entries of a *prefix* of the committed context, then those
@@ -33,10 +33,10 @@ from targetrows.core.tree import Tree
 from .device_rounds import DeviceRounds
 from .forward import lean_supported, make_forward
 from .kv_cache import KVCache
+from .lanes import Lanes
 from .pass_builder import PassShape
 from .row_trees import common_prefix, plan_feed
 from .sequence import (
-    Lanes,
     RowSequence,
     first_entries,
     hand_out,
@@ -177,7 +177,7 @@ class HFSequence(DeviceRounds, RowSequence):
     def _pass_rows(self, feed, ctx: np.ndarray) -> Passes[torch.Tensor]:
         """Ask for `feed`'s pass; keep its committed tail; its requested rows."""
         try:
-            logits = yield Pass(self._group().passes, feed)
+            logits = yield Pass(self._group(), feed)
         except Exception:
             self.reset(None)  # the row's entries and bookkeeping no longer agree
             raise

@@ -1,8 +1,8 @@
 """What a sequence is to every torch backend (a target or standalone draft, an EAGLE-3 head):
 a row of its model's cache, never a copy of the model.
 
-A model's sequences live in `Lanes`: the rows of one `KVCache`, each row's bookkeeping
-(`RowTree`), and the `RowPasses` that serve them. A model keeps two: its own, one row for the
+A model's sequences live in `Lanes` (`targetrows.hf.lanes`): the rows of one `KVCache`, each
+row's bookkeeping (`RowTree`), and the pass that serves them. A model keeps two: its own, one row for the
 sequence the model itself is, and the last ones handed out by ``lanes(n)`` for batched
 decoding, kept for the next call at the same count (their captured graphs with them). Handing
 them out again, or replacing them, retires the sequences handed out before: a retired sequence
@@ -14,14 +14,12 @@ state; `hand_out` and `set_shape` are what both backends' models do with their l
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 import torch
 
 from .kv_cache import KVCache
+from .lanes import Lanes
 from .pass_builder import DEFAULT_CAPACITY, PassShape
-from .row_passes import RowPasses
 from .row_trees import RowTree
 from .torch_rows import TorchRows
 
@@ -40,20 +38,6 @@ def max_entries(shape: PassShape, window: int | None, grows: bool) -> int:
 def first_entries(limit: int, grows: bool) -> int:
     """A new cache's entries per row: a growing one starts small, any other at its limit."""
     return min(INITIAL_ENTRIES, limit) if grows else limit
-
-
-class Lanes:
-    """`cache.rows` sequences of one model (see the module docstring): the cache, each row's
-    bookkeeping, the passes that serve them (`compute`, per-query `extra` inputs: `RowPasses`),
-    and how many times they were handed out (-1: replaced)."""
-
-    def __init__(self, name: str, cache: KVCache, shape: PassShape, device: torch.device,
-                 compute: Callable, extra: dict | None = None,
-                 side_stream: Callable[[], object] | None = None):
-        self.cache = cache
-        self.trees = [RowTree() for _ in range(cache.rows)]
-        self.passes = RowPasses(name, cache, shape, device, compute, extra, side_stream)
-        self.handed = 0
 
 
 def hand_out(engine, n: int) -> Lanes:
@@ -93,6 +77,19 @@ class RowSequence(TorchRows):
         self._handed = None if lanes is None else lanes.handed
         self._generator = torch.Generator(device=engine.device)
         self.reset(None)
+
+    def graph_stats(self) -> list:
+        """The `GraphStats` of every group of this model's passes there is now: its own
+        sequence's, its lanes', and a head's pool rankings (for benchmarks)."""
+        engine = self.engine
+        groups = [lanes.stats for lanes in (engine.own, engine.lanes) if lanes is not None]
+        ranking = getattr(engine, "ranking", None)
+        return groups + ([] if ranking is None else [ranking.stats])
+
+    @property
+    def pass_group(self) -> Lanes:
+        """The lanes this sequence's passes run in (their `stats`, `compute`: for benchmarks)."""
+        return self._group()
 
     def _group(self) -> Lanes:
         """This sequence's lanes, while they are still its own."""

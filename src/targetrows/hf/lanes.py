@@ -1,11 +1,14 @@
-"""The passes of one group of rows: a model's sequences, batched or alone, on every device.
+"""A model's lanes: the sequences it decodes at once as rows of one cache, and the pass that
+serves them, on every device and at every batch size (one row at batch 1).
 
-`RowPasses` is a group of `targetrows.core.passes`: the scheduler hands it the `Feed`s of the
-sequences waiting on it, and it runs them as one pass laid out by `build_pass`, eagerly or
-replayed as a CUDA graph (`--graphs`), through the model's own `compute` (a target's forward,
-a head's step), which writes the cache and returns the kept queries' outputs. Each feed gets
-its own rows of them, or its own error (a row past the cache's limit): its neighbours in the
-pass are served all the same. A batch of one is the same code with one row.
+`Lanes` holds the rows' `KVCache`, each row's bookkeeping (`RowTree`: what a sequence is), and
+how many times it was handed out (`targetrows.hf.sequence.hand_out`); and it is a group of
+`targetrows.core.passes`: the scheduler hands it the `Feed`s of the sequences waiting on it,
+and it runs them as one pass laid out by `build_pass`, eagerly or replayed as a CUDA graph
+(`--graphs`), through the model's own `compute` (a target's forward, a head's step), which
+writes the cache and returns the kept queries' outputs. Each feed gets its own rows of them,
+or its own error (a row past the cache's limit): its neighbours in the pass are served all the
+same.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import torch
 from .graphs import BucketGraphs, HostInputs
 from .kv_cache import KVCache
 from .pass_builder import Feed, PassPlan, PassShape, build_pass
+from .row_trees import RowTree
 from .torch_rows import host_to_device
 
 
@@ -60,17 +64,21 @@ class PassInputs:
                 self.extra[name][r, :n] = values
 
 
-class RowPasses:
-    """The passes of the rows of `cache` (see the module docstring). `compute(inputs)` runs
-    one pass over `PassInputs`, writing the cache, and returns the kept queries' outputs
-    [kept, ...]; `extra`: the per-query tensors its feeds bring (name -> (shape, dtype));
-    `side_stream()`: the stream a root pass of these rows runs on beside drafting."""
+class Lanes:
+    """`cache.rows` sequences of one model and the passes that serve them (see the module
+    docstring): the cache, each row's bookkeeping (`trees`), how many times they were handed
+    out (`handed`; -1: replaced). `compute(inputs)` runs one pass over `PassInputs`, writing
+    the cache, and returns the kept queries' outputs [kept, ...]; `extra`: the per-query
+    tensors its feeds bring (name -> (shape, dtype)); `side_stream()`: the stream a root pass
+    of these rows runs on beside drafting."""
 
     def __init__(self, name: str, cache: KVCache, shape: PassShape, device: torch.device,
                  compute: Callable[[PassInputs], torch.Tensor],
                  extra: dict[str, tuple[tuple[int, ...], torch.dtype]] | None = None,
                  side_stream: Callable[[], object] | None = None):
         self.name, self.cache, self.shape = name, cache, shape
+        self.trees = [RowTree() for _ in range(cache.rows)]
+        self.handed = 0
         self.device, self.compute, self.extra = torch.device(device), compute, extra or {}
         self._side_stream = side_stream
         self.graphs = BucketGraphs(device, self._graph_inputs, compute)
@@ -133,8 +141,9 @@ class RowPasses:
         replay of the width overwrites them."""
         if not len(pick):
             return out[:0]
-        if not self.shape.pad:
-            return out[int(pick[0]): int(pick[0]) + len(pick)]
+        run = out[int(pick[0]): int(pick[0]) + len(pick)]
+        if np.array_equal(pick, np.arange(pick[0], pick[0] + len(pick))):
+            return run if not self.shape.pad else run.clone()  # one launch, nothing sent
         return out.index_select(0, host_to_device(pick, out.device))
 
 
