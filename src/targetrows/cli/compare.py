@@ -30,6 +30,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also write the results, with token ids and text, to this file")
 
 
+def _checked(args: argparse.Namespace):
+    """(rerankers, decoder names) of the options, every one checked before the models load."""
+    if not args.prompt.strip():
+        raise ValueError("--prompt is empty: give the text of a user message")
+    common.check_temperatures([args.temperature])
+    common.batch_size_from(args)  # a bad --batch-size fails before the models load
+    rerankers = common.rerankers_from(args)
+    decoders = common.decoders_from(args, rerankers)
+    common.check_draft(decoders, args.draft)
+    common.drop_unneeded_draft(args, decoders)
+    if args.json_out:
+        common.check_output_file(args.json_out, "--json")
+    return rerankers, decoders
+
+
 def run(args: argparse.Namespace) -> int:
     from targetrows.bench.compare import (
         compare,
@@ -42,16 +57,7 @@ def run(args: argparse.Namespace) -> int:
     from targetrows.cost.calibration import auto_budget
     from targetrows.specbench.chat import encode_prompt, stop_ids
 
-    if not args.prompt.strip():
-        raise ValueError("--prompt is empty: give the text of a user message")
-    common.check_temperatures([args.temperature])
-    common.batch_size_from(args)  # a bad --batch-size fails before the models load
-    rerankers = common.rerankers_from(args)
-    decoders = common.decoders_from(args, rerankers)
-    common.check_draft(decoders, args.draft)
-    common.drop_unneeded_draft(args, decoders)
-    if args.json_out:
-        common.check_output_file(args.json_out, "--json")
+    rerankers, decoders = _checked(args)
     target, draft, tokenizer = common.load_from_args(args)
     prompt_ids = encode_prompt(tokenizer, args.prompt)
     # the first tree decoder's config: every decoder's, with its own entry (ar's: no budget)
