@@ -37,7 +37,7 @@ from targetrows.core.tree import Tree
 from targetrows.decoding.config import DecodeConfig
 from targetrows.decoding.loop import generate
 from targetrows.decoding.registry import decoder_names
-from targetrows.hf.eagle3_checkpoint import load_eagle3
+from targetrows.hf.loading import load_eagle3
 from targetrows.hf.model import HFModel
 from targetrows.specbench.chat import encode_prompt
 

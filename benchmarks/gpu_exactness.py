@@ -103,7 +103,7 @@ def eagle3_identity(device: str, smoke: bool) -> dict:
     """Tiny float64 targets with random heads, every decoder against HF greedy generation."""
     from tiny_heads import save_tiny_head
 
-    from targetrows.hf.eagle3_checkpoint import load_eagle3
+    from targetrows.hf.loading import load_eagle3
 
     report = {"runs": 0, "mismatches": []}
     cases = [("llama", "eagle", 100)] if smoke else [

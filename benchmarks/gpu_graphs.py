@@ -59,8 +59,8 @@ from targetrows.cost.parttimes import time_passes
 from targetrows.decoding.config import DecodeConfig
 from targetrows.decoding.loop import generate
 from targetrows.decoding.registry import decoder_names, pass_widths
-from targetrows.hf.eagle3_checkpoint import load_eagle3
 from targetrows.hf.graphs import pass_shape
+from targetrows.hf.loading import load_eagle3
 from targetrows.hf.model import HFModel
 from targetrows.hf.pass_builder import PassShape
 
@@ -321,7 +321,7 @@ PARTS = ("passes", "kernels", "identity", "head", "speed", "overlap", "bench", "
 def _hf_tokens_per_s(target: HFModel, prompts, max_new_tokens: int) -> float:
     """Hugging Face's greedy `generate()` on the target alone, the prompts one at a time (the
     baseline of the issue's `ar` goal)."""
-    from targetrows.hf.baselines import hf_generate
+    from targetrows.bench.baselines import hf_generate
 
     def run(ids):
         return hf_generate(target.model, ids, 0.0, max_new_tokens, (), 0, target.vocab_size)

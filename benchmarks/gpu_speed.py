@@ -157,7 +157,7 @@ def syncs(device: str, smoke: bool) -> dict:
     from tiny_heads import save_tiny_head
     from tiny_models import tiny_model
 
-    from targetrows.hf.eagle3_checkpoint import load_eagle3
+    from targetrows.hf.loading import load_eagle3
 
     n_new = 8 if smoke else 24
     target_hf = tiny_model("llama", seed=0, n_layers=6).to(device)
@@ -246,7 +246,7 @@ def random_head_folder(target: HFModel, smoke: bool) -> str:
 def bench_pair(args, device: str, keep: dict, head: bool = False):
     """`run_bench` on the Qwen3-8B-shaped target (from `keep`, or built) with a Qwen3-0.6B-shaped
     draft, or with a random head of a Qwen3-8B head's shape (`head`)."""
-    from targetrows.hf.eagle3_checkpoint import load_eagle3
+    from targetrows.hf.loading import load_eagle3
 
     smoke = args.smoke
     t = time.perf_counter()

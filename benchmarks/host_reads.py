@@ -62,8 +62,8 @@ from targetrows.decoding import schedule  # noqa: E402
 from targetrows.decoding.budget import DEFAULT_BUDGET  # noqa: E402
 from targetrows.decoding.loop import generate  # noqa: E402
 from targetrows.decoding.registry import decoder_names, pass_widths  # noqa: E402
-from targetrows.hf.eagle3_checkpoint import load_eagle3  # noqa: E402
 from targetrows.hf.graphs import pass_shape  # noqa: E402
+from targetrows.hf.loading import load_eagle3  # noqa: E402
 from targetrows.hf.model import HFModel  # noqa: E402
 from targetrows.hf.pass_builder import PassShape  # noqa: E402
 from targetrows.hf.torch_rows import TorchRows  # noqa: E402

@@ -24,7 +24,8 @@ import time
 import torch
 
 from targetrows.hf import packed
-from targetrows.hf.cache import cache_kwargs, growing_cache
+from targetrows.hf.hf_forward import cache_kwargs
+from targetrows.train.growing_cache import growing_cache
 
 
 @torch.inference_mode()

@@ -20,10 +20,10 @@ import time
 import torch
 
 from targetrows.core.tree import Tree
-from targetrows.hf.cache import cache_kwargs, growing_cache
-from targetrows.hf.hf_forward import HFForward
+from targetrows.hf.hf_forward import HFForward, cache_kwargs
 from targetrows.hf.loading import load_model
 from targetrows.hf.model import HFModel
+from targetrows.train.growing_cache import growing_cache
 
 PROMPT = "Explain how a hash map works, with an example in Python, and when to use one."
 

@@ -180,7 +180,7 @@ from test_decoders_hf import PROMPTS, hf_greedy, noisy_copy  # noqa: E402
 from tiny_heads import save_tiny_head  # noqa: E402
 from tiny_models import tiny_model  # noqa: E402
 
-from targetrows.hf.eagle3_checkpoint import load_eagle3  # noqa: E402
+from targetrows.hf.loading import load_eagle3  # noqa: E402
 from targetrows.hf.model import HFModel  # noqa: E402
 
 # prompts of 1 to 14 tokens

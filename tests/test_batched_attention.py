@@ -11,9 +11,9 @@ pytest.importorskip("transformers")
 from tiny_models import tiny_model
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from targetrows.hf import batched_attention as module
-from targetrows.hf.batched_attention import NAME, batched_attention, grouped_matmul_forward
-from targetrows.hf.cache import cache_kwargs
+from targetrows.hf.hf_forward import cache_kwargs
+from targetrows.train import batched_attention as module
+from targetrows.train.batched_attention import NAME, batched_attention, grouped_matmul_forward
 
 
 class Layer(torch.nn.Module):

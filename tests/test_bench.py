@@ -22,10 +22,10 @@ from tiny_models import DRAFT_VOCAB, TARGET_VOCAB, TOKENIZER_SIZE, save_tiny_pai
 from targetrows.bench import plan as bench_plan
 from targetrows.bench import report as bench_report
 from targetrows.bench import run as bench
+from targetrows.bench.baselines import hf_generate
 from targetrows.cli import main
 from targetrows.cost.parttimes import PartTimes, PassCurve
 from targetrows.decoding.registry import decoder_names
-from targetrows.hf.baselines import hf_generate
 
 
 @pytest.fixture(scope="module")

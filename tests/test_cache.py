@@ -9,7 +9,8 @@ torch = pytest.importorskip("torch")
 from tiny_models import ARCHS, tiny_model
 from transformers import DynamicCache
 
-from targetrows.hf.cache import cache_kwargs, growing_cache
+from targetrows.hf.hf_forward import cache_kwargs
+from targetrows.train.growing_cache import growing_cache
 
 
 def run(model, cache, steps):

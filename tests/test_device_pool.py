@@ -28,7 +28,7 @@ from targetrows.core.pool import (  # noqa: E402
 )
 from targetrows.core.tree import Tree  # noqa: E402
 from targetrows.decoding.schedule import run_batched  # noqa: E402
-from targetrows.hf.eagle3_checkpoint import load_eagle3  # noqa: E402
+from targetrows.hf.loading import load_eagle3  # noqa: E402
 from targetrows.hf.model import HFModel, HFSequence  # noqa: E402
 from targetrows.hf.pass_builder import PassShape  # noqa: E402
 from targetrows.hf.torch_rows import TorchRows  # noqa: E402

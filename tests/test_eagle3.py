@@ -26,8 +26,8 @@ from targetrows.decoding.loop import generate
 from targetrows.decoding.registry import decoder_names
 
 DECODERS = decoder_names()
-from targetrows.hf.eagle3_checkpoint import load_eagle3
 from targetrows.hf.lanes import Lanes
+from targetrows.hf.loading import load_eagle3
 from targetrows.hf.model import HFModel
 from targetrows.hf.torch_rows import TorchRows
 

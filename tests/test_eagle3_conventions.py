@@ -16,8 +16,9 @@ from tiny_models import tiny_model  # noqa: E402
 from targetrows.cli import main  # noqa: E402
 from targetrows.decoding.config import DecodeConfig  # noqa: E402
 from targetrows.decoding.loop import generate  # noqa: E402
-from targetrows.hf.eagle3_checkpoint import head_config_json, load_eagle3, write_head  # noqa: E402
-from targetrows.hf.eagle3_inspect import describe  # noqa: E402
+from targetrows.heads.checkpoint import head_config_json, write_head  # noqa: E402
+from targetrows.heads.describe import describe  # noqa: E402
+from targetrows.hf.loading import load_eagle3  # noqa: E402
 from targetrows.hf.model import HFModel  # noqa: E402
 
 N_LAYERS = 8
@@ -197,7 +198,7 @@ def test_norm_before_residual_defaults_as_each_engine_reads_its_layout():
     `update_eagle3`: `config_dict.get("norm_before_residual", True)`); vLLM's own Eagle3 layer
     (`getattr(config, "norm_before_residual", False)`) and SpecForge default to false. A key
     that is there is read as it is."""
-    from targetrows.hf.eagle3_conventions import LAYOUTS, variants
+    from targetrows.heads.conventions import LAYOUTS, variants
 
     layer = {"model_type": "llama", "num_hidden_layers": 1}
     speculators = {"speculators_model_type": "eagle3", "transformer_layer_config": layer}

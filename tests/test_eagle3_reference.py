@@ -39,7 +39,7 @@ speculators = _need("speculators", "speculators (pip install --no-deps speculato
 from tiny_models import tiny_model  # noqa: E402
 
 from targetrows.core.tree import Tree  # noqa: E402
-from targetrows.hf.eagle3_checkpoint import load_eagle3  # noqa: E402
+from targetrows.hf.loading import load_eagle3  # noqa: E402
 from targetrows.hf.model import HFModel  # noqa: E402
 
 N_LAYERS = 8  # default feature layers: the inputs of 2, 4, 5
@@ -247,7 +247,7 @@ def test_our_heads_load_in_specforge_and_draft_the_same(specforge, target, tmp_p
     from tiny_heads import tiny_head_tensors
     from transformers import AutoConfig
 
-    from targetrows.hf.eagle3_checkpoint import head_config_json, write_head
+    from targetrows.heads.checkpoint import head_config_json, write_head
     from targetrows.train.eagle3_init import layer_config
 
     tensors = tiny_head_tensors(target.config, draft_vocab_size=DRAFT_VOCAB, seed=4)

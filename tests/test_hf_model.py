@@ -14,7 +14,7 @@ from transformers import DynamicCache
 
 from targetrows.core.pool import PoolShape
 from targetrows.core.tree import Tree
-from targetrows.hf.cache import cache_kwargs
+from targetrows.hf.hf_forward import cache_kwargs
 from targetrows.hf.model import HFModel
 from targetrows.hf.torch_rows import topk_sorted
 

@@ -21,9 +21,9 @@ from targetrows.decoding.batch import generate_batch  # noqa: E402
 from targetrows.decoding.loop import generate  # noqa: E402
 from targetrows.decoding.registry import decoder_names, get_decoder, pass_widths  # noqa: E402
 from targetrows.decoding.schedule import run_batched  # noqa: E402
-from targetrows.hf.eagle3_checkpoint import load_eagle3  # noqa: E402
 from targetrows.hf.graphs import BucketGraphs, HostInputs, apply_graphs, pass_shape  # noqa: E402
 from targetrows.hf.kv_cache import CapacityError  # noqa: E402
+from targetrows.hf.loading import load_eagle3  # noqa: E402
 from targetrows.hf.model import HFModel  # noqa: E402
 from targetrows.hf.pass_builder import BUCKETS, PassShape  # noqa: E402
 

@@ -21,7 +21,8 @@ from targetrows import cli
 from targetrows.core.tree import Tree
 from targetrows.decoding.config import DecodeConfig
 from targetrows.decoding.loop import generate
-from targetrows.hf.eagle3_checkpoint import load_eagle3, write_head
+from targetrows.heads.checkpoint import write_head
+from targetrows.hf.loading import load_eagle3
 from targetrows.hf.model import HFModel
 from targetrows.train import eagle3_init as ei
 from targetrows.train import eagle3_step as es

@@ -13,7 +13,7 @@ import os
 
 import torch
 
-from targetrows.hf.eagle3_checkpoint import write_head
+from targetrows.heads.checkpoint import write_head
 
 LAYER_TENSORS = {  # name -> shape, given hidden H, q width Q, kv width K, intermediate M
     "hidden_norm.weight": lambda H, Q, K, M: (H,),

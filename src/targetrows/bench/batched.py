@@ -26,6 +26,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from targetrows.bench.baselines import hf_generate_batch
 from targetrows.core.atomic import atomic_write_text
 from targetrows.core.rows import greedy
 from targetrows.decoding.batch import generate_batch
@@ -33,7 +34,6 @@ from targetrows.decoding.budget import Fixed
 from targetrows.decoding.model import synchronize
 from targetrows.decoding.registry import get_decoder
 from targetrows.decoding.schedule import BatchStats
-from targetrows.hf.baselines import hf_generate_batch
 
 from .plan import measure, pick_budgets
 from .report import budget_cell, csv_text

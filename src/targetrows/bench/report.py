@@ -13,10 +13,10 @@ from collections import defaultdict
 
 import numpy as np
 
+from targetrows.bench.baselines import PROMPT_LOOKUP_NGRAM
 from targetrows.bench.goals import cell, goals
 from targetrows.core.atomic import atomic_write_text
 from targetrows.decoding.budget import NO_TREE, NO_TREE_TEXT, Auto
-from targetrows.hf.baselines import PROMPT_LOOKUP_NGRAM
 
 PER_ROUND_MS = ("t_draft", "t_root", "t_verify")
 RATIO_HEADS = {  # the ratio columns: our ar and each Hugging Face baseline

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from targetrows.bench.baselines import HF_METHODS, assistant_for, hf_generate
 from targetrows.core.rows import greedy
 from targetrows.cost.parttimes import mean_parts, time_prompt_pass
 from targetrows.decoding.budget import NO_TREE
@@ -33,7 +34,6 @@ from targetrows.decoding.config import DecodeConfig
 from targetrows.decoding.loop import generate, new_state
 from targetrows.decoding.model import synchronize
 from targetrows.decoding.registry import get_decoder
-from targetrows.hf.baselines import HF_METHODS, assistant_for, hf_generate
 
 from .drift import explain_parting
 from .peer import PREFIX as PEER

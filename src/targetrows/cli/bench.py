@@ -90,7 +90,7 @@ def _questions(args) -> list[tuple[str, str, str]]:
 def _load_assistant(args, tokenizer):
     """The --assistant model, loaded as `load_pair` loads a standalone draft (the draft's
     device, trust and dtype), after checking it is no EAGLE-3 head and shares the tokenizer."""
-    from targetrows.hf.eagle3_checkpoint import head_config
+    from targetrows.heads.checkpoint import head_config
     from targetrows.hf.loading import (
         draft_dtype_for,
         load_model,

@@ -1,5 +1,5 @@
 """`targetrows inspect-head DIR_OR_ID [--target T]`: what an EAGLE-3 head is and how it will be
-read (`targetrows.hf.eagle3_inspect`), before a long run: layout, feature layers, draft
+read (`targetrows.heads.describe`), before a long run: layout, feature layers, draft
 vocabulary, variants, embedding, tensors, and whether it fits --target."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from targetrows.hf.eagle3_inspect import describe, format_description
+    from targetrows.heads.describe import describe, format_description
 
     target_config = None
     if args.target:

@@ -18,7 +18,7 @@ import time
 ALLOW = ["*.json", "*.safetensors", "*.model", "*.tiktoken", "*.txt", "*.jinja", "*.py"]
 IGNORE = ["original/*", "*.bin", "*.pth", "*.gguf", "*.onnx", "*.msgpack", "*.h5"]
 # EAGLE-3 heads are the exception: many ship only pytorch_model.bin, which targetrows reads
-# with torch's weights-only loader (targetrows.hf.eagle3_checkpoint)
+# with torch's weights-only loader (targetrows.heads.checkpoint)
 HEAD_ALLOW = ["config.json", "*.safetensors", "*.safetensors.index.json", "pytorch_model.bin"]
 
 

@@ -1,2 +1,3 @@
-"""The Hugging Face backend (torch): a causal LM as a `Model` with tree attention, EAGLE-3 heads,
-loading, and Hugging Face generation as a baseline."""
+"""The torch backend: Hugging Face causal LMs and EAGLE-3 heads as `Model`s, every sequence a
+row of one cache and every pass assembled in one place, on every device; loading models and
+pairs."""

@@ -1,5 +1,5 @@
 """EAGLE-3 draft heads as a draft backend: `Eagle3Draft`, a `Model` bound to its target that
-drafts from the target's features through the head's layer (`targetrows.hf.eagle3_head`).
+drafts from the target's features through the head's layer (`targetrows.heads.module`).
 
 Entry t of a head's row pairs the target feature at position t with token t+1 (position t) and
 predicts token t+2. For a context of n tokens the committed entries are 0..n-2, built from the
@@ -27,9 +27,9 @@ from torch import nn
 
 from targetrows.core.passes import Pass, Passes
 from targetrows.core.tree import Tree
+from targetrows.heads.module import Eagle3Head
 
 from .device_pool import grow_pool_passes
-from .eagle3_head import Eagle3Head
 from .forward import attend, folded_mask
 from .graphs import BucketGraphs
 from .kv_cache import KVCache

@@ -12,10 +12,11 @@ query group, the LM head over every query) and, unlike it, never captured as a C
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
-
-from .cache import cache_kwargs
 
 
 class HFForward:
@@ -87,3 +88,16 @@ class _CacheLayer(DynamicLayer):
 
     def get_seq_length(self) -> int:
         return self._inputs.span - self._inputs.width  # the entries before the pass's own
+
+
+@functools.cache
+def _cache_name(model_class: type) -> str:
+    params = inspect.signature(model_class.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def cache_kwargs(model, cache: Cache) -> dict:
+    """`{name: cache}` under the name `model.forward` takes a cache by: `cache` in transformers
+    5.24 and later, `past_key_values` before. A cache passed under the other name lands in
+    `**kwargs` and is ignored without a word: every pass would run without the cache."""
+    return {_cache_name(type(model)): cache}

@@ -307,7 +307,7 @@ def load_pair(
     `draft_dtype`: the draft's own dtype (default: `draft_dtype_for`)."""
     draft_dtype = draft_dtype_for(dtype, draft_dtype, draft_device or target_device)
     if draft is not None:
-        from .eagle3_checkpoint import head_config
+        from targetrows.heads.checkpoint import head_config
 
         if head_config(draft) is not None:
             return _load_target_and_head(target, draft, target_device, draft_device, dtype,
@@ -347,8 +347,6 @@ def _load_target_and_head(target, head, target_device, head_device, dtype, trust
                           allow_pickle, packed, head_dtype):
     """`load_pair` for an EAGLE-3 head: it has no tokenizer of its own (it drafts in the
     target's ids), so the checks are the head's config against the target's."""
-    from .eagle3_checkpoint import load_eagle3
-
     target_device = resolve_device(target_device)
     tokenizer = load_tokenizer(target, trust_target, allow_pickle=allow_pickle)
     target_model, _ = load_model(target, target_device, dtype, trust_target, allow_pickle,
@@ -359,3 +357,17 @@ def _load_target_and_head(target, head, target_device, head_device, dtype, trust
     if packed:
         pack_linears(draft.head)
     return target_model, draft, tokenizer
+
+
+def load_eagle3(path: str, target: HFModel, device: str | None = None,
+                dtype: torch.dtype | None = None, target_name: str | None = None):
+    """An `Eagle3Draft` for the head at `path` (folder or hub id) bound to `target`, on `device`
+    (default: the target's) in `dtype` (default: the target's), read and checked against the
+    target by `targetrows.heads.checkpoint.load_head`."""
+    from targetrows.heads.checkpoint import load_head
+
+    from .eagle3 import Eagle3Draft
+
+    head, layers = load_head(path, target.model, device or target.device, dtype or target.dtype,
+                             target_name or target.name)
+    return Eagle3Draft(head, target, layers, name=path)

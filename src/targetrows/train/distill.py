@@ -147,7 +147,8 @@ def top1_agreement(draft, data: TeacherData, batch: int = 16) -> tuple[float, in
 @torch.inference_mode()
 def forward_seconds(model, block: int, context: int = 128, reps: int = 15) -> float:
     """Median time of one forward of `block` new tokens after `context` cached ones (batch 1)."""
-    from targetrows.hf.cache import cache_kwargs, growing_cache  # the decoders' cache
+    from targetrows.hf.hf_forward import cache_kwargs
+    from targetrows.train.growing_cache import growing_cache
 
     ids = torch.arange(100, 100 + context + block, device=model.device)[None]
     ids = ids % model.config.vocab_size

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from targetrows.hf.eagle3_head import Eagle3Head, Eagle3Shape
+from targetrows.heads.module import Eagle3Head, Eagle3Shape
 
 from .replies import TeacherData
 
@@ -62,7 +62,7 @@ def new_head(target, draft_ids: torch.Tensor, feature_layers, init_from_target: 
     starts its layer as a copy of the target's (`copy_target_layer`)."""
     from transformers import LlamaConfig
 
-    from targetrows.hf.eagle3_checkpoint import head_config_json, parse_config
+    from targetrows.heads.checkpoint import head_config_json, parse_config
 
     config = head_config_json(layer_config(target.config), len(draft_ids), target.config,
                               feature_layers)
@@ -123,7 +123,7 @@ def head_tensors(head: Eagle3Head, vocab_size: int,
     """The head's canonical tensors for `write_head`: weights, d2t, the t2d mask and, given the
     target's `embedding` table (which the head embeds with, frozen), that table as the head's
     own ``embed_tokens.weight`` (what EAGLE's reference loader needs; see
-    `targetrows.hf.eagle3_checkpoint`)."""
+    `targetrows.heads.checkpoint`)."""
     tensors = {k: v for k, v in head.state_dict().items() if not k.startswith("rotary.")}
     t2d = torch.zeros(vocab_size, dtype=torch.bool)
     t2d[torch.arange(len(head.d2t)) + head.d2t] = True

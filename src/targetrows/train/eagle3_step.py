@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from targetrows.hf.eagle3_head import Eagle3Head
+from targetrows.heads.module import Eagle3Head
 from targetrows.hf.packed import packed_product
 
 from .replies import TeacherData

@@ -1,7 +1,7 @@
 """`targetrows train-eagle3`: an EAGLE-3 head for any Hugging Face target, trained on the target's
 own replies (`targetrows.train.replies`) and written in the EAGLE checkpoint layout.
 
-The head (`targetrows.hf.eagle3_head.Eagle3Head`) reads the inputs of three target layers (2, L//2,
+The head (`targetrows.heads.module.Eagle3Head`) reads the inputs of three target layers (2, L//2,
 L-3) at position t with the embedding of token t+1 and predicts token t+2. Training follows
 EAGLE-3 (and SpecForge):
 - **Training-time test.** The head is unrolled `ttt_steps` times on its own outputs: step k feeds
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from targetrows.hf.eagle3_head import Eagle3Head
+from targetrows.heads.module import Eagle3Head
 from targetrows.hf.loading import resolve_dtype
 from targetrows.hf.packed import packed_product
 
@@ -286,7 +286,7 @@ class HeadTraining:
         }
 
     def save(self, state: _Head, tokenizer, folder: Path) -> None:
-        from targetrows.hf.eagle3_checkpoint import write_head
+        from targetrows.heads.checkpoint import write_head
 
         tensors = head_tensors(state.head.cpu(), state.vocab_size, state.embed.weight.cpu())
         write_head(str(folder), tensors, state.head_config)

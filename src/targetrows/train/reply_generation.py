@@ -62,7 +62,8 @@ def generate_batch(model, prompts: list[list[int]], max_new: int, stop: set[int]
     features [prompt + reply - 1, len(feature_layers) * d] for every position fed. hidden and
     top start at position `label_from[i]` of prompt i (default: its last position, whose next
     token is the reply's first)."""
-    from targetrows.hf.cache import cache_kwargs, growing_cache
+    from targetrows.hf.hf_forward import cache_kwargs
+    from targetrows.train.growing_cache import growing_cache
 
     check_head(model)
     base, head = model.base_model, model.get_output_embeddings()  # logits: head(hidden)

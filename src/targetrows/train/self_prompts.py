@@ -53,8 +53,9 @@ def sample_turns(model, prefix: list[int], n: int, max_tokens: int, stop: set[in
                  generator: torch.Generator) -> list[list[int] | None]:
     """`n` sampled continuations of `prefix` (one batch, one KV cache), each up to its first
     stop token (excluded); None for a row that reached `max_tokens` without one."""
-    from targetrows.hf.batched_attention import batched_attention
-    from targetrows.hf.cache import cache_kwargs, growing_cache
+    from targetrows.hf.hf_forward import cache_kwargs
+    from targetrows.train.batched_attention import batched_attention
+    from targetrows.train.growing_cache import growing_cache
 
     # a model spread over GPUs reads on its embedding's card; rows are drawn on its head's
     dev, into = model.get_output_embeddings().weight.device, model.get_input_embeddings().weight.device

@@ -1,5 +1,5 @@
 """Loading and writing EAGLE-3 heads: every published layout, read as the engine that made it
-reads it (`targetrows.hf.eagle3_conventions`), checked against its target before weights load.
+reads it (`targetrows.heads.conventions`), checked against its target before weights load.
 
 Layouts (the same tensors under two naming schemes):
 - EAGLE reference and EAGLE/SpecForge ``LlamaForCausalLMEagle3``: ``midlayer.*``, ``fc.weight``,
@@ -31,10 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
-from . import eagle3_conventions as conventions
-from .eagle3 import Eagle3Draft
-from .eagle3_head import Eagle3Head, Eagle3Shape
-from .model import HFModel
+from . import conventions
+from .module import Eagle3Head, Eagle3Shape
 
 # canonical parameter name <- checkpoint name (after a leading "model." is dropped)
 _RENAMES = ((re.compile(r"^(midlayer|layers\.0)\."), "layer."),
@@ -281,18 +279,18 @@ def _check_t2d(config: HeadConfig, d2t: torch.Tensor, t2d: torch.Tensor | None) 
                          "its d2t offsets map to; the vocabulary mapping is inconsistent")
 
 
-def load_eagle3(path: str, target: HFModel, device: str | None = None,
-                dtype: torch.dtype | None = None, target_name: str | None = None) -> Eagle3Draft:
-    """An `Eagle3Draft` for the head at `path` (folder or hub id) bound to `target`, on `device`
-    (default: the target's) in `dtype` (default: the target's). The config is checked against
-    the target before any weights are read; the embedding is found as the head's layout says
-    (`Layout.embedding`)."""
+def load_head(path: str, target_model, device, dtype: torch.dtype,
+              target_name: str) -> tuple[Eagle3Head, tuple[int, ...]]:
+    """(the head at `path` (folder or hub id), the target layers whose inputs it reads) for
+    `target_model` (a transformers model), on `device` in `dtype`. The config is checked
+    against the target before any weights are read; the embedding is found as the head's layout
+    says (`Layout.embedding`). `targetrows.hf.loading.load_eagle3` binds it to its target."""
     config = head_config(path)
     if config is None:
         raise ValueError(f"{path!r} is not an EAGLE-3 head (its config.json has no "
                          "draft_vocab_size / speculators_model_type eagle3)")
-    name = target_name or target.name
-    layers = feature_layers_for(config, target.model.config, name)
+    name = target_name
+    layers = feature_layers_for(config, target_model.config, name)
     folder = path
     if not os.path.isdir(path):
         from huggingface_hub import snapshot_download
@@ -300,7 +298,7 @@ def load_eagle3(path: str, target: HFModel, device: str | None = None,
         folder = snapshot_download(path, allow_patterns=_HUB_FILES)
     n_features = len(layers.inputs)
     weights = read_weights(folder, config, n_features)
-    target_hidden = int(target.model.config.hidden_size)
+    target_hidden = int(target_model.config.hidden_size)
     same_width = config.hidden_size == target_hidden
     own = "embed_tokens.weight" in weights and not (config.layout.embedding == "target"
                                                       and same_width)
@@ -313,12 +311,12 @@ def load_eagle3(path: str, target: HFModel, device: str | None = None,
             raise ValueError(f"EAGLE-3 head {path!r} lacks lm_head.weight; only a head over the "
                              "target's whole vocabulary, of the target's width, can share its "
                              "output head")
-        weights["lm_head.weight"] = target.model.get_output_embeddings().weight.detach().cpu()
-    head = build_head(config, weights, n_features, own).to(device or target.device)
+        weights["lm_head.weight"] = target_model.get_output_embeddings().weight.detach().cpu()
+    head = build_head(config, weights, n_features, own).to(device)
     for child, module in head.named_children():
         if child != "rotary":  # rotary frequencies stay float32, as in transformers' models
-            module.to(dtype or target.dtype)
-    return Eagle3Draft(head, target, layers.inputs, name=path)
+            module.to(dtype)
+    return head, layers.inputs
 
 
 # -- writing -------------------------------------------------------------------------------------

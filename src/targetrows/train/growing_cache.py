@@ -9,9 +9,6 @@ average, and attention reads a view of the filled part (the same entries, the sa
 
 from __future__ import annotations
 
-import functools
-import inspect
-
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
@@ -118,16 +115,3 @@ def growing_cache(config, capacity: int = 256) -> Cache:
     ):
         raise ValueError("growing_cache: sliding-window layers need Hugging Face's own cache")
     return Cache(layers=[GrowingLayer(capacity) for _ in range(text.num_hidden_layers)])
-
-
-@functools.cache
-def _cache_name(model_class: type) -> str:
-    params = inspect.signature(model_class.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
-def cache_kwargs(model, cache: Cache) -> dict:
-    """`{name: cache}` under the name `model.forward` takes a cache by: `cache` in transformers
-    5.24 and later, `past_key_values` before. A cache passed under the other name lands in
-    `**kwargs` and is ignored without a word: every pass would run without the cache."""
-    return {_cache_name(type(model)): cache}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from . import eagle3_checkpoint as checkpoint
+from . import checkpoint
 
 
 def describe(path: str, target_config=None, weights: bool = True) -> dict:

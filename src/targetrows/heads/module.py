@@ -8,7 +8,7 @@ hidden_norm(h))`` (width 2H, embedding first) into attention, adds h as the resi
 usual ``post_attention_layernorm`` and SwiGLU MLP; its output g is fed back as the next h; rows are
 ``lm_head(norm(g))`` over a reduced draft vocabulary, target id = d + d2t[d].
 
-Variants (`Eagle3Shape`, read from a config by `targetrows.hf.eagle3_conventions`): the normed
+Variants (`Eagle3Shape`, read from a config by `targetrows.heads.conventions`): the normed
 output norm(g) fed back instead of g (EAGLE-3.1, ``norm_output``), the residual taken after
 hidden_norm (``norm_before_residual``), an RMSNorm over the concatenated features
 (``norm_before_fc``) or one per feature (``fc_norm``) before fc, and per-head norms of queries
