@@ -10,7 +10,14 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from replayed_graphs import REPLAY, CaptureError, counting_launches, replay_in_place  # noqa: E402
-from test_batch import HF_PROMPTS, STOP, _configs, _one_by_one, assert_same_entries  # noqa: E402
+from test_batch import (  # noqa: E402
+    HF_PROMPTS,
+    STOP,
+    _configs,
+    _head_draft,
+    _one_by_one,
+    assert_same_entries,
+)
 from test_decoders_hf import hf_greedy, noisy_copy  # noqa: E402
 from tiny_heads import save_tiny_head  # noqa: E402
 from tiny_models import ARCHS, tiny_model  # noqa: E402
@@ -270,16 +277,6 @@ def test_lanes_asked_for_again_replay_their_graphs_and_retire_the_earlier_ones(l
         earlier[1].reset()
     for batch in (2, 4):  # a cache of another size each time: 4 rows never fit one of 3
         assert [r.tokens for r in generate_batch(target, draft, prompts, configs, batch)] == want
-
-
-def _head_draft(target, head, context, tree):
-    """Steps: the target's root pass over `context` (its features), then the head's rows at
-    every node of `tree`; returns those rows, the head's keys, values and g."""
-    yield from target.logits_passes(context, Tree.root_only(context[-1]), [0])
-    target.commit(context)
-    rows = yield from head.logits_passes(context, tree, range(len(tree)))
-    [(keys, values)], g = head.kv_entries()
-    return rows, keys.clone(), values.clone(), g.clone()
 
 
 def _head_pair(folder, target_hf, shape: PassShape | None = None):
