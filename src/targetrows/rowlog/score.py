@@ -40,7 +40,7 @@ from targetrows.decoding.registry import RULES, draft_free_decoders, get_rule, r
 from targetrows.rowlog import format as rowlog
 from targetrows.rowlog.draft_free import score_draft_free
 
-COLUMNS = ("pair", "task", "temperature", "prompt_id", "turn", "position", "rule", "budget",
+COLUMNS = ("pair", "draft_kind", "task", "temperature", "prompt_id", "turn", "position", "rule", "budget",
            "accepted", "nodes", "committed")
 _INT_COLUMNS = ("turn", "position", "budget", "nodes")
 _FLOAT_COLUMNS = ("temperature", "accepted", "committed")
@@ -217,6 +217,9 @@ def _table(log, scored, stop_t0, budgets, rules, results, pair):
                         for k in ("target", "draft"))
     return {
         "pair": np.full(m * per, pair, dtype=object),
+        # which draft made the pools (eagle3, standalone): the paper's claims 3-5 are about
+        # EAGLE-3 heads; empty for a log recorded before it said
+        "draft_kind": np.full(m * per, log.header.get("draft_kind", ""), dtype=object),
         "task": np.repeat(log.seg_task.astype(object)[seg], per),
         "temperature": np.full(m * per, float(log.header.get("temperature", np.nan))),
         "prompt_id": np.repeat(log.seg_question.astype(object)[seg], per),
