@@ -148,7 +148,8 @@ def _unmatched(t: dict, cells: pd.DataFrame) -> pd.Series:
     cap differ from pearl's beyond `MATCH_TOLERANCE` (the nodes gain's interval)."""
     nodes = online_cells(t, "fts", "pearl", "nodes")
     key = ["pair", "temperature", "budget", "baseline_budget"]
-    both = cells[key].merge(nodes[key + ["lo", "hi"]], on=key, how="left")
+    nodes = nodes[nodes["matched"].astype(bool)].drop_duplicates(key) if len(nodes) else nodes
+    both = cells[key].merge(nodes.reindex(columns=key + ["lo", "hi"]), on=key, how="left")
     above, below = sides(both, -MATCH_TOLERANCE, MATCH_TOLERANCE)
     return pd.Series((above | below | both["lo"].isna()).to_numpy(), index=cells.index)
 
