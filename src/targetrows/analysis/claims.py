@@ -45,10 +45,10 @@ COLUMNS = ["claim", "statement", "paper", "ours", "conditions", "table", "verdic
            "cells"]
 TABLES = ("relative_gains", "equal_size", "online_gain", "reuse")
 # claim 2 is a trade a decoder makes; no decoder here makes it (docs/claims.md)
-KEPT_ROW = ("no decoder here makes this trade: every one commits its bonus token, then runs a "
-            "root pass for the next root's exact row or ranks by the stale row; the paper names "
-            "neither its decoder nor the conditions under which the loss persists. The exact "
-            "row's gain over the stale row (target_rerank / stale_rerank) is the converse "
+KEPT_ROW = ("no decoder here makes this trade: every one commits its bonus token (those that "
+            "read the next root's row get it from a root pass or use the stale row); the paper "
+            "names neither its decoder nor the conditions under which the loss persists. The "
+            "exact row's gain over the stale row (target_rerank / stale_rerank) is the converse "
             "trade, context in reuse.md")
 CAP = ("the same cap B as each rule counts it (the paper's definitions): pearl's tree of B "
        "draft nodes includes t0's first-level node, first_token's B nodes lie below it")
