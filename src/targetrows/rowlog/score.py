@@ -40,8 +40,8 @@ from targetrows.decoding.registry import RULES, draft_free_decoders, get_rule, r
 from targetrows.rowlog import format as rowlog
 from targetrows.rowlog.draft_free import score_draft_free
 
-COLUMNS = ("pair", "draft_kind", "task", "temperature", "prompt_id", "turn", "position", "rule", "budget",
-           "accepted", "nodes", "committed")
+COLUMNS = ("pair", "task", "temperature", "prompt_id", "turn", "position", "rule", "budget",
+           "accepted", "nodes", "committed", "draft_kind")
 _INT_COLUMNS = ("turn", "position", "budget", "nodes")
 _FLOAT_COLUMNS = ("temperature", "accepted", "committed")
 
@@ -217,9 +217,6 @@ def _table(log, scored, stop_t0, budgets, rules, results, pair):
                         for k in ("target", "draft"))
     return {
         "pair": np.full(m * per, pair, dtype=object),
-        # which draft made the pools (eagle3, standalone): the paper's claims 3-5 are about
-        # EAGLE-3 heads; empty for a log recorded before it said
-        "draft_kind": np.full(m * per, log.header.get("draft_kind", ""), dtype=object),
         "task": np.repeat(log.seg_task.astype(object)[seg], per),
         "temperature": np.full(m * per, float(log.header.get("temperature", np.nan))),
         "prompt_id": np.repeat(log.seg_question.astype(object)[seg], per),
@@ -230,6 +227,10 @@ def _table(log, scored, stop_t0, budgets, rules, results, pair):
         "accepted": acc.reshape(-1),
         "nodes": nodes.reshape(-1).astype(np.int64),
         "committed": committed.reshape(-1),
+        # which draft made the pools (eagle3, standalone): the paper's claims 3-5 are about
+        # EAGLE-3 heads; empty for a log recorded before it said. Last, so that the columns
+        # before it keep their places
+        "draft_kind": np.full(m * per, log.header.get("draft_kind", ""), dtype=object),
     }
 
 
