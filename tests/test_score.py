@@ -262,3 +262,22 @@ def test_learned_rules_match_brute_force(temperature, rule):
             assert table["nodes"][row] == len(chosen) - 1
             row += 1
     assert row == len(table["rule"])
+
+
+def test_the_table_says_which_kind_of_draft_made_the_pools(tmp_path):
+    from test_rowlog import toy_record
+
+    from targetrows.analysis.tables import score_groups
+
+    _, log, path = toy_record(tmp_path)  # the toy draft is a model of its own
+    assert log.header["draft_kind"] == "standalone"
+    table = score_log(rowlog.read(path), [2])
+    assert set(table["draft_kind"]) == {"standalone"}
+    older = dataclasses.replace(log, header={k: v for k, v in log.header.items()
+                                             if k != "draft_kind"})
+    assert set(score_log(older, [2])["draft_kind"]) == {""}  # recorded before it was kept
+    # the tables read it back, and a score table without the column as unknown
+    write_table(table, str(tmp_path / "a.csv"))
+    write_table({k: v for k, v in table.items() if k != "draft_kind"}, str(tmp_path / "b.csv"))
+    assert set(score_groups([str(tmp_path / "a.csv")])[0]["draft_kind"]) == {"standalone"}
+    assert set(score_groups([str(tmp_path / "b.csv")])[0]["draft_kind"]) == {""}

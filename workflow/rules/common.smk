@@ -123,12 +123,14 @@ def check_config(cfg):
         baseline = DECODERS[decoder].baseline
         matched = matched_at(decoder, cfg)
         key = f"decode.decoder_budgets.{decoder}"
-        if matched and baseline is None:
+        if not matched:  # numbers and auto: nothing to check against a baseline
+            continue
+        if baseline is None:
             raise WorkflowError(
                 f"config key {key}: a matched cap takes a baseline decoder's tree size, and "
                 f"{decoder} has none; give it numeric budgets"
             )
-        if matched and DECODERS[decoder].learned:
+        if DECODERS[decoder].learned:
             raise WorkflowError(
                 f"config key {key}: a matched cap is found from the row logs' tree sizes of "
                 f"{decoder}'s rule, which takes a trained reranker; give it numeric budgets"

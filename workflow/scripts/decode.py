@@ -26,7 +26,9 @@ def budgets_of(decoder: str, conditions: list[dict]) -> list:
                               for c in conditions))
 
 
-def command(smk, budgets: list):
+def command(smk, budgets: list, devices: dict):
+    """The job's `targetrows decode` command line, given the devices it got (which it notes in
+    `devices`, for the conditions file)."""
     budget_args = ["--budgets", *map(str, budgets)] if budgets else []
     reranker = ["--reranker", *smk.input.reranker] if "reranker" in smk.input.keys() else []
     # a draft-free decoder's job has no draft, so nothing for prompt lookup to mix into
@@ -34,6 +36,7 @@ def command(smk, budgets: list):
     extra = [a for a in smk.params.args if draft or a != "--draft-lookup"]
 
     def argv(target_device: str, draft_device: str) -> list[str]:
+        devices.update(target=target_device, draft=draft_device)
         return [
             sys.executable, "-m", "targetrows.cli", "decode",
             "--target", smk.input.target, *draft,
@@ -72,11 +75,11 @@ def main(smk) -> None:
     with open(smk.log[0], "w") as log:
         for c in conditions:
             print(describe(decoder, c), file=log)
-    budgets = budgets_of(decoder, conditions)
-    run_job(smk, command(smk, budgets), "decode", fresh_log=False)  # after the conditions
+    budgets, devices = budgets_of(decoder, conditions), {}
+    run_job(smk, command(smk, budgets, devices), "decode", fresh_log=False)  # after the conditions
     conditions = fill_auto(conditions, read_answers(list(smk.output.answers)))
     write_conditions(smk.output.conditions, smk.wildcards.pair,
-                     float(smk.wildcards.temperature), decoder, conditions)
+                     float(smk.wildcards.temperature), decoder, conditions, devices)
 
 
 if "snakemake" in globals():

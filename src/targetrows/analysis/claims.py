@@ -1,20 +1,17 @@
-"""The paper's claims, one by one: which of them this run's tables reproduce, and by how much.
+"""The paper's claims, one by one: which of them this run's tables show, and by how much.
 
 The paper (arXiv, 21 October 2026; code in the repository TargetRows) makes seven claims; each
 is one or more rows here, read off the pipeline's tidy tables (`results/tables/*.csv`), never
-re-estimated. A row gives the paper's figure, this run's with its 95% interval (prompts
-resampled), the table it comes from, the conditions it was measured under, and a verdict:
+re-estimated. A row gives the paper's figure, this run's with its 95% intervals (prompts
+resampled), the conditions it was measured under, the table it comes from, a verdict
+(`analysis.verdicts`: holds, contradicted, inconclusive, illustrated, not measured), why, and
+every cell the verdict covers.
 
-    holds           every cell the claim covers (each pair, temperature and budget the table
-                    has) agrees, with an interval that excludes the opposite;
-    does not hold   some cell does not: its interval includes 0 or lies on the wrong side
-                    (`why` says which and how many);
-    not measured    the run has no cell under the claim's conditions (`why` says what is
-                    missing: a standalone draft, a root pass that overlapped drafting, ...).
-
-Where the paper states a claim without a figure or a definition to test, the row says so. A
-claim about a condition the run does not reproduce exactly (a budget of 16 where the paper used
-59) is judged at the run's closest condition, which `conditions` names.
+Claims 3-5 are about EAGLE-3 drafts and are judged on EAGLE-3 pairs only (the score tables and
+the online runs record the draft's kind); standalone pairs feed the speed claims (6, 7,
+`analysis.online_claims`). A claim about a condition the run does not reproduce exactly (a
+budget of 16 where the paper used 59) is judged at the run's closest condition, which
+`conditions` names.
 """
 
 from __future__ import annotations
@@ -27,20 +24,34 @@ import pandas as pd
 
 from targetrows.core.atomic import atomic_write_text
 
-from .frames import with_ci
+from .online_claims import PAPER_NODES, faster, fts_online, fts_online_magnitude
 from .output import write_csv
+from .reuse import SAME_LAST, TOY
+from .verdicts import (
+    CONTRADICTED,
+    HOLDS,
+    ILLUSTRATED,
+    INCONCLUSIVE,
+    UNMEASURED,
+    VERDICTS,
+    Finding,
+    cell_name,
+    direction,
+    named,
+    unmeasured,
+)
 
-HOLDS, FAILS, UNMEASURED = "holds", "does not hold", "not measured"
-COLUMNS = ["claim", "statement", "paper", "ours", "conditions", "table", "verdict", "why"]
+COLUMNS = ["claim", "statement", "paper", "ours", "conditions", "table", "verdict", "why",
+           "cells"]
 TABLES = ("relative_gains", "equal_size", "online_gain", "reuse")
-
-
-@dataclass(frozen=True)
-class Finding:
-    ours: str  # this run's figure(s), with intervals
-    conditions: str  # what the run measured it under
-    verdict: str
-    why: str = ""
+# claim 2 is a trade a decoder makes; no decoder here makes it (docs/claims.md)
+KEPT_ROW = ("no decoder here makes this trade: every one commits its bonus token (those that "
+            "read the next root's row get it from a root pass or use the stale row); the paper "
+            "names neither its decoder nor the conditions under which the loss persists. The "
+            "exact row's gain over the stale row (target_rerank / stale_rerank) is the converse "
+            "trade, context in reuse.md")
+CAP = ("the same cap B as each rule counts it (the paper's definitions): pearl's tree of B "
+       "draft nodes includes t0's first-level node, first_token's B nodes lie below it")
 
 
 @dataclass(frozen=True)
@@ -52,56 +63,36 @@ class Claim:
     judge: Callable[[dict[str, pd.DataFrame]], Finding]
 
 
-# -- reading cells ------------------------------------------------------------------------------
+# -- offline cells: EAGLE-3 pairs only -----------------------------------------------------------
 
-def _cell(row) -> str:
-    """Where a cell sits: 'pair T=0 B=16'."""
-    parts = [str(row.pair), f"T={row.temperature:g}"]
-    if "budget" in row._fields:
-        parts.append(f"B={int(row.budget)}")
-    return " ".join(parts)
-
-
-def _range(cells: pd.DataFrame) -> str:
-    """The smallest and the largest gain with their intervals and where they sit."""
-    shown = cells.assign(text=with_ci(cells)).sort_values("gain", kind="stable")
-    ends = shown.iloc[[0, -1]] if len(shown) > 1 else shown
-    return (" to ".join(f"{r.text} ({_cell(r)})" for r in ends.itertuples())
-            + f" ({len(cells)} cells)")
+def eagle3(cells: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """(the cells of pairs drafted by EAGLE-3 heads, the reason when there are none)."""
+    if cells.empty:
+        return cells, ""
+    if "draft_kind" not in cells.columns:
+        return cells.iloc[:0], ("the score tables do not say which draft made the pools (row "
+                                "logs recorded before they did): record them again")
+    heads = cells[cells["draft_kind"] == "eagle3"]
+    kinds = ", ".join(sorted(map(str, set(cells["draft_kind"].dropna())))) or "none recorded"
+    return heads, "" if len(heads) else f"no EAGLE-3 pair's cells (this run's drafts: {kinds})"
 
 
-def _positive(cells: pd.DataFrame, what: str, conditions: str) -> Finding:
-    """Holds when every cell's interval lies above 0. A cell without a ratio (its baseline
-    accepted nothing: `pearl` at budget 1) shows nothing either way: it is left out of the
-    verdict, and the row names it; a cell without an interval (one prompt) cannot hold."""
-    defined = cells[np.isfinite(cells["gain"])] if len(cells) else cells
-    if defined.empty:
-        return Finding("", conditions, UNMEASURED, f"no {what} in this run's tables")
-    above = defined["lo"] > 0
-    below = defined["hi"] < 0
-    why = []
-    if not above.all():
-        why.append(f"{int((~above).sum())} of {len(defined)} cells' intervals include 0 or lie "
-                   "below it")
-    if below.any():
-        worst = defined[below].sort_values("gain", kind="stable").head(1)
-        w = next(worst.assign(text=with_ci(worst)).itertuples())
-        why.append(f"{int(below.sum())} lie below 0 (lowest: {w.text} at {_cell(w)})")
-    if len(defined) < len(cells):
-        left = cells[~np.isfinite(cells["gain"])]
-        why.append(f"left out: {len(left)} cells without a ratio, the baseline accepting nothing "
-                   f"({', '.join(_cell(r) for r in left.itertuples())})")
-    return Finding(_range(defined), conditions, HOLDS if above.all() else FAILS, "; ".join(why))
-
-
-def _gains(t: dict, rule: str, baseline: str, temperature: float | None = None) -> pd.DataFrame:
+def gain_cells(t: dict, rule: str, baseline: str, temperature: float | None = None):
+    """(relative_gains cells of `rule` over `baseline` in accepted draft tokens, EAGLE-3 pairs
+    only, at `temperature` when given; the reason when there are none)."""
     g = t["relative_gains"]
     if g.empty:
-        return g
+        return g, ""
     g = g[(g["rule"] == rule) & (g["baseline"] == baseline)]
     if "metric" in g.columns:
         g = g[g["metric"] == "accepted"]
-    return g if temperature is None else g[np.isclose(g["temperature"], temperature)]
+    if temperature is not None:
+        g = g[np.isclose(g["temperature"], temperature)]
+    return eagle3(g)
+
+
+def _offline(cells: pd.DataFrame, why: str, what: str, conditions: str) -> Finding:
+    return unmeasured(why) if why else direction(cells, what, conditions)
 
 
 def _temperatures(cells: pd.DataFrame) -> str:
@@ -116,175 +107,136 @@ def _budgets(cells: pd.DataFrame) -> str:
     return ", ".join(str(int(b)) for b in sorted(set(cells["budget"])))
 
 
-def _span(values: pd.Series, fmt: str) -> str:
+# -- claim 1 ---------------------------------------------------------------------------------------
+
+def _tv_cell(r) -> str:
+    interval = f" [{r.tv_lo:.3f}, {r.tv_hi:.3f}]" if np.isfinite(r.tv_lo) else ""
+    return (f"{r.source} T={r.temperature:g} {r.tv:.3f}{interval} ({int(r.hits)} of "
+            f"{int(r.positions)} positions, first-ranked token differs at {r.best_differs:.0%})")
+
+
+def exact_reuse(t: dict) -> Finding:
+    """Illustrated where the row logs show the same last token under another earlier context
+    with another row: the total variation's interval above 0 in some cell; the toy pair shows
+    it by construction and is not judged."""
+    reuse = t["reuse"]
+    if reuse.empty or "row" not in reuse.columns:
+        return unmeasured("no reuse table of this kind (results/tables/reuse.csv)")
+    same = reuse[reuse["row"] == SAME_LAST[1]]
+    logs, toy = same[same["source"] != TOY], same[same["source"] == TOY]
+    cells = logs[logs["hits"] > 0]
+    conditions = ("row logs: each position's exact root row against the row logged at the latest "
+                  "earlier position of its turn that ends in the same token, over the tokens "
+                  "both hold (a lower bound)")
+    if cells.empty:
+        return unmeasured("no logged position ends in a token that ended an earlier logged "
+                          "context of its turn" if len(logs) else "no row logs", conditions)
+    shown = cells["tv_lo"] > 0
+    named_cells = cells.rename(columns={"source": "pair"})
+    if shown.any():
+        verdict = ILLUSTRATED
+        why = f"{int(shown.sum())} of {len(cells)} cells' intervals lie above 0: " + named(
+            named_cells[shown.to_numpy()])
+    else:
+        verdict, why = INCONCLUSIVE, f"all {len(cells)} cells' intervals include 0 (or none has one)"
+    ours = (f"the same-last-token row against the exact one: total variation "
+            f"{_spread(cells, 'tv', '{:.3f}')}, first-ranked token differs at "
+            f"{_spread(cells, 'best_differs', '{:.0%}')} of hits ({len(cells)} cells)")
+    if len(toy):
+        ours += (f"; toy pair, by construction: total variation {_spread(toy, 'tv', '{:.3f}')}")
+    return Finding(ours, conditions, verdict, why,
+                   "; ".join(_tv_cell(r) for r in cells.itertuples()))
+
+
+def _spread(rows: pd.DataFrame, column: str, fmt: str) -> str:
     """'0.24 to 0.31', or '0.31' when they agree at that precision."""
-    lo, hi = fmt.format(values.min()), fmt.format(values.max())
+    lo, hi = fmt.format(rows[column].min()), fmt.format(rows[column].max())
     return lo if lo == hi else f"{lo} to {hi}"
 
 
-# -- the claims ---------------------------------------------------------------------------------
+# -- claims 2-4 ------------------------------------------------------------------------------------
 
-def exact_reuse(t: dict) -> Finding:
-    reuse = t["reuse"]
-    if reuse.empty:
-        return Finding("", "", UNMEASURED, "no reuse table (results/tables/reuse.csv)")
-    toy = reuse[reuse["found"].notna()]
-    logs = reuse[reuse["found"].isna()]
-    found = float((toy["found"] * toy["positions"]).sum())
-    parts = [f"next root's row among the rows the verify pass computed: {found:.0f} of "
-             f"{int(toy['positions'].sum())} toy rounds"] if len(toy) else []
-    for name, rows in (("toy pair", toy), ("row logs", logs)):
-        if len(rows):
-            parts.append(f"{name}: row one token short vs exact row, total variation "
-                         f"{_span(rows['tv'], '{:.2f}')}, first-ranked token differs at "
-                         f"{_span(rows['best_differs'], '{:.0%}')} of positions")
-    conditions = (f"toy pair and {len(logs)} pair x temperature row logs "
-                  "(first-level tokens: a lower bound)") if len(logs) else "toy pair only"
-    exact = found == 0 and (reuse["tv_lo"] > 0).all()
-    why = "" if exact else ("a next root's row was found among the verify pass's rows" if found
-                            else "some source's interval of the total variation includes 0")
-    return Finding("; ".join(parts), conditions, HOLDS if exact else FAILS, why)
-
-
-def stale_cost(t: dict) -> Finding:
-    cells = _gains(t, "target_rerank", "stale_rerank")
-    found = _positive(cells, "target_rerank / stale_rerank gains",
-                      f"offline, {_temperatures(cells)}, budgets {_budgets(cells)}")
-    persist = ("the loss's persistence across rounds is not tested: the paper gives its "
-               "conditions without figures")
-    return Finding(found.ours, found.conditions, found.verdict,
-                   "; ".join(w for w in (found.why, persist) if w))
+def kept_row(t: dict) -> Finding:
+    return unmeasured(KEPT_ROW)
 
 
 def rerank_at(temperature: float) -> Callable[[dict], Finding]:
     def judge(t: dict) -> Finding:
-        cells = _gains(t, "target_rerank", "draft_rank", temperature)
-        return _positive(cells, f"target_rerank / draft_rank gains at T={temperature:g}",
-                         f"offline, budgets {_budgets(cells)}")
+        cells, why = gain_cells(t, "target_rerank", "draft_rank", temperature)
+        return _offline(cells, why, f"target_rerank / draft_rank gains at T={temperature:g}",
+                        f"offline, EAGLE-3 pairs, budgets {_budgets(cells)}")
     return judge
 
 
 def rerank_small_budgets(t: dict) -> Finding:
-    cells = _gains(t, "target_rerank", "draft_rank")
+    """Per pair and temperature, the smallest budget's gain against the largest's: holds where
+    every smallest-budget interval lies above the largest's, contradicted where one lies
+    below it."""
+    cells, why = gain_cells(t, "target_rerank", "draft_rank")
     cells = cells[np.isfinite(cells["gain"])] if len(cells) else cells
-    if cells.empty or cells["budget"].nunique() < 2:
-        return Finding("", "", UNMEASURED, "fewer than two budgets scored")
-    lines, fails = [], []
+    if why or cells.empty or cells["budget"].nunique() < 2:
+        return unmeasured(why or "fewer than two budgets scored")
+    lines, above, below = [], [], []
     for (pair, temp), g in cells.groupby(["pair", "temperature"]):
         small, large = g.loc[g["budget"].idxmin()], g.loc[g["budget"].idxmax()]
-        lines.append(f"{pair} T={temp:g}: B={int(small.budget)} {small.gain:+.1%} vs "
-                     f"B={int(large.budget)} {large.gain:+.1%}")
-        if not small["lo"] > large["hi"]:
-            fails.append(f"{pair} T={temp:g}")
-    why = ("the smallest budget's interval does not lie above the largest's at "
-           + ", ".join(fails)) if fails else ""
-    return Finding("; ".join(lines), f"offline, smallest vs largest budget scored "
-                   f"({_budgets(cells)})", FAILS if fails else HOLDS, why)
+        where = f"{pair} T={temp:g}"
+        lines.append(f"{where}: B={int(small.budget)} {small.gain:+.1%} [{small.lo:+.1%}, "
+                     f"{small.hi:+.1%}] vs B={int(large.budget)} {large.gain:+.1%} "
+                     f"[{large.lo:+.1%}, {large.hi:+.1%}]")
+        if small["lo"] > large["hi"]:
+            above.append(where)
+        elif small["hi"] < large["lo"]:
+            below.append(where)
+    if below:
+        verdict, why = CONTRADICTED, "the smallest budget's interval lies below the largest's at "
+        why += ", ".join(below)
+    elif len(above) == len(lines):
+        verdict, why = HOLDS, "the smallest budget's interval lies above the largest's everywhere"
+    else:
+        verdict = INCONCLUSIVE
+        why = f"the intervals overlap at {len(lines) - len(above)} of {len(lines)} pair x temperature"
+    return Finding("; ".join(lines), f"offline, EAGLE-3 pairs, smallest vs largest budget scored "
+                   f"({_budgets(cells)})", verdict, why, "; ".join(lines))
 
 
 def fts_equal_cap(t: dict) -> Finding:
-    cells = _gains(t, "first_token", "pearl")
-    return _positive(cells, "first_token / pearl gains",
-                     f"offline, {_temperatures(cells)}, budgets {_budgets(cells)}")
+    cells, why = gain_cells(t, "first_token", "pearl")
+    return _offline(cells, why, "first_token / pearl gains",
+                    f"offline, EAGLE-3 pairs, {_temperatures(cells)}, budgets {_budgets(cells)}, "
+                    + CAP)
 
 
 def fts_equal_size(t: dict) -> Finding:
+    """At pearl's mean tree size; `ours` adds the cells at the paper's tree sizes (pearl's
+    27-39 nodes), or at pearl's largest trees where none reaches them."""
     e = t["equal_size"]
     cells = e[(e["rule"] == "first_token") & (e["baseline"] == "pearl")] if len(e) else e
-    return _positive(cells, "first_token / pearl gains at pearl's mean tree size",
-                     f"offline, {_temperatures(cells)}, at pearl's mean tree size at budgets "
-                     f"{_budgets(cells)} (first_token's curve interpolated between scored budgets)")
-
-
-def _online(t: dict, decoder: str, baseline: str, metric: str) -> pd.DataFrame:
-    g = t["online_gain"]
-    if g.empty:
-        return g
-    return g[(g["decoder"] == decoder) & (g["baseline"] == baseline) & (g["metric"] == metric)]
-
-
-def _fixed(cells: pd.DataFrame) -> pd.DataFrame:
-    """Cells at one fixed budget against the same budget (no auto pick, no matched cap)."""
-    if cells.empty:
-        return cells
-    return cells[~cells["auto"].astype(bool) & ~cells["matched"].astype(bool)
-                 & (cells["budget"] == cells["baseline_budget"])]
-
-
-def fts_online(t: dict) -> Finding:
-    cells = _fixed(_online(t, "fts", "pearl", "accepted"))
-    if cells.empty:
-        return Finding("", "", UNMEASURED, "no fts run beside a pearl run at the same budget")
-    heads = cells[cells["draft_kind"] == "eagle3"]
-    cells = heads if len(heads) else cells  # the paper's condition, where the run has it
-    budget = int(cells["budget"].max())
-    cells = cells[cells["budget"] == budget]
-    found = _positive(cells, "fts / pearl online gains", "")
-    nodes = _fixed(_online(t, "fts", "pearl", "nodes"))
-    nodes = nodes[(nodes["budget"] == budget)
-                  & nodes["draft_kind"].isin(set(cells["draft_kind"]))]
-    sizes = ", ".join(f"{r.value:.1f} vs {r.baseline_value:.1f}" for r in nodes.itertuples())
-    larger = len(nodes) > 0 and bool((nodes["value"] > nodes["baseline_value"]).all())
-    kinds = ", ".join(sorted({str(k) for k in cells["draft_kind"].dropna()})) or "unrecorded"
-    conditions = f"online, B={budget}{'' if budget == 59 else ' (the paper: 59)'}, {kinds} drafts"
-    why = [found.why] if found.why else []
-    if not larger:
-        why.append("fts's trees are not larger than pearl's in every cell")
-    verdict = found.verdict if larger or found.verdict != HOLDS else FAILS
-    return Finding(f"{found.ours}; mean non-root nodes fts vs pearl: {sizes}", conditions,
-                   verdict, "; ".join(why))
-
-
-def faster(decoder: str, baseline: str, *, overlap: bool, budget: int | None = None,
-           matched: bool = False) -> Callable[[dict], Finding]:
-    """Tokens/s of `decoder` over `baseline` with standalone drafts: with the root pass
-    overlapped (`overlap`), at one budget, or at a matched cap against the baseline's cap."""
-    def judge(t: dict) -> Finding:
-        cells = _online(t, decoder, baseline, "tokens_per_s")
-        if not cells.empty:
-            cells = cells[cells["matched"].astype(bool)] if matched else _fixed(cells)
-        if budget is not None and not cells.empty:
-            cells = cells[cells["budget"] == budget]
-        missing = []
-        if cells.empty:
-            ran = t["online_gain"]
-            kinds = sorted(map(str, set(ran["draft_kind"].dropna()))) if len(ran) else []
-            missing.append(f"no {decoder} run beside {baseline}"
-                           + (f" at B={budget}" if budget else "")
-                           + (" at a matched cap" if matched else "")
-                           + (f" (this run's drafts: {', '.join(kinds)})" if kinds else ""))
-        else:
-            standalone = cells[cells["draft_kind"] == "standalone"]
-            if standalone.empty:
-                missing.append("no standalone draft (the paper's speed runs used one); this run "
-                               f"drafts with {', '.join(sorted(map(str, set(cells['draft_kind']))))}")
-            cells = standalone
-            if overlap and not cells.empty:
-                cells = cells[cells["overlap"].astype(bool)]
-                if cells.empty:
-                    missing.append("no run overlapped the root pass with drafting (target and "
-                                   "draft on one device; the paper used two GPUs: "
-                                   "pairs[].draft_own_gpu)")
-        if missing:
-            return Finding("", "", UNMEASURED, "; ".join(missing))
-        where = (f"matched caps {_budgets(cells)} against {baseline} at "
-                 f"{', '.join(str(int(b)) for b in sorted(set(cells['baseline_budget'])))}"
-                 if matched else f"budgets {_budgets(cells)}")
-        overlapped = cells["overlap"].astype(bool)
-        setup = ("root pass overlapped" if overlapped.all() else "root pass in turn"
-                 if not overlapped.any() else "root pass overlapped in some runs")
-        return _positive(cells, f"{decoder} / {baseline} tokens/s",
-                         f"online, standalone drafts, {setup}, {where}")
-    return judge
+    cells, why = eagle3(cells)
+    found = _offline(cells, why, "first_token / pearl gains at pearl's mean tree size",
+                     f"offline, EAGLE-3 pairs, {_temperatures(cells)}, at pearl's mean tree size "
+                     f"at budgets {_budgets(cells)} (first_token's curve interpolated between "
+                     "scored budgets)")
+    if found.verdict == UNMEASURED:
+        return found
+    low, high = (float(x) for x in PAPER_NODES["pearl"].split("-"))
+    big = cells[cells["nodes"].between(low, high)]
+    label = f"at the paper's tree sizes (pearl {PAPER_NODES['pearl']} nodes)"
+    if big.empty:
+        big = cells.loc[cells.groupby(["pair", "temperature"])["nodes"].idxmax()]
+        label = "at pearl's largest trees here"
+    sized = "; ".join(f"{cell_name(r)} ({r.nodes:.1f} nodes) {r.gain:+.1%} [{r.lo:+.1%}, "
+                      f"{r.hi:+.1%}]" for r in big.itertuples())
+    return Finding(f"{found.ours}; {label}: {sized}", found.conditions, found.verdict,
+                   found.why, found.cells)
 
 
 CLAIMS = [
-    Claim("1 exact reuse", "Exact reuse needs the row of the full next-round context; rows are "
-          "keyed by the whole context", "the caa example (no figures)", "reuse", exact_reuse),
-    Claim("2 cost of a kept row", "Keeping the target's distribution can cost accepted tokens, "
-          "and under stated conditions that loss persists across rounds; measured here: the "
-          "exact root row over the stale row one token short (target_rerank over stale_rerank)",
-          "no figures", "relative_gains", stale_cost),
+    Claim("1 exact reuse", "Exact reuse needs the row of the full next-round context: the same "
+          "last token under a different earlier context can have another row",
+          "the caa example (no figures)", "reuse", exact_reuse),
+    Claim("2 cost of a kept row", "Keeping the target's distribution (an exact row for the next "
+          "tree without another target pass) can require giving up accepted tokens, and under "
+          "stated conditions that loss persists across rounds", "no figures", "-", kept_row),
     Claim("3 rerank, T=0", "Reranking the first-level branches by the root row raises expected "
           "accepted length over draft ranking", "higher on all six targets", "relative_gains",
           rerank_at(0.0)),
@@ -297,23 +249,26 @@ CLAIMS = [
           fts_equal_cap),
     Claim("4 fts, equal size", "First-token sampling beats PEARL at the same mean tree size",
           "higher (no figures)", "equal_size", fts_equal_size),
-    Claim("5 fts online", "Online with EAGLE-3 drafts at B=59, first-token sampling accepts "
-          "more draft tokens than PEARL, with larger trees",
-          "+3.3% to +7.3% (smallest gain's 95% CI 2.6-4.1%); mean non-root nodes 43-53 vs 27-39",
+    Claim("5 fts online, direction", "Online with EAGLE-3 drafts at B=59, first-token sampling "
+          "accepts more draft tokens than PEARL, with larger trees",
+          f"more, with mean non-root nodes {PAPER_NODES['fts']} vs {PAPER_NODES['pearl']}",
           "online_gain", fts_online),
+    Claim("5 fts online, magnitude", "The same gain lies in the paper's range",
+          "+3.3% to +7.3% (smallest gain's 95% CI 2.6-4.1%)", "online_gain",
+          fts_online_magnitude),
     Claim("6 rerank faster", "With the root pass overlapping standalone drafting, rerank "
           "decodes faster than draft ranking", "faster (no figures)", "online_gain",
-          faster("rerank", "draft_rank", overlap=True)),
+          faster("rerank", "draft_rank")),
     Claim("6 fts faster", "With the root pass overlapping standalone drafting, first-token "
           "sampling decodes faster than draft ranking", "faster (no figures)", "online_gain",
-          faster("fts", "draft_rank", overlap=True)),
+          faster("fts", "draft_rank")),
     Claim("7 fts vs pearl, caps 8", "With standalone drafts, first-token sampling decodes "
           "faster than PEARL, both capped at 8", "faster on two RTX A6000s (no figures)",
-          "online_gain", faster("fts", "pearl", overlap=False, budget=8)),
+          "online_gain", faster("fts", "pearl", budget=8)),
     Claim("7 fts vs pearl, matched", "With standalone drafts, first-token sampling at the cap "
           "matching PEARL's mean tree size decodes faster than PEARL at 59",
           "faster, PEARL at 59 vs first-token at 40-43 (no figures)", "online_gain",
-          faster("fts", "pearl", overlap=False, matched=True)),
+          faster("fts", "pearl", matched=True)),
 ]
 
 
@@ -326,7 +281,7 @@ def claims_table(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
         f = c.judge(tables)
         rows.append({"claim": c.name, "statement": c.statement, "paper": c.paper,
                      "ours": f.ours, "conditions": f.conditions, "table": c.table,
-                     "verdict": f.verdict, "why": f.why})
+                     "verdict": f.verdict, "why": f.why, "cells": f.cells})
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
@@ -352,22 +307,23 @@ def write_claims(tables: dict[str, pd.DataFrame], stem: str) -> pd.DataFrame:
 
 def markdown(table: pd.DataFrame) -> str:
     counts = table["verdict"].value_counts()
-    tally = ", ".join(f"{counts.get(v, 0)} {v}" for v in (HOLDS, FAILS, UNMEASURED))
+    tally = ", ".join(f"{counts.get(v, 0)} {v}" for v in VERDICTS)
     lines = [
         "The paper's claims in this run (written by the pipeline from results/tables/; "
-        f"{len(table)} rows: {tally}). A claim holds when every cell it covers agrees with an "
-        "interval (95%, prompts resampled) that excludes the opposite; the conditions say what "
-        "this run measured it under.",
+        f"{len(table)} rows: {tally}). Each cell is a comparison with its 95% interval "
+        "(prompts resampled): a claim holds when every cell's interval lies on its side of "
+        "0, is contradicted when one lies on the other side, is inconclusive otherwise, and "
+        "is illustrated when the data show an instance of what it says can happen.",
         "",
         "| claim | the paper | this run | verdict | table |",
         "|---|---|---|---|---|",
     ]
     for r in table.itertuples():
-        ours = r.ours or "-"
-        lines.append(f"| **{r.claim}**: {r.statement} | {r.paper} | {ours} | {r.verdict} | "
-                     f"{r.table} |")
-    lines += ["", "Conditions and reasons:", ""]
+        lines.append(f"| **{r.claim}**: {r.statement} | {r.paper} | {r.ours or '-'} | "
+                     f"{r.verdict} | {r.table} |")
+    lines += ["", "Conditions, reasons and cells:", ""]
     for r in table.itertuples():
         detail = "; ".join(x for x in (r.conditions, r.why) if x)
-        lines.append(f"- **{r.claim}** ({r.verdict}): {detail or '-'}")
+        cells = f" Cells: {r.cells}." if r.cells else ""
+        lines.append(f"- **{r.claim}** ({r.verdict}): {detail or '-'}.{cells}")
     return "\n".join(lines) + "\n"

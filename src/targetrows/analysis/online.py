@@ -23,6 +23,7 @@ from targetrows.pipeline.conditions import read_conditions
 from . import stats
 
 ROUND_SUMS = ["committed", "accepted", "nodes", "target_passes", "draft_passes"]
+DEVICES = {"target_device": "target", "draft_device": "draft"}  # plan column -> conditions key
 RUN = ["pair", "temperature", "decoder", "budget", "depth"]  # what identifies one online run
 SETUP = ["draft_kind", "overlap"]  # how a run drafted: the same for every answer of a run
 
@@ -64,10 +65,13 @@ def conditions(paths: list[str]) -> pd.DataFrame:
     """The decode jobs' condition files (results/conditions/<target>/T<t>/<decoder>.json,
     `targetrows.pipeline.conditions`) as one table: pair, temperature, decoder, condition,
     budget, depth, baseline, baseline_budget, baseline_depth (the baseline run it is compared
-    with), matched (a matched cap), auto (picked by the cost model)."""
+    with), matched (a matched cap), auto (picked by the cost model), and the devices the job
+    ran target and draft on (target_device, draft_device: empty where the file predates
+    them)."""
     rows = []
     for path in paths:
         doc = read_conditions(path)
+        devices = doc.get("devices") or {}  # absent from files written before they said
         for c in doc["conditions"]:
             budget = parse_budget(c["spec"])
             rows.append({"pair": doc["pair"], "temperature": doc["temperature"],
@@ -75,10 +79,11 @@ def conditions(paths: list[str]) -> pd.DataFrame:
                          "budget": c["budget"], "depth": c["depth"],
                          "baseline": c.get("baseline"),
                          "baseline_budget": c.get("baseline_budget"),
-                         "matched": isinstance(budget, Matched), "auto": isinstance(budget, Auto)})
+                         "matched": isinstance(budget, Matched), "auto": isinstance(budget, Auto),
+                         **{k: devices.get(role) for k, role in DEVICES.items()}})
     frame = pd.DataFrame(rows, columns=["pair", "temperature", "decoder", "condition", "budget",
                                         "depth", "baseline", "baseline_budget", "matched",
-                                        "auto"])
+                                        "auto", *DEVICES])
     for name in frame["decoder"].unique():
         get_decoder(name)  # an unknown decoder is an error, never a silent NaN row
     return _baseline_runs(frame)
@@ -191,14 +196,14 @@ def with_setup(decoding: pd.DataFrame) -> pd.DataFrame:
 
 
 def per_prompt(decoding: pd.DataFrame) -> pd.DataFrame:
-    """Each run's per-prompt values of the compared metrics (a prompt: task and question)."""
+    """Each run's per-prompt rows, named by prompt (task and question)."""
     decoding = with_setup(decoding)
-    return decoding.assign(
-        prompt=decoding["task"] + "/" + decoding["prompt_id"].astype(str),
-        accepted_pr=decoding["accepted"] / decoding["rounds"],
-        nodes_pr=decoding["nodes"] / decoding["rounds"],
-        tokens_per_s=decoding["new_tokens"] / decoding["wall_time"],
-    )
+    return decoding.assign(prompt=decoding["task"] + "/" + decoding["prompt_id"].astype(str))
+
+
+# what each compared metric is a ratio of: a run's total over its total rounds (or seconds)
+RATIOS = {"accepted": ("accepted", "rounds"), "nodes": ("nodes", "rounds"),
+          "tokens_per_s": ("new_tokens", "wall_time")}
 
 
 def online_gains(decoding: pd.DataFrame, plan: pd.DataFrame, n_boot: int, seed: int):
@@ -206,12 +211,13 @@ def online_gains(decoding: pd.DataFrame, plan: pd.DataFrame, n_boot: int, seed: 
     condition's `baseline_budget` and `baseline_depth` (the same budget, the budget a matched cap
     was matched at, or the baseline's own auto choice), and over each further baseline and each
     prior-art decoder that ran at the same budget (`further_comparisons`). Per metric
-    (`METRICS`), the ratio of per-prompt values summed over prompts minus 1, with a 95%
-    bootstrap interval resampled by prompt; `n_undefined` counts the replicates whose baseline
-    total was zero (dropped from the interval). Each row also says how the decoder's run drafted
-    (`SETUP`: draft_kind, overlap)."""
+    (`METRICS`), each run's value pooled over its prompts (`RATIOS`: total accepted draft
+    tokens over total rounds, as `online` gives it) and the ratio of the two runs' values
+    minus 1, on the prompts both ran, with a 95% bootstrap interval resampled by prompt;
+    `n_undefined` counts the replicates whose baseline total was zero (dropped from the
+    interval). Each row also says how the decoder's run drafted (`SETUP`: draft_kind, overlap)
+    and on which devices (target_device, draft_device, from the conditions files)."""
     runs = per_prompt(decoding[decoding["rounds"] > 0])
-    values = {"accepted": "accepted_pr", "nodes": "nodes_pr", "tokens_per_s": "tokens_per_s"}
     out = []
     plan = pd.concat([plan, further_comparisons(plan)], ignore_index=True)
     compared = plan[plan["baseline"].notna() & plan["baseline"].isin(runs["decoder"])
@@ -226,31 +232,35 @@ def online_gains(decoding: pd.DataFrame, plan: pd.DataFrame, n_boot: int, seed: 
         if both.empty:
             continue
         setup = {k: a[k].dropna().iloc[0] if a[k].notna().any() else None for k in SETUP}
-        for metric, col in values.items():
-            table = {
-                "pair": np.full(2 * len(both), row.pair, dtype=object),
-                "task": np.full(2 * len(both), "", dtype=object),
-                "temperature": np.full(2 * len(both), row.temperature),
-                "prompt_id": np.concatenate([both["prompt"], both["prompt"]]).astype(object),
-                "turn": np.zeros(2 * len(both), dtype=np.int64),
-                "position": np.zeros(2 * len(both), dtype=np.int64),
-                "rule": np.repeat(np.array(["new", "base"], dtype=object), len(both)),
-                "budget": np.zeros(2 * len(both), dtype=np.int64),
-                metric: np.concatenate([both[col], both[col + "_base"]]).astype(float),
-            }
-            g = stats.paired_gain(table, "new", "base", metric=metric,
-                                  by=("pair", "temperature"), n_boot=n_boot, seed=seed)
+        devices = {k: getattr(row, k, None) for k in DEVICES}
+        for metric, (num, den) in RATIOS.items():
+            value, base, gain = pooled_gain(both, num, den, n_boot, seed)
             out.append({
                 "pair": row.pair, "temperature": row.temperature, "decoder": row.decoder,
                 "condition": row.condition, "budget": row.budget, "depth": row.depth,
                 "auto": row.auto, "matched": row.matched, "baseline": row.baseline,
                 "baseline_budget": int(row.baseline_budget),
-                "baseline_depth": int(row.baseline_depth), **setup, "metric": metric,
-                "value": float(both[col].mean()), "baseline_value": float(both[col + "_base"].mean()),
-                "gain": float(g["gain"][0]), "lo": float(g["lo"][0]), "hi": float(g["hi"][0]),
-                "n_undefined": int(g["n_undefined"][0]), "n_prompts": int(g["n_prompts"][0]),
+                "baseline_depth": int(row.baseline_depth), **setup, **devices,
+                "metric": metric, "value": value, "baseline_value": base, **gain,
+                "n_prompts": len(both),
             })
     return pd.DataFrame(out)
+
+
+def pooled_gain(both: pd.DataFrame, num: str, den: str, n_boot: int, seed: int):
+    """(run's value, baseline's value, {gain, lo, hi, n_undefined}) from prompts aligned in
+    `both` (the baseline's columns suffixed _base): each run's sum(num) / sum(den), and the
+    ratio of the two minus 1 with a 95% interval resampled by prompt."""
+    a, a_den = both[num].to_numpy(float), both[den].to_numpy(float)
+    b, b_den = both[num + "_base"].to_numpy(float), both[den + "_base"].to_numpy(float)
+    w = stats.bootstrap_weights(np.random.default_rng(seed), len(both), n_boot)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        value, base = a.sum() / a_den.sum(), b.sum() / b_den.sum()
+        boot = ((w @ a) / (w @ a_den)) / ((w @ b) / (w @ b_den)) - 1.0
+        gain = value / base - 1.0
+    lo, hi = stats.interval(boot, 0.95, len(both))
+    return float(value), float(base), {"gain": float(gain), "lo": lo, "hi": hi,
+                                       "n_undefined": int((~np.isfinite(boot)).sum())}
 
 
 def further_comparisons(plan: pd.DataFrame) -> pd.DataFrame:

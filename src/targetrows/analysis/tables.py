@@ -51,14 +51,17 @@ from .frames import in_order, ordered, tidy, with_ci, with_interval
 from .online import METRICS, condition_label, consistency, online, online_gains
 from .output import write_table
 
-STRINGS = ("pair", "task", "prompt_id", "rule")
+STRINGS = ("pair", "draft_kind", "task", "prompt_id", "rule")
+PAIR = ("pair", "draft_kind")  # a pair, and the kind of draft that made its pools
 
 
 def score_groups(paths: list[str]) -> list[dict[str, np.ndarray]]:
     """The score tables as stats' tables (dicts of columns), one per pair x temperature (the
-    tables' own columns say which), prompt ids made unique across tasks."""
+    tables' own columns say which), prompt ids made unique across tasks; draft_kind empty
+    where a table does not say it."""
     frame = pd.concat([pd.read_csv(p, dtype={k: str for k in STRINGS}) for p in paths],
                       ignore_index=True)
+    frame["draft_kind"] = frame.get("draft_kind", pd.Series("", index=frame.index)).fillna("")
     frame["prompt_id"] = frame["task"] + "/" + frame["prompt_id"]
     return [{k: group[k].to_numpy(dtype=str if k in STRINGS else None) for k in group.columns}
             for _, group in frame.groupby(["pair", "temperature"], sort=True)]
@@ -82,15 +85,15 @@ def row_log_tables(paths: list[str], n_boot: int, seed: int):
     """(expected_accepted, relative_gains, equal_size) over every target x temperature."""
     acc, gains, equal = [], [], []
     for table in score_groups(paths):
-        acc.append(tidy(stats.summarize(table, by=("pair", "temperature", "rule", "budget"))))
+        acc.append(tidy(stats.summarize(table, by=(*PAIR, "temperature", "rule", "budget"))))
         present = set(table["rule"])
         for rule, baseline in comparisons(present):
             gains.append(tidy(stats.paired_gain(
-                table, rule, baseline, by=("pair", "temperature", "budget"),
+                table, rule, baseline, by=(*PAIR, "temperature", "budget"),
                 n_boot=n_boot, seed=seed)))
             if _commits_t0(rule) or _commits_t0(baseline):
                 equal.append(tidy(stats.equal_size_gain(
-                    table, rule, baseline, by=("pair", "temperature"), n_boot=n_boot,
+                    table, rule, baseline, by=(*PAIR, "temperature"), n_boot=n_boot,
                     seed=seed)))
     return (pd.concat(acc, ignore_index=True), pd.concat(gains, ignore_index=True),
             pd.concat(equal, ignore_index=True) if equal else pd.DataFrame())

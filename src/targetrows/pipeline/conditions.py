@@ -118,9 +118,12 @@ def fill_auto(conditions: list[dict], answers: Sequence[dict]) -> list[dict]:
 
 
 def write_conditions(path: str, pair: str, temperature: float, decoder: str,
-                     conditions: list[dict]) -> None:
+                     conditions: list[dict], devices: dict[str, str] | None = None) -> None:
+    """The conditions file; `devices` ({"target": "cuda:0", "draft": "cuda:1"}, or "cpu"):
+    where the job ran target and draft, which says whether a root pass could overlap
+    drafting on a device of its own."""
     doc = {"pair": pair, "temperature": float(temperature), "decoder": decoder,
-           "conditions": conditions}
+           "conditions": conditions, **({"devices": devices} if devices else {})}
     atomic_write_text(path, json.dumps(doc, indent=1) + "\n")
 
 

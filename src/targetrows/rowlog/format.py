@@ -7,6 +7,7 @@ needs pickle. ``header`` is a uint8 array of UTF-8 JSON:
 
     format "targetrows-rowlog", version 1, complete (true only for a finished log; per-prompt
     part files written while recording say false and name their ``part``), target, draft,
+    draft_kind (eagle3 or standalone; absent from logs recorded before it was kept),
     prompts (the prompts file) and prompts_sha256, n_questions (prompts in that file),
     temperature, top_k, depth, stride, max_new_tokens, root_top, path_top_k, seed, vocab_size,
     stop_ids.

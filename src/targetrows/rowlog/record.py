@@ -30,7 +30,7 @@ from targetrows.core.atomic import remove_stale_temps
 from targetrows.core.checks import check_count, check_temperature
 from targetrows.core.pool import PoolShape, expand_model
 from targetrows.core.tree import Tree
-from targetrows.decoding.model import edge_probs
+from targetrows.decoding.model import draft_kind, edge_probs
 from targetrows.decoding.planners import prompt_rows
 from targetrows.rowlog import format as rowlog
 from targetrows.specbench.questions import check_prompt, read_questions
@@ -204,7 +204,8 @@ def record_file(target, draft, encoder, prompts_path: str, out: str, config: Rec
     with open(prompts_path, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()
     settings = json.loads(json.dumps(dict(
-        target=names[0], draft=names[1], prompts=prompts_path, prompts_sha256=digest,
+        target=names[0], draft=names[1], draft_kind=draft_kind(draft),
+        prompts=prompts_path, prompts_sha256=digest,
         n_questions=len(prompts), vocab_size=int(target.vocab_size), **config.header(),
     )))
     for item in prompts:  # first turns too long for the models fail before anything is written

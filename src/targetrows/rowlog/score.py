@@ -41,7 +41,7 @@ from targetrows.rowlog import format as rowlog
 from targetrows.rowlog.draft_free import score_draft_free
 
 COLUMNS = ("pair", "task", "temperature", "prompt_id", "turn", "position", "rule", "budget",
-           "accepted", "nodes", "committed")
+           "accepted", "nodes", "committed", "draft_kind")
 _INT_COLUMNS = ("turn", "position", "budget", "nodes")
 _FLOAT_COLUMNS = ("temperature", "accepted", "committed")
 
@@ -227,6 +227,10 @@ def _table(log, scored, stop_t0, budgets, rules, results, pair):
         "accepted": acc.reshape(-1),
         "nodes": nodes.reshape(-1).astype(np.int64),
         "committed": committed.reshape(-1),
+        # which draft made the pools (eagle3, standalone): the paper's claims 3-5 are about
+        # EAGLE-3 heads; empty for a log recorded before it said. Last, so that the columns
+        # before it keep their places
+        "draft_kind": np.full(m * per, log.header.get("draft_kind", ""), dtype=object),
     }
 
 
