@@ -9,8 +9,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "targetrows"
 # lowest first: a module may import from its own layer and the ones before it
-LAYERS = ["core", "decoding", "cost", "specbench", "jobs", "hf", "rowlog", "pipeline", "analysis",
-          "fetch", "train", "bench", "cli"]
+LAYERS = ["core", "decoding", "cost", "specbench", "jobs", "heads", "hf", "rowlog", "pipeline",
+          "analysis", "fetch", "train", "bench", "cli"]
 NUMPY_ONLY = ["core", "decoding", "cost", "specbench", "jobs"]
 
 

@@ -345,12 +345,12 @@ def test_nan_logits_name_the_prompt_and_position(pair, nan_target, tmp_path, cap
 @pytest.mark.parametrize("command", ["decode", "record"])
 def test_out_of_memory_suggests_smaller_trees_or_a_device_map(pair, tmp_path, capsys,
                                                               monkeypatch, command):
-    from targetrows.hf.model import HFModel
+    from targetrows.hf.forward import LeanForward
 
-    def no_memory(self, feed, mask):  # every pass, however it is asked for
+    def no_memory(self, inputs, cache, feature_layers=()):  # every pass, at any batch size
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0)")
 
-    monkeypatch.setattr(HFModel, "_forward", no_memory)
+    monkeypatch.setattr(LeanForward, "__call__", no_memory)
     prompts = write_prompts(tmp_path / "prompts.jsonl", QUESTIONS[:2])
     out = tmp_path / "out" / "o"
     out.parent.mkdir()

@@ -474,18 +474,17 @@ def decode_positions(wildcards, input, target_spec):
 
 
 def static_positions(positions):
-    """Under decode.graphs, a sequence's static cache holds decode.max_context entries,
-    allocated up front: a job whose sequences may reach more stops here, not mid-run."""
+    """A sequence holds at most decode.max_context entries (--max-context, with or without
+    graphs): a job whose sequences may reach more stops here, not mid-run. Under
+    decode.graphs (and on a GPU) its cache is allocated at once at that size."""
     d = config["decode"]
-    if d["graphs"] == "off":
-        return positions
     if positions > d["max_context"]:
         raise WorkflowError(
             f"config key decode.max_context: a decode job's sequences may reach {positions} "
             f"positions (longest prompt turn, decode.max_new_tokens and the largest tree), past "
-            f"the static cache's {d['max_context']}; raise it, or set decode.graphs: off"
+            f"the {d['max_context']} a sequence's cache may hold; raise it"
         )
-    return d["max_context"]
+    return positions if d["graphs"] == "off" else d["max_context"]
 
 
 def gpu_card_gb():
