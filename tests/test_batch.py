@@ -369,3 +369,20 @@ def test_lanes_split_into_passes_as_cheap_as_any_grouping():
         assert total(parts) == min(total(p) for p in _partitions(list(range(len(widths)))))
     assert split_by_width([1, 200, 1, 1], 64) == [[1], [0, 2, 3]]  # a prefill beside steps
     assert split_by_width([9, 9, 8], 64) == [[0, 1, 2]]
+
+
+def test_an_unpadded_pass_is_cut_where_idle_rows_would_cost_more_than_a_pass():
+    """`split_by_rows`: a prompt's prefill in rows 0 and 7 runs as two passes (six idle rows of
+    500 tokens between them), one-token steps in the same rows as one; every feed once."""
+    from types import SimpleNamespace
+
+    from targetrows.hf.lanes import split_by_rows
+
+    def feeds(rows, width):
+        return [SimpleNamespace(row=r, ids=[0] * width) for r in rows]
+
+    wide = feeds([7, 0, 1], 500)
+    assert split_by_rows([0, 1, 2], wide, 64) == [[1, 2], [0]]
+    narrow = feeds([7, 0, 1], 1)
+    assert split_by_rows([0, 1, 2], narrow, 64) == [[1, 2, 0]]
+    assert split_by_rows([2], narrow, 64) == [[2]]

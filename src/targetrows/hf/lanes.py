@@ -95,10 +95,13 @@ class Lanes:
     def run_batch(self, feeds: list[Feed]) -> list:
         """Each feed's outputs [len(feed.keep), ...], or its error, in order. Unpadded, feeds
         of very different widths (a prompt's prefill beside one-token steps) run as the passes
-        that feed the fewest padded tokens plus `PASS_COST` each (`split_by_width`)."""
+        that feed the fewest padded tokens plus `PASS_COST` each (`split_by_width`), and a pass
+        is cut where the idle rows between two feeds would cost more than a pass
+        (`split_by_rows`): an unpadded pass runs the rows from its first feed's to its last's."""
         results = [None] * len(feeds)
         parts = ([list(range(len(feeds)))] if self.shape.pad
-                 else split_by_width([len(f.ids) for f in feeds], PASS_COST))
+                 else [cut for part in split_by_width([len(f.ids) for f in feeds], PASS_COST)
+                       for cut in split_by_rows(part, feeds, PASS_COST)])
         for part in parts:
             for i, result in zip(part, self._serve([feeds[i] for i in part]), strict=True):
                 results[i] = result
@@ -171,3 +174,16 @@ def split_by_width(widths: list[int], pass_cost: int) -> list[list[int]]:
         parts.append(order[cut[j]: j])
         j = cut[j]
     return parts[::-1]
+
+
+def split_by_rows(part: list[int], feeds: list[Feed], pass_cost: int) -> list[list[int]]:
+    """`part` (feed indices) cut into runs of rows, where the idle rows between two feeds,
+    each padded to the part's width, would feed more than `pass_cost` tokens."""
+    order = sorted(part, key=lambda i: feeds[i].row)
+    width = max(len(feeds[i].ids) for i in part)
+    runs = [[order[0]]]
+    for before, i in zip(order, order[1:], strict=False):
+        if (feeds[i].row - feeds[before].row - 1) * width > pass_cost:
+            runs.append([])
+        runs[-1].append(i)
+    return runs
