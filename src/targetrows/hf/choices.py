@@ -19,5 +19,5 @@ DTYPE_NAMES = {
 # --trust-remote-code: whose checkpoint code may run (both models, or one of them)
 TRUST_CHOICES = ("all", "target", "draft")
 
-# --graphs: static-shape passes replayed as CUDA graphs where they run, always, or never
+# --graphs: padded passes replayed as CUDA graphs where they run, always, or never
 GRAPH_MODES = ("auto", "on", "off")

@@ -15,7 +15,7 @@ device operations, as EAGLE's and SGLang's drafting loops do, and read back in o
   its token (and, for an EAGLE-3 head, its h: the parent's g).
 
 The pool the host builds from the read is `grow`'s, node for node (tests check it at every
-batch size, with static passes too). What differs on a GPU is the passes: a budget-pruned pool
+batch size, with padded passes and graphs too). What differs on a GPU is the passes: a budget-pruned pool
 that `grow` would end early is drafted to its full depth (`core.pool.drafts_full_depth` lets
 the round count those passes), and its dead nodes are fed; both cost little where a pass is
 bound by its launches, not its width. On the CPU, where a read costs nothing and a pass costs
