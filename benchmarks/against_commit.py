@@ -68,7 +68,7 @@ def compare(args) -> list[str]:
                 rows.append(f"| {label} | {dtype} | {method} | {statistics.median(old):.1f} | "
                             f"{statistics.median(new):.1f} | {statistics.median(ratios):.3f} "
                             f"({min(ratios):.3f}-{max(ratios):.3f}) |")
-            print(rows[-1], file=sys.stderr, flush=True)
+                print(rows[-1], file=sys.stderr, flush=True)
     return rows
 
 

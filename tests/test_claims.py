@@ -192,7 +192,7 @@ def test_fts_online_fails_on_smaller_trees_on_fewer_tokens_and_off_the_papers_ra
     assert verdict_of({"online_gain": fewer}, "5 fts online, direction")[0] == V.CONTRADICTED
     above = fts_pearl([(59, 59, 0.35, 0.16, 0.62)])
     got, row = verdict_of({"online_gain": above}, "5 fts online, magnitude")
-    assert got == V.CONTRADICTED and "1 cells' intervals lie above the paper's" in row["why"]
+    assert got == V.CONTRADICTED and "1 of 1 cells' intervals lie above the paper's" in row["why"]
     assert verdict_of({"online_gain": above}, "5 fts online, direction")[0] == V.HOLDS
     wide = fts_pearl([(59, 59, 0.12, 0.01, 0.25)])
     assert verdict_of({"online_gain": wide}, "5 fts online, magnitude")[0] == V.INCONCLUSIVE

@@ -124,8 +124,8 @@ def in_range(cells: pd.DataFrame, low: float, high: float, conditions: str) -> F
     inside = judged["gain"].between(low, high)
     if (above | below).any():
         verdict = CONTRADICTED
-        why = (f"{int(above.sum())} cells' intervals lie above the paper's {paper}, "
-               f"{int(below.sum())} below it: " + named(judged[above | below]))
+        why = (f"{int(above.sum())} of {len(judged)} cells' intervals lie above the paper's "
+               f"{paper}, {int(below.sum())} below it: " + named(judged[above | below]))
     elif inside.all():
         verdict, why = HOLDS, f"every gain lies in the paper's {paper}"
     else:
