@@ -94,9 +94,11 @@ def main(argv=None) -> None:
     parser.add_argument("--out", help="append the table to this Markdown file")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, cwd=Path(__file__).parent).stdout.strip()
     import targetrows
+
+    # the commit of the checkout whose code runs (PYTHONPATH), not of this script's
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, cwd=Path(targetrows.__file__).parent).stdout.strip()
     lines = [f"aten operations per decoder layer, {args.arch}, code at "
              f"`{Path(targetrows.__file__).parents[2].name}` (commit {commit}), "
              f"torch {torch.__version__}", "",
